@@ -1,0 +1,304 @@
+"""Zero-copy interop with the caller's arrays, and outputs in the caller's kind.
+
+Public ops accept, without copying:
+- numba device arrays and any object with ``__cuda_array_interface__`` (CuPy arrays included);
+- PyTorch CUDA tensors (read through ``data_ptr``/``stride``, so bfloat16 works too);
+- any other object with ``__dlpack__`` (through ``cuda.core``'s ``StridedMemoryView``).
+Results come back in the kind of the op's first array argument: torch in, torch out; CuPy in,
+CuPy out; numba in (or any other kind), numba out.
+
+Host NumPy arrays: under the CUDA simulator they *are* the device arrays (results are NumPy
+arrays). On a GPU they are rejected with a ``TypeError``: a silent host-to-device copy would hide
+its cost in every call; move them first (``numba.cuda.to_device``, ``torch.as_tensor(...).cuda()``).
+
+Inside the library an array is a ``Tensor``: pointer, shape, strides in elements, dtype name.
+Kernels see every array as a flat 1-D buffer of its storage type (fp16 and bf16 as ``uint16``
+bits) and index it with explicit strides, so any layout (transposed, sliced, packed qkv) reaches
+them without a copy.
+"""
+
+import sys
+
+import numpy as np
+
+from ._env import SIMULATOR, cuda
+
+#: dtype names the library knows, with their storage dtype inside kernels.
+STORAGE = {
+    "float16": np.dtype(np.uint16),
+    "bfloat16": np.dtype(np.uint16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "int8": np.dtype(np.int8),
+    "uint8": np.dtype(np.uint8),
+    "int16": np.dtype(np.int16),
+    "uint16": np.dtype(np.uint16),
+    "int32": np.dtype(np.int32),
+    "uint32": np.dtype(np.uint32),
+    "int64": np.dtype(np.int64),
+    "bool": np.dtype(np.bool_),
+}
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def _dtype_name(dtype):
+    """Library name of a numpy / ml_dtypes / typestr dtype, or None."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return None
+    name = dt.name
+    return name if name in STORAGE else None
+
+
+class Tensor:
+    """The library's view of one caller array (no copy, no ownership)."""
+
+    __slots__ = ("obj", "kind", "ptr", "shape", "strides", "dtype", "host")
+
+    def __init__(self, obj, kind, ptr, shape, strides, dtype, host=None):
+        self.obj = obj            # the caller's object, kept alive while we use it
+        self.kind = kind          # "torch", "cupy", "numba", "numpy", "foreign"
+        self.ptr = ptr            # device address of element 0 (int)
+        self.shape = tuple(int(s) for s in shape)
+        self.strides = tuple(int(s) for s in strides)   # in elements
+        self.dtype = dtype        # library dtype name, e.g. "float16"
+        self.host = host          # simulator only: the numpy array holding the data
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def itemsize(self):
+        return STORAGE[self.dtype].itemsize
+
+    def extent(self):
+        """Elements from element 0 to one past the last element (strides must be >= 0)."""
+        if self.size == 0:
+            return 0
+        return 1 + sum((n - 1) * s for n, s in zip(self.shape, self.strides))
+
+    def is_contiguous(self):
+        expected = 1
+        for n, s in zip(reversed(self.shape), reversed(self.strides)):
+            if n != 1 and s != expected:
+                return False
+            expected *= n
+        return True
+
+    def __repr__(self):
+        return f"Tensor({self.kind}, {self.dtype}, shape={self.shape}, strides={self.strides})"
+
+
+def _c_strides(shape):
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def _from_interface(obj, kind, iface):
+    dtype = _dtype_name(iface["typestr"])
+    if dtype is None:
+        raise TypeError(f"unsupported dtype {iface['typestr']!r}")
+    itemsize = STORAGE[dtype].itemsize
+    shape = tuple(iface["shape"])
+    if iface.get("strides") is None:
+        strides = _c_strides(shape)
+    else:
+        if any(s % itemsize for s in iface["strides"]):
+            raise ValueError("strides that are not a multiple of the element size are unsupported")
+        strides = tuple(s // itemsize for s in iface["strides"])
+    return Tensor(obj, kind, int(iface["data"][0] or 0), shape, strides, dtype)
+
+
+_TORCH_DTYPES = {}
+
+
+def _torch_tensor(obj):
+    import torch
+
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES.update({
+            torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+            torch.float64: "float64", torch.int8: "int8", torch.uint8: "uint8",
+            torch.int16: "int16", torch.int32: "int32", torch.int64: "int64",
+            torch.bool: "bool",
+        })
+    dtype = _TORCH_DTYPES.get(obj.dtype)
+    if dtype is None:
+        raise TypeError(f"unsupported dtype {obj.dtype}")
+    if not obj.is_cuda:
+        raise TypeError("expected a CUDA tensor, got a CPU tensor (use .cuda())")
+    return Tensor(obj, "torch", obj.data_ptr(), obj.shape, obj.stride(), dtype)
+
+
+def _numpy_array(obj):
+    dtype = "bfloat16" if obj.dtype.name == "bfloat16" else _dtype_name(obj.dtype)
+    if dtype is None:
+        raise TypeError(f"unsupported dtype {obj.dtype}")
+    if any(s % obj.itemsize for s in obj.strides):
+        raise ValueError("strides that are not a multiple of the element size are unsupported")
+    strides = tuple(s // obj.itemsize for s in obj.strides)
+    return Tensor(obj, "numpy", obj.ctypes.data, obj.shape, strides, dtype, host=obj)
+
+
+def as_tensor(obj, name):
+    """Read any supported array without copying; ``TypeError`` naming ``name`` otherwise."""
+    try:
+        if type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr"):
+            return _torch_tensor(obj)
+        if SIMULATOR:
+            host = getattr(obj, "_ary", None)  # simulator's "device" arrays wrap numpy arrays
+            if isinstance(host, np.ndarray):
+                t = _numpy_array(host)
+                t.obj, t.kind = obj, "numba"
+                return t
+        if isinstance(obj, np.ndarray):
+            if not SIMULATOR:
+                raise TypeError(
+                    "expected a device array, got a host numpy.ndarray; move it to the GPU "
+                    "first (numba.cuda.to_device, cupy.asarray, torch.as_tensor(...).cuda())")
+            return _numpy_array(obj)
+        iface = getattr(obj, "__cuda_array_interface__", None)
+        if iface is not None:
+            kind = "cupy" if type(obj).__module__.startswith("cupy") else (
+                "numba" if cuda.is_cuda_array(obj) and type(obj).__module__.startswith("numba")
+                else "foreign")
+            return _from_interface(obj, kind, iface)
+        if hasattr(obj, "__dlpack__"):
+            from cuda.core.utils import StridedMemoryView
+
+            view = StridedMemoryView(obj, stream_ptr=-1)
+            dtype = _dtype_name(view.dtype)
+            if dtype is None:
+                raise TypeError(f"unsupported dtype {view.dtype}")
+            strides = view.strides if view.strides is not None else _c_strides(view.shape)
+            return Tensor(obj, "foreign", int(view.ptr), view.shape, strides, dtype)
+    except TypeError as exc:
+        raise TypeError(f"{name}: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    raise TypeError(
+        f"{name}: expected a CUDA array (numba device array, CuPy array, torch CUDA tensor, or "
+        f"an object with __cuda_array_interface__ / __dlpack__), got {type(obj).__name__}")
+
+
+def kernel_buffer(t: Tensor):
+    """The flat 1-D storage view a kernel indexes: a ``Buffer`` (GPU) or numpy view (simulator)."""
+    if any(s < 0 for s in t.strides):
+        raise ValueError(f"negative strides are unsupported, got {t.strides}")
+    storage = STORAGE[t.dtype]
+    n = max(t.extent(), 1)
+    if SIMULATOR:
+        base = t.host
+        if t.host is None:
+            raise TypeError("simulator arrays must be numpy-backed")
+        raw = base.view(np.uint16) if t.dtype in HALF_DTYPES else base
+        return np.lib.stride_tricks.as_strided(raw, shape=(n,), strides=(storage.itemsize,))
+    return Buffer(t.ptr, n, storage, t.obj)
+
+
+class Buffer:
+    """A device pointer with its element count and storage dtype: what a kernel's 1-D array
+    parameter receives on the fast launch path."""
+
+    __slots__ = ("ptr", "size", "dtype", "owner")
+
+    def __init__(self, ptr, size, dtype, owner=None):
+        self.ptr, self.size, self.dtype, self.owner = ptr, size, dtype, owner
+
+
+# ---- outputs in the caller's kind -----------------------------------------------------------
+
+def empty(like: Tensor, shape, dtype):
+    """A new C-contiguous array of the same kind (and device) as ``like``."""
+    shape = tuple(int(s) for s in shape)
+    if like.kind == "torch":
+        import torch
+
+        tdtype = {v: k for k, v in _TORCH_DTYPES.items()}[dtype]
+        return torch.empty(shape, dtype=tdtype, device=like.obj.device)
+    if like.kind == "cupy":
+        import cupy
+
+        if dtype == "bfloat16":
+            raise TypeError("CuPy has no bfloat16 dtype")
+        return cupy.empty(shape, dtype=dtype)
+    np_dtype = _numpy_dtype(dtype)
+    if like.kind == "numpy":
+        return np.empty(shape, dtype=np_dtype)
+    if SIMULATOR:
+        return cuda.device_array(shape, dtype=np_dtype)
+    if dtype == "bfloat16":
+        # numba device arrays cannot hold bfloat16: keep the bits, typed as ml_dtypes bfloat16
+        # would be on the host; callers that use bf16 pass torch tensors in practice.
+        raise TypeError("bfloat16 results need a torch (or ml_dtypes) array kind; pass out=")
+    return cuda.device_array(shape, dtype=np_dtype)
+
+
+def _numpy_dtype(dtype):
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def numpy_dtype(dtype):
+    """numpy dtype of a library dtype name (bfloat16 through ml_dtypes)."""
+    return _numpy_dtype(dtype)
+
+
+# ---- streams -------------------------------------------------------------------------------
+
+def stream_handle(stream, tensors=()):
+    """The raw CUstream handle (int) for ``stream``.
+
+    Accepts None, a raw int handle, a numba stream, a torch or CuPy stream, or a cuda.core
+    stream. None means the caller's framework's current stream when an input is a torch or CuPy
+    array (so ops order correctly with the caller's work and can be captured in CUDA graphs),
+    else the legacy default stream (0).
+    """
+    if stream is None:
+        for t in tensors:
+            if t.kind == "torch":
+                import torch
+
+                return torch.cuda.current_stream(t.obj.device).cuda_stream
+            if t.kind == "cupy":
+                import cupy
+
+                return cupy.cuda.get_current_stream().ptr
+        return 0
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+        value = getattr(stream, attr, None)
+        if isinstance(value, int):
+            return value
+    handle = getattr(stream, "handle", None)  # numba stream (CUstream / c_void_p), cuda.core
+    if handle is not None:
+        value = getattr(handle, "value", handle)
+        try:
+            return int(value or 0)
+        except TypeError:
+            pass
+    if "cuda.core" in type(stream).__module__ and hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    raise TypeError(
+        f"stream: expected None, an int handle, or a numba / torch / CuPy / cuda.core stream, "
+        f"got {type(stream).__name__}")
+
+
+def torch_loaded():
+    return "torch" in sys.modules

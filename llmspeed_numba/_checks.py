@@ -1,0 +1,88 @@
+"""Input validation shared by every public op.
+
+Checks run in a fixed order (type, rank, shape agreement, dtype, strides, supported sizes) and
+raise real exceptions naming the argument with expected vs got:
+``TypeError`` for non-arrays and dtypes, ``ValueError`` for shapes, layouts and ranges,
+``NotImplementedError`` for valid but unsupported combinations.
+"""
+
+from ._arrays import as_tensor
+
+
+def tensor(x, name, ndim=None, dtypes=None):
+    """Read ``x`` as a ``Tensor`` and check its rank and dtype."""
+    t = as_tensor(x, name)
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.ndim not in allowed:
+            want = " or ".join(str(n) for n in allowed)
+            raise ValueError(f"{name}: expected {want} dimensions, got shape {t.shape}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype in {tuple(dtypes)}, got {t.dtype}")
+    return t
+
+
+def same_dtype(reference_name, reference, **others):
+    """Every tensor in ``others`` has the dtype of ``reference``."""
+    for name, t in others.items():
+        if t is not None and t.dtype != reference.dtype:
+            raise TypeError(f"{name}: expected dtype {reference.dtype} to match "
+                            f"{reference_name}, got {t.dtype}")
+
+
+def shape(name, t, expected, why=""):
+    """``t.shape`` equals ``expected`` (None entries match anything)."""
+    expected = tuple(expected)
+    ok = len(t.shape) == len(expected) and all(
+        e is None or e == g for e, g in zip(expected, t.shape))
+    if not ok:
+        shown = tuple("*" if e is None else e for e in expected)
+        raise ValueError(f"{name}: expected shape {shown}{' ' + why if why else ''}, "
+                         f"got {t.shape}")
+
+
+def last_dim_contiguous(name, t):
+    if t.ndim and t.shape[-1] > 1 and t.strides[-1] != 1:
+        raise ValueError(f"{name}: expected the last dimension to be contiguous (stride 1), "
+                         f"got strides {t.strides}")
+
+
+def contiguous(name, t):
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous array, got shape {t.shape} with "
+                         f"strides {t.strides}; call .contiguous() / ascontiguousarray first")
+
+
+def non_negative_strides(name, t):
+    if any(s < 0 for s in t.strides):
+        raise ValueError(f"{name}: negative strides are unsupported, got {t.strides}")
+
+
+def aligned(name, t, elements):
+    """Pointer and every non-unit stride are multiples of ``elements`` (vector access)."""
+    return t.ptr % (elements * t.itemsize) == 0 and all(
+        s % elements == 0 for n, s in zip(t.shape, t.strides) if n > 1 and s != 1)
+
+
+def output(name, out, expected_shape, expected_dtype, like):
+    """Check a caller-provided ``out=`` (or return None to allocate one)."""
+    if out is None:
+        return None
+    t = tensor(out, name)
+    shape(name, t, expected_shape)
+    if t.dtype != expected_dtype:
+        raise TypeError(f"{name}: expected dtype {expected_dtype}, got {t.dtype}")
+    non_negative_strides(name, t)
+    return t
+
+
+def choice(name, value, allowed):
+    if value not in allowed:
+        raise ValueError(f"{name}: expected one of {tuple(allowed)}, got {value!r}")
+
+
+def positive_int(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")

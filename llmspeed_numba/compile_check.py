@@ -1,0 +1,160 @@
+"""Compile kernels for ``sm_90a`` without a GPU and read what the compiler made of them.
+
+A kernel that silently fell off the Tensor Core path, or started spilling, is still correct, so
+only its machine code shows it. Ops register their performance-critical kernels here with
+``register``; ``python -m llmspeed_numba compile-check`` (run by the CI test
+``tests/test_compile_check.py``, in a process without the simulator) compiles each one to PTX with
+NVVM, links it to a cubin with nvJitLink, disassembles it with nvdisasm and checks:
+
+- the PTX holds the instructions asked for (``mma.sync``, ``ldmatrix``, ``cp.async``...);
+- the SASS holds their machine forms (``HMMA``, ``LDSM``, ``LDGSTS``...);
+- no local memory: no ``STL``/``LDL`` in the SASS and no spill bytes or stack frame in ptxas'
+  report.
+
+Needs ``numba-cuda[cu13]`` (NVVM, nvJitLink) and ``nvidia-cuda-nvdisasm``; no driver.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from ._env import SIMULATOR
+
+TARGET_CC = (9, 0, "a")
+_TARGET_ARCH = "sm_90a"
+
+
+@dataclasses.dataclass
+class KernelCheck:
+    """One kernel to compile: ``build()`` returns ``(python_function, signature)`` of a kernel."""
+    name: str
+    build: object
+    ptx_must_have: tuple = ()
+    sass_must_have: tuple = ()
+
+
+@dataclasses.dataclass
+class CompileReport:
+    name: str
+    registers: int
+    stack_frame_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    ptx_found: dict
+    sass_found: dict
+    local_memory_instructions: int
+    problems: list
+
+
+_REGISTRY = {}
+
+
+def register(name, build, ptx_must_have=(), sass_must_have=()):
+    """Add a kernel to the compile-only check (called at import by each op module)."""
+    _REGISTRY[name] = KernelCheck(name, build, tuple(ptx_must_have), tuple(sass_must_have))
+
+
+def registered():
+    return dict(_REGISTRY)
+
+
+def _nvdisasm():
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    try:
+        import nvidia.cu13 as cu13
+        for folder in cu13.__path__:  # a namespace package: no __file__
+            candidate = os.path.join(folder, "bin", "nvdisasm")
+            if os.path.exists(candidate):
+                return candidate
+    except ImportError:
+        pass
+    raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
+
+
+def ptx_to_cubin(ptx_text, arch=_TARGET_ARCH):
+    """Link PTX to a cubin with nvJitLink; returns (cubin bytes, ptxas info log)."""
+    from cuda.bindings import nvjitlink
+
+    handle = nvjitlink.create(3, [f"-arch={arch}", "-O3", "-Xptxas=-v"])
+    try:
+        data = ptx_text.encode()
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
+        nvjitlink.complete(handle)
+        cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
+        nvjitlink.get_linked_cubin(handle, cubin)
+        log = bytearray(nvjitlink.get_info_log_size(handle))
+        nvjitlink.get_info_log(handle, log)
+    finally:
+        nvjitlink.destroy(handle)
+    return bytes(cubin), log.decode(errors="replace")
+
+
+def disassemble(cubin):
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([_nvdisasm(), "-c", f.name], check=True, capture_output=True,
+                              text=True).stdout
+
+
+def _first_int(pattern, text):
+    m = re.search(pattern, text)
+    return int(m.group(1)) if m else 0
+
+
+def compile_kernel(check: KernelCheck) -> CompileReport:
+    from numba import cuda
+
+    pyfunc, sig = check.build()
+    ptx, _ = cuda.compile_ptx(pyfunc, sig, cc=TARGET_CC)
+    cubin, log = ptx_to_cubin(ptx)
+    sass = disassemble(cubin)
+    opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    ptx_found = {s: ptx.count(s) for s in check.ptx_must_have}
+    sass_found = {s: sum(op.startswith(s) for op in opcodes) for s in check.sass_must_have}
+    local = sum(op.startswith(("STL", "LDL")) for op in opcodes)
+    report = CompileReport(
+        name=check.name,
+        registers=_first_int(r"Used (\d+) registers", log),
+        stack_frame_bytes=_first_int(r"(\d+) bytes stack frame", log),
+        spill_store_bytes=_first_int(r"(\d+) bytes spill stores", log),
+        spill_load_bytes=_first_int(r"(\d+) bytes spill loads", log),
+        ptx_found=ptx_found, sass_found=sass_found, local_memory_instructions=local,
+        problems=[])
+    for s, n in ptx_found.items():
+        if n == 0:
+            report.problems.append(f"PTX lacks {s}")
+    for s, n in sass_found.items():
+        if n == 0:
+            report.problems.append(f"SASS lacks {s}")
+    if local or report.spill_store_bytes or report.spill_load_bytes or report.stack_frame_bytes:
+        report.problems.append(
+            f"local memory: {local} STL/LDL, {report.spill_store_bytes} B spill stores, "
+            f"{report.spill_load_bytes} B spill loads, {report.stack_frame_bytes} B stack")
+    return report
+
+
+def run_all(names=None):
+    import llmspeed_numba  # noqa: F401  (importing the package registers every op's kernels)
+
+    checks = [c for n, c in sorted(_REGISTRY.items()) if names is None or n in names]
+    return [compile_kernel(c) for c in checks]
+
+
+def main(argv=None):
+    if SIMULATOR:
+        print("compile_check needs the real numba.cuda: unset NUMBA_ENABLE_CUDASIM",
+              file=sys.stderr)
+        return 2
+    argv = sys.argv[1:] if argv is None else argv
+    reports = run_all(set(argv) or None)
+    print(json.dumps([dataclasses.asdict(r) for r in reports], indent=1))
+    return 1 if any(r.problems for r in reports) else 0
+

@@ -1,0 +1,1 @@
+"""One module per op; each registers its kernels with the compile check and the demo."""

@@ -1,0 +1,235 @@
+"""Pure-Python twins of the PTX op layer, for the CUDA simulator.
+
+Same names, arguments and results as ``_intrinsics.py``. Warp-collective ops (mma, ldmatrix,
+shuffles) rendezvous the lanes of a warp: each simulated thread is a Python thread, so every lane
+posts its operands, all wait on a barrier, each rebuilds the whole fragment from the posted
+operands and takes its own part. The fragment layouts are the PTX ISA's; the GPU tests that run
+one kernel on both targets tie these layouts to the hardware.
+"""
+
+import threading
+import weakref
+
+import numpy as np
+
+_RENDEZVOUS_TIMEOUT_S = 120.0  # a lane that never arrives (exception, divergence) breaks the wait
+
+
+class _Warp:
+    def __init__(self, lanes):
+        self.slots = [None] * lanes
+        self.barrier = threading.Barrier(lanes, timeout=_RENDEZVOUS_TIMEOUT_S)
+
+
+_warps_lock = threading.Lock()
+_warps_by_block = weakref.WeakKeyDictionary()  # simulator BlockManager -> {warp index: _Warp}
+
+
+def _lane_context():
+    thread = threading.current_thread()
+    manager = getattr(thread, "_manager", None)
+    if manager is None:
+        raise RuntimeError("warp-collective PTX twins must be called inside a simulated kernel")
+    return thread, manager
+
+
+def _exchange(value):
+    """Post ``value`` for this lane; return (lane, [value of every lane of the warp])."""
+    thread, manager = _lane_context()
+    warp, lane = divmod(thread.thread_id, 32)
+    with _warps_lock:
+        warps = _warps_by_block.setdefault(manager, {})
+        state = warps.get(warp)
+        if state is None:
+            threads_in_block = int(np.prod(manager._block_dim))
+            state = warps[warp] = _Warp(min(32, threads_in_block - 32 * warp))
+    state.slots[lane] = value
+    state.barrier.wait()
+    values = list(state.slots)
+    state.barrier.wait()  # nobody overwrites a slot before every lane has read them all
+    return lane, values
+
+
+# ---- bit helpers ---------------------------------------------------------------------------
+
+def _bits16(x):
+    return int(np.asarray(x).view(np.uint16)) if np.asarray(x).dtype.itemsize == 2 else int(x)
+
+
+def _f16_bits_to_f32(bits):
+    return float(np.uint16(bits).view(np.float16))
+
+
+def _bf16_bits_to_f32(bits):
+    return float(np.uint32(int(bits) << 16).view(np.float32))
+
+
+def _f32_to_f16_bits(x):
+    return int(np.float16(np.float32(x)).view(np.uint16))
+
+
+def _f32_to_bf16_bits(x):
+    # round to nearest even, NaN kept quiet
+    u = int(np.float32(x).view(np.uint32))
+    if (u & 0x7F800000) == 0x7F800000 and (u & 0x007FFFFF):
+        return ((u >> 16) | 0x40) & 0xFFFF
+    u += 0x7FFF + ((u >> 16) & 1)
+    return (u >> 16) & 0xFFFF
+
+
+def _unpack(reg, to_f32):
+    reg = int(reg)
+    return to_f32(reg & 0xFFFF), to_f32((reg >> 16) & 0xFFFF)
+
+
+# ---- MMA -----------------------------------------------------------------------------------
+
+def _make_mma(to_f32):
+    def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        lane, posted = _exchange((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3))
+        a = np.zeros((16, 16), np.float64)
+        b = np.zeros((16, 8), np.float64)
+        c = np.zeros((16, 8), np.float64)
+        for src, regs in enumerate(posted):
+            group, pair = divmod(src, 4)
+            col = 2 * pair
+            for reg, (row, k0) in zip(regs[0:4], ((group, col), (group + 8, col),
+                                                  (group, col + 8), (group + 8, col + 8))):
+                a[row, k0], a[row, k0 + 1] = _unpack(reg, to_f32)
+            for reg, k0 in zip(regs[4:6], (col, col + 8)):
+                b[k0, group], b[k0 + 1, group] = _unpack(reg, to_f32)
+            c[group, col], c[group, col + 1], c[group + 8, col], c[group + 8, col + 1] = regs[6:10]
+        d = (a @ b + c).astype(np.float32)
+        group, pair = divmod(lane, 4)
+        col = 2 * pair
+        return (d[group, col], d[group, col + 1], d[group + 8, col], d[group + 8, col + 1])
+
+    return mma
+
+
+mma_f16 = _make_mma(_f16_bits_to_f32)
+mma_bf16 = _make_mma(_bf16_bits_to_f32)
+
+
+# ---- ldmatrix ------------------------------------------------------------------------------
+
+def _make_ldmatrix(count, trans):
+    def ldmatrix(smem, offset):
+        lane, offsets = _exchange(int(offset))
+        flat = smem.reshape(-1) if hasattr(smem, "reshape") else smem
+        regs = []
+        for m in range(count):
+            rows = offsets[8 * m: 8 * m + 8]  # lanes 8m..8m+7 give matrix m's row addresses
+            if trans:
+                lo = flat[rows[2 * (lane % 4)] + lane // 4]
+                hi = flat[rows[2 * (lane % 4) + 1] + lane // 4]
+            else:
+                row = rows[lane // 4]
+                lo = flat[row + 2 * (lane % 4)]
+                hi = flat[row + 2 * (lane % 4) + 1]
+            regs.append(np.uint32(_bits16(lo) | (_bits16(hi) << 16)))
+        return regs[0] if count == 1 else tuple(regs)
+
+    return ldmatrix
+
+
+ldmatrix_x1 = _make_ldmatrix(1, False)
+ldmatrix_x2 = _make_ldmatrix(2, False)
+ldmatrix_x4 = _make_ldmatrix(4, False)
+ldmatrix_x1_trans = _make_ldmatrix(1, True)
+ldmatrix_x2_trans = _make_ldmatrix(2, True)
+ldmatrix_x4_trans = _make_ldmatrix(4, True)
+
+
+# ---- cp.async (a plain copy here; commit / wait have nothing to wait for) ------------------
+
+def cp_async_16(smem, smem_offset, gmem, gmem_offset, src_bytes):
+    itemsize = smem.dtype.itemsize
+    count = 16 // itemsize
+    valid = int(src_bytes) // gmem.dtype.itemsize
+    for i in range(count):
+        smem[smem_offset + i] = gmem[gmem_offset + i] if i < valid else 0
+
+
+def cp_async_commit():
+    pass
+
+
+def cp_async_wait(n):
+    pass
+
+
+# ---- 16-byte vector access -----------------------------------------------------------------
+
+def _as_bytes(array, offset):
+    itemsize = array.dtype.itemsize
+    return np.array([array[offset + i] for i in range(16 // itemsize)], dtype=array.dtype), itemsize
+
+
+def load_u32x4(array, offset):
+    data, _ = _as_bytes(array, offset)
+    words = data.view(np.uint32)
+    return tuple(np.uint32(w) for w in words)
+
+
+def store_u32x4(array, offset, v0, v1, v2, v3):
+    words = np.array([v0, v1, v2, v3], dtype=np.uint32).view(array.dtype)
+    for i, w in enumerate(words):
+        array[offset + i] = w
+
+
+# ---- conversions ---------------------------------------------------------------------------
+
+def pack_f16x2(lo, hi):
+    return np.uint32(_f32_to_f16_bits(lo) | (_f32_to_f16_bits(hi) << 16))
+
+
+def pack_bf16x2(lo, hi):
+    return np.uint32(_f32_to_bf16_bits(lo) | (_f32_to_bf16_bits(hi) << 16))
+
+
+def unpack_f16x2(packed):
+    lo, hi = _unpack(packed, _f16_bits_to_f32)
+    return np.float32(lo), np.float32(hi)
+
+
+def unpack_bf16x2(packed):
+    lo, hi = _unpack(packed, _bf16_bits_to_f32)
+    return np.float32(lo), np.float32(hi)
+
+
+def f16_to_f32(bits):
+    return np.float32(_f16_bits_to_f32(_bits16(bits)))
+
+
+def bf16_to_f32(bits):
+    return np.float32(_bf16_bits_to_f32(_bits16(bits)))
+
+
+def f32_to_f16(x):
+    return np.uint16(_f32_to_f16_bits(x))
+
+
+def f32_to_bf16(x):
+    return np.uint16(_f32_to_bf16_bits(x))
+
+
+# ---- math and warp collectives -------------------------------------------------------------
+
+def ex2_approx(x):
+    with np.errstate(over="ignore"):
+        return np.float32(np.exp2(np.float32(x)))
+
+
+def shfl_xor_f32(value, lane_mask):
+    lane, values = _exchange(np.float32(value))
+    return np.float32(values[lane ^ int(lane_mask)])
+
+
+def shfl_xor_i32(value, lane_mask):
+    lane, values = _exchange(np.int32(value))
+    return np.int32(values[lane ^ int(lane_mask)])
+
+
+def syncwarp():
+    _exchange(None)
