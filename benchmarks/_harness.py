@@ -1,0 +1,154 @@
+"""The one benchmark harness every ``bench_<op>.py`` sits on.
+
+- ``time_gpu(fn)``: warm-up (compile excluded), CUDA-event timing of each call with the L2
+  flushed before it, median and spread over ``rep`` calls.
+- ``copy_bandwidth()``: device-to-device copy GB/s (bytes read + written), measured in the same
+  run as the op it is compared with.
+- ``Results``: rows (GPU, versions, commit, op, shape, ours, baseline, ratio) appended to a CSV in
+  ``benchmarks/results/`` (or ``$OUT`` on the device machine), then plotted by ``plot.py``.
+
+Baselines (torch / CuPy) run in the same process, on the same data and stream.
+"""
+
+import csv
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+
+RESULTS_DIR = os.environ.get("LLMSPEED_RESULTS_DIR",
+                             os.path.join(os.path.dirname(__file__), "results"))
+FIELDS = ["date", "gpu", "commit", "op", "case", "shape", "dtype", "ours_ms", "ours_spread_ms",
+          "baseline", "baseline_ms", "unit", "ours_value", "baseline_value", "ratio", "versions",
+          "note"]
+
+
+def commit():
+    env = os.environ.get("LLMSPEED_COMMIT")
+    if env:
+        return env
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True, cwd=os.path.dirname(__file__)).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def versions():
+    import numba
+    from numba import cuda
+
+    parts = [f"py{sys.version_info.major}.{sys.version_info.minor}", f"numba {numba.__version__}",
+             f"numba-cuda {getattr(cuda, '__version__', '?')}", f"numpy {np.__version__}"]
+    try:
+        import torch
+
+        parts.append(f"torch {torch.__version__}")
+    except ImportError:
+        pass
+    return "; ".join(parts)
+
+
+def gpu_name():
+    from numba import cuda
+
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else name
+
+
+class _Flusher:
+    """Writes a buffer larger than the L2 before each timed call."""
+
+    def __init__(self, nbytes=256 << 20):
+        import torch
+
+        self.buf = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda")
+
+    def __call__(self):
+        self.buf.zero_()
+
+
+_FLUSHER = None
+
+
+def time_gpu(fn, warmup=3, rep=20, flush_l2=True):
+    """Median and spread (p20..p80) in ms of ``fn()`` on the current torch stream."""
+    import torch
+
+    global _FLUSHER
+    if flush_l2 and _FLUSHER is None:
+        _FLUSHER = _Flusher()
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rep):
+        if flush_l2:
+            _FLUSHER()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    q = lambda f: times[min(len(times) - 1, int(f * len(times)))]  # noqa: E731
+    return {"median": statistics.median(times), "p20": q(0.2), "p80": q(0.8)}
+
+
+def copy_bandwidth(nbytes=2 << 30):
+    """Device-to-device copy GB/s (read + write bytes) of a ``nbytes`` fp16 buffer."""
+    import torch
+
+    src = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    t = time_gpu(lambda: dst.copy_(src), flush_l2=False)
+    return 2 * nbytes / (t["median"] * 1e-3) / 1e9
+
+
+class Results:
+    """Collects benchmark rows and appends them to ``<results dir>/<name>.csv``."""
+
+    def __init__(self, name):
+        self.name = name
+        self.rows = []
+        self.gpu = gpu_name()
+        self.commit = commit()
+        self.versions = versions()
+        self.date = datetime.date.today().isoformat()
+
+    def add(self, op, case, shape, dtype, ours, baseline_name, baseline, unit, ours_value,
+            baseline_value, note=""):
+        ratio = ours_value / baseline_value if baseline_value else float("nan")
+        if unit in ("ms", "us"):  # lower is better: ratio is baseline time / our time
+            ratio = baseline_value / ours_value if ours_value else float("nan")
+        row = {"date": self.date, "gpu": self.gpu, "commit": self.commit, "op": op,
+               "case": case, "shape": shape, "dtype": dtype,
+               "ours_ms": f"{ours['median']:.5f}",
+               "ours_spread_ms": f"{ours['p20']:.5f}-{ours['p80']:.5f}",
+               "baseline": baseline_name,
+               "baseline_ms": f"{baseline['median']:.5f}" if baseline else "",
+               "unit": unit, "ours_value": f"{ours_value:.4g}",
+               "baseline_value": f"{baseline_value:.4g}" if baseline_value else "",
+               "ratio": f"{ratio:.3f}", "versions": self.versions, "note": note}
+        self.rows.append(row)
+        print(f"{op:>22} {case:>28} {dtype:>9} ours {ours_value:10.4g} {unit:8} "
+              f"{baseline_name:>14} {baseline_value or float('nan'):10.4g}  ratio {ratio:6.3f}",
+              flush=True)
+        return row
+
+    def write(self, directory=None):
+        directory = directory or os.environ.get("OUT") or RESULTS_DIR
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"{self.name}.csv")
+        new = not os.path.exists(path)
+        with open(path, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=FIELDS)
+            if new:
+                w.writeheader()
+            w.writerows(self.rows)
+        return path

@@ -1,0 +1,74 @@
+"""``python -m llmspeed_numba demo``: run every op on random inputs, check it against its
+float64 reference and print a table (op, shape, max error, tolerance, time).
+
+Each op adds a module to ``llmspeed_numba/demos/`` defining ``cases(on_gpu)``, which returns a list
+of ``DemoCase``: a label, a shape string and ``run()`` returning ``(max_abs_error, tolerance,
+seconds_per_call)``. On a GPU the cases use real sizes and time the op; under the simulator tiny
+sizes, and the time is the simulator's.
+"""
+
+import dataclasses
+import importlib
+import pkgutil
+import sys
+import time
+import traceback
+
+
+@dataclasses.dataclass
+class DemoCase:
+    op: str
+    shape: str
+    run: object
+
+
+def time_call(fn, on_gpu, repeat=10):
+    """Seconds per call of ``fn`` (GPU: synchronised, after one warm-up call)."""
+    from numba import cuda
+
+    fn()
+    if on_gpu:
+        cuda.synchronize()
+    repeat = repeat if on_gpu else 1
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    if on_gpu:
+        cuda.synchronize()
+    return (time.perf_counter() - start) / repeat
+
+
+def all_cases(on_gpu):
+    from . import demos
+
+    cases = []
+    for info in sorted(pkgutil.iter_modules(demos.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{demos.__name__}.{info.name}")
+        cases.extend(module.cases(on_gpu))
+    return cases
+
+
+def run_demo(argv=()):
+    from ._env import have_gpu
+
+    on_gpu = have_gpu()
+    print(f"llmspeed_numba demo on {'GPU' if on_gpu else 'the CUDA simulator'}")
+    print(f"{'op':<26} {'shape':<34} {'max err':>10} {'tolerance':>10} {'time':>12}  status")
+    failures = 0
+    for case in all_cases(on_gpu):
+        if argv and not any(a in case.op for a in argv):
+            continue
+        try:
+            err, tol, seconds = case.run()
+            ok = err <= tol
+            status = "ok" if ok else "FAIL"
+            failures += not ok
+            unit = f"{seconds * 1e3:9.3f} ms" if on_gpu else f"{seconds:9.2f} s "
+            print(f"{case.op:<26} {case.shape:<34} {err:10.3g} {tol:10.3g} {unit}  {status}",
+                  flush=True)
+        except Exception:  # report and go on: the table should show every op
+            failures += 1
+            print(f"{case.op:<26} {case.shape:<34} {'':>10} {'':>10} {'':>12}  ERROR")
+            traceback.print_exc(file=sys.stdout)
+    print(f"{failures} failure(s)")
+    return 1 if failures else 0

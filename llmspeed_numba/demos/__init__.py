@@ -1,0 +1,1 @@
+"""Demo cases, one module per op (see ``llmspeed_numba/_demo.py``)."""
