@@ -101,7 +101,8 @@ def describe_mismatch(got, expected, tolerance, name="output"):
     for i in idx[:5]:
         t = tuple(int(v) for v in i)
         tol = tolerance[t] if np.ndim(tolerance) else tolerance
-        lines.append(f"  at {t}: got {got[t]!r}, expected {expected[t]!r} (tolerance {tol:.3g})")
+        lines.append(f"  at {t}: got {float(got[t])!r}, expected {float(expected[t])!r} "
+                     f"(tolerance {float(tol):.3g})")
     finite = np.isfinite(err)
     if finite.any():
         rel = err[finite] / np.maximum(np.abs(expected[finite]), 1e-30)

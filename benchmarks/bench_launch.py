@@ -1,0 +1,84 @@
+"""Python-side cost of one op call: the library's raw launch path against numba's own dispatch.
+
+Same near-empty kernel, same arrays, same process: wall-clock time per call over many calls (the
+GPU work is tiny, so the rate is set by the host). Also a whole op call (validation, output
+allocation, launch) of ``warp_tile_matmul`` with numba arrays and with torch tensors.
+"""
+
+import sys
+import time
+
+import numpy as np
+from numba import types
+
+sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
+
+from llmspeed_numba._arrays import as_tensor, kernel_buffer  # noqa: E402
+from llmspeed_numba._env import cuda  # noqa: E402
+from llmspeed_numba._launch import Kernel, array1d, jit  # noqa: E402
+from llmspeed_numba.ops.warp_tile import warp_tile_matmul  # noqa: E402
+
+from _harness import Results  # noqa: E402
+
+CALLS = 3000
+
+
+def per_call_us(fn, calls=CALLS):
+    for _ in range(50):
+        fn()
+    cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def _touch(x, n):
+    if cuda.grid(1) < n:
+        x[0] = x[0]
+
+
+def main():
+    import torch
+
+    results = Results("launch")
+    dispatcher = cuda.jit(_touch)
+    kernel = Kernel(jit(_touch), (array1d(np.float32), types.int32), "touch")
+    x_nb = cuda.to_device(np.ones(16, np.float32))
+    x_torch = torch.ones(16, device="cuda")
+    buf = kernel_buffer(as_tensor(x_nb, "x"))
+
+    rows = {
+        "raw Kernel launch (prepared buffer)": per_call_us(lambda: kernel(1, 32, (buf, 0))),
+        "raw Kernel launch + as_tensor(torch)": per_call_us(
+            lambda: kernel(1, 32, (kernel_buffer(as_tensor(x_torch, "x")), 0))),
+        "numba dispatch, numba array": per_call_us(lambda: dispatcher[1, 32](x_nb, 0)),
+        "numba dispatch, torch tensor": per_call_us(lambda: dispatcher[1, 32](x_torch, 0)),
+    }
+    a_nb = cuda.to_device(np.ones((16, 16), np.float16))
+    b_nb = cuda.to_device(np.ones((16, 8), np.float16))
+    out_nb = cuda.device_array((16, 8), np.float32)
+    a_t, b_t = torch.ones(16, 16, device="cuda", dtype=torch.half), torch.ones(
+        16, 8, device="cuda", dtype=torch.half)
+    out_t = torch.empty(16, 8, device="cuda")
+    rows["op call warp_tile_matmul, numba arrays, out="] = per_call_us(
+        lambda: warp_tile_matmul(a_nb, b_nb, out=out_nb))
+    rows["op call warp_tile_matmul, torch, out="] = per_call_us(
+        lambda: warp_tile_matmul(a_t, b_t, out=out_t))
+    rows["op call warp_tile_matmul, torch, allocating"] = per_call_us(
+        lambda: warp_tile_matmul(a_t, b_t))
+
+    base_nb = rows["numba dispatch, numba array"]
+    base_t = rows["numba dispatch, torch tensor"]
+    for name, us in rows.items():
+        base_name, base = ("numba dispatch torch", base_t) if "torch" in name else (
+            "numba dispatch numba", base_nb)
+        results.add("launch", name, "1 block x 32", "-", {"median": us / 1e3, "p20": us / 1e3,
+                                                           "p80": us / 1e3},
+                    base_name, {"median": base / 1e3}, "us", us, base)
+    print("path written:", results.write())
+
+
+if __name__ == "__main__":
+    main()

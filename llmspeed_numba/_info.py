@@ -1,0 +1,63 @@
+"""``python -m llmspeed_numba info``: versions, target and device facts in one place."""
+
+import os
+import sys
+
+
+def info():
+    """A dict of what the library runs on."""
+    import numba
+    import numpy as np
+
+    from . import __version__, ptx
+    from ._env import SIMULATOR, cuda, have_gpu
+
+    facts = {
+        "llmspeed_numba": __version__,
+        "python": sys.version.split()[0],
+        "numba": numba.__version__,
+        "numba-cuda": _version("numba-cuda"),
+        "numpy": np.__version__,
+        "cuda-bindings": _version("cuda-bindings"),
+        "target": "CUDA simulator" if SIMULATOR else ("GPU" if have_gpu() else "no GPU found"),
+        "ptx backend": ptx.BACKEND,
+        "kernel cache dir": _cache_dir(),
+    }
+    if have_gpu():
+        dev = cuda.get_current_device()
+        name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
+        facts.update({
+            "device": name,
+            "compute capability": "%d.%d" % dev.compute_capability,
+            "SM count": dev.MULTIPROCESSOR_COUNT,
+            "shared memory per block (opt-in)": dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        })
+    return facts
+
+
+def _version(dist):
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _cache_dir():
+    """Where numba's on-disk kernel cache goes for this package's kernels."""
+    from numba.core.config import CACHE_DIR
+
+    if CACHE_DIR:
+        return CACHE_DIR
+    package_dir = os.path.dirname(os.path.abspath(__file__))
+    if os.access(package_dir, os.W_OK):
+        return os.path.join(package_dir, "ops", "__pycache__") + " (beside each op module)"
+    from numba.misc.appdirs import AppDirs
+
+    return AppDirs(appname="numba", appauthor=False).user_cache_dir
+
+
+def print_info():
+    for key, value in info().items():
+        print(f"{key + ':':<36} {value}")

@@ -1,0 +1,116 @@
+"""GPU-only runtime behaviour of the launch layer (GPU suite; skipped under the simulator).
+
+Covers: capture of library launches in a CUDA graph and correct replay; the linked PTX backend
+giving bit-identical results to the intrinsic backend; more than 48 KB of dynamic shared memory
+through the automatic opt-in; the on-disk kernel cache being used by a second process.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from numba import types
+
+from llmspeed_numba._env import cuda
+from llmspeed_numba.testing import f64, random_array, to_device, to_host
+
+pytestmark = pytest.mark.gpu
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_two_ops_captured_in_a_cuda_graph_replay_correctly(rng):
+    torch = pytest.importorskip("torch")
+    from llmspeed_numba.ops.warp_tile import warp_tile_matmul
+
+    a = to_device(random_array((16, 256), "float16", rng), "torch")
+    b = to_device(random_array((256, 8), "float16", rng), "torch")
+    b2 = to_device(random_array((256, 8), "float16", rng), "torch")
+    warp_tile_matmul(a, b)
+    warp_tile_matmul(a, b2)  # compile and load outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out1 = warp_tile_matmul(a, b)
+        out2 = warp_tile_matmul(a, b2)
+    out1.fill_(float("nan"))
+    out2.fill_(float("nan"))
+    a.copy_(to_device(random_array((16, 256), "float16", rng), "torch"))  # new data, same buffer
+    graph.replay()
+    torch.cuda.synchronize()
+    for out, bb in ((out1, b), (out2, b2)):
+        expected = f64(a) @ f64(bb)
+        bound = 256 * np.finfo(np.float32).eps * (np.abs(f64(a)) @ np.abs(f64(bb)))
+        assert np.all(np.abs(to_host(out) - expected) <= bound)
+
+
+_BACKEND_SCRIPT = textwrap.dedent("""
+    import sys, numpy as np
+    from llmspeed_numba.ops.warp_tile import warp_tile_matmul
+    from llmspeed_numba.testing import random_array, to_device, to_host
+    rng = np.random.default_rng(7)
+    outs = []
+    for dtype in ("float16", "bfloat16"):
+        a = random_array((16, 1024), dtype, rng)
+        b = random_array((1024, 8), dtype, rng)
+        outs.append(to_host(warp_tile_matmul(to_device(a, "torch"), to_device(b, "torch"))))
+    sys.stdout.buffer.write(np.concatenate([o.ravel() for o in outs]).tobytes())
+""")
+
+
+def _run_backend(backend):
+    env = dict(os.environ, LLMSPEED_NUMBA_PTX_BACKEND=backend, PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, "-c", _BACKEND_SCRIPT], capture_output=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    return np.frombuffer(proc.stdout, np.float32)
+
+
+def test_linked_backend_is_bit_identical_to_intrinsics():
+    intrinsic = _run_backend("intrinsic")
+    linked = _run_backend("linked")
+    assert intrinsic.size == 2 * 16 * 8
+    np.testing.assert_array_equal(intrinsic.view(np.uint32), linked.view(np.uint32))
+
+
+def test_dynamic_shared_memory_beyond_48kb(rng):
+    from llmspeed_numba._arrays import as_tensor, kernel_buffer
+    from llmspeed_numba._launch import Kernel, array1d, jit
+
+    nbytes = 200 * 1024
+    words = nbytes // 4
+
+    def reverse_through_shared(src, dst, n):
+        smem = cuda.shared.array(0, np.float32)
+        for i in range(cuda.threadIdx.x, n, cuda.blockDim.x):
+            smem[i] = src[i]
+        cuda.syncthreads()
+        for i in range(cuda.threadIdx.x, n, cuda.blockDim.x):
+            dst[i] = smem[n - 1 - i]
+
+    kernel = Kernel(jit(reverse_through_shared),
+                    (array1d(np.float32), array1d(np.float32), types.int32), "reverse")
+    src = cuda.to_device(random_array((words,), "float32", rng))
+    dst = cuda.device_array(words, np.float32)
+    kernel(1, 256, (kernel_buffer(as_tensor(src, "src")), kernel_buffer(as_tensor(dst, "dst")),
+                    words), 0, nbytes)
+    cuda.synchronize()
+    np.testing.assert_array_equal(dst.copy_to_host(), src.copy_to_host()[::-1])
+
+
+def test_kernel_cache_is_reused_by_a_new_process(tmp_path):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=REPO)
+    script = ("import numpy as np; from llmspeed_numba.ops.warp_tile import warp_tile_matmul;"
+              "from numba import cuda;"
+              "a = cuda.to_device(np.ones((16, 64), np.float16));"
+              "b = cuda.to_device(np.ones((64, 8), np.float16));"
+              "assert (warp_tile_matmul(a, b).copy_to_host() == 64).all()")
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    cached = [f for _, _, files in os.walk(tmp_path) for f in files]
+    assert any(f.endswith(".nbi") for f in cached) and any(f.endswith(".nbc") for f in cached)
