@@ -69,6 +69,19 @@ def main():
     rows["op call warp_tile_matmul, torch, allocating"] = per_call_us(
         lambda: warp_tile_matmul(a_t, b_t))
 
+    from llmspeed_numba._arrays import stream_handle
+
+    t = as_tensor(x_torch, "x")
+    for label, fn in (("as_tensor(torch)", lambda: as_tensor(x_torch, "x")),
+                      ("as_tensor(numba)", lambda: as_tensor(x_nb, "x")),
+                      ("stream_handle(torch)", lambda: stream_handle(None, (t,))),
+                      ("kernel_buffer", lambda: kernel_buffer(t)),
+                      ("torch.empty", lambda: torch.empty(16, 8, device="cuda"))):
+        start = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        print(f"component {label:<24} {(time.perf_counter() - start) / CALLS * 1e6:7.2f} us")
+
     base_nb = rows["numba dispatch, numba array"]
     base_t = rows["numba dispatch, torch tensor"]
     for name, us in rows.items():

@@ -17,8 +17,6 @@ bits) and index it with explicit strides, so any layout (transposed, sliced, pac
 them without a copy.
 """
 
-import sys
-
 import numpy as np
 
 from ._env import SIMULATOR, cuda
@@ -152,45 +150,80 @@ def _numpy_array(obj):
     return Tensor(obj, "numpy", obj.ctypes.data, obj.shape, strides, dtype, host=obj)
 
 
+def _numba_device_array(obj):
+    """numba DeviceNDArray read directly (its __cuda_array_interface__ costs a few us)."""
+    dtype = "bfloat16" if obj.dtype.name == "bfloat16" else _dtype_name(obj.dtype)
+    if dtype is None:
+        raise TypeError(f"unsupported dtype {obj.dtype}")
+    itemsize = obj.dtype.itemsize
+    ptr = obj.device_ctypes_pointer
+    ptr = int(getattr(ptr, "value", ptr) or 0)
+    return Tensor(obj, "numba", ptr, obj.shape, tuple(s // itemsize for s in obj.strides), dtype)
+
+
+_READERS = {}  # type -> reader, filled on first sight of each array type
+
+
+def _reader_for(obj):
+    cls = type(obj)
+    module = cls.__module__
+    if module.startswith("torch") and hasattr(obj, "data_ptr"):
+        return _torch_tensor
+    if SIMULATOR and isinstance(getattr(obj, "_ary", None), np.ndarray):
+        return _simulator_array
+    if isinstance(obj, np.ndarray):
+        return _numpy_array if SIMULATOR else _host_array_rejected
+    if not SIMULATOR and module.startswith("numba") and hasattr(obj, "device_ctypes_pointer"):
+        return _numba_device_array
+    if hasattr(obj, "__cuda_array_interface__"):
+        kind = "cupy" if module.startswith("cupy") else "foreign"
+        return lambda o: _from_interface(o, kind, o.__cuda_array_interface__)
+    if hasattr(obj, "__dlpack__"):
+        return _dlpack_array
+    return None
+
+
+def _simulator_array(obj):
+    t = _numpy_array(obj._ary)  # the simulator's "device" arrays wrap numpy arrays
+    t.obj, t.kind = obj, "numba"
+    return t
+
+
+def _host_array_rejected(obj):
+    raise TypeError(
+        "expected a device array, got a host numpy.ndarray; move it to the GPU first "
+        "(numba.cuda.to_device, cupy.asarray, torch.as_tensor(...).cuda())")
+
+
+def _dlpack_array(obj):
+    from cuda.core.utils import StridedMemoryView
+
+    view = StridedMemoryView(obj, stream_ptr=-1)
+    dtype = _dtype_name(view.dtype)
+    if dtype is None:
+        raise TypeError(f"unsupported dtype {view.dtype}")
+    strides = view.strides if view.strides is not None else _c_strides(view.shape)
+    return Tensor(obj, "foreign", int(view.ptr), view.shape, strides, dtype)
+
+
 def as_tensor(obj, name):
     """Read any supported array without copying; ``TypeError`` naming ``name`` otherwise."""
+    reader = _READERS.get(type(obj))
+    if reader is None:
+        reader = _reader_for(obj)
+        if reader is None:
+            raise TypeError(
+                f"{name}: expected a CUDA array (numba device array, CuPy array, torch CUDA "
+                f"tensor, or an object with __cuda_array_interface__ / __dlpack__), got "
+                f"{type(obj).__name__}")
+        if type(obj) not in (list, tuple, dict):
+            _READERS[type(obj)] = reader
     try:
-        if type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr"):
-            return _torch_tensor(obj)
-        if SIMULATOR:
-            host = getattr(obj, "_ary", None)  # simulator's "device" arrays wrap numpy arrays
-            if isinstance(host, np.ndarray):
-                t = _numpy_array(host)
-                t.obj, t.kind = obj, "numba"
-                return t
-        if isinstance(obj, np.ndarray):
-            if not SIMULATOR:
-                raise TypeError(
-                    "expected a device array, got a host numpy.ndarray; move it to the GPU "
-                    "first (numba.cuda.to_device, cupy.asarray, torch.as_tensor(...).cuda())")
-            return _numpy_array(obj)
-        iface = getattr(obj, "__cuda_array_interface__", None)
-        if iface is not None:
-            kind = "cupy" if type(obj).__module__.startswith("cupy") else (
-                "numba" if cuda.is_cuda_array(obj) and type(obj).__module__.startswith("numba")
-                else "foreign")
-            return _from_interface(obj, kind, iface)
-        if hasattr(obj, "__dlpack__"):
-            from cuda.core.utils import StridedMemoryView
-
-            view = StridedMemoryView(obj, stream_ptr=-1)
-            dtype = _dtype_name(view.dtype)
-            if dtype is None:
-                raise TypeError(f"unsupported dtype {view.dtype}")
-            strides = view.strides if view.strides is not None else _c_strides(view.shape)
-            return Tensor(obj, "foreign", int(view.ptr), view.shape, strides, dtype)
+        return reader(obj)
     except TypeError as exc:
         raise TypeError(f"{name}: {exc}") from None
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None
-    raise TypeError(
-        f"{name}: expected a CUDA array (numba device array, CuPy array, torch CUDA tensor, or "
-        f"an object with __cuda_array_interface__ / __dlpack__), got {type(obj).__name__}")
 
 
 def kernel_buffer(t: Tensor):
@@ -274,7 +307,7 @@ def stream_handle(stream, tensors=()):
             if t.kind == "torch":
                 import torch
 
-                return torch.cuda.current_stream(t.obj.device).cuda_stream
+                return torch.cuda.current_stream().cuda_stream
             if t.kind == "cupy":
                 import cupy
 
@@ -298,7 +331,3 @@ def stream_handle(stream, tensors=()):
     raise TypeError(
         f"stream: expected None, an int handle, or a numba / torch / CuPy / cuda.core stream, "
         f"got {type(stream).__name__}")
-
-
-def torch_loaded():
-    return "torch" in sys.modules

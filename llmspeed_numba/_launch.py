@@ -1,9 +1,10 @@
 """Compiling, caching and launching kernels with little Python overhead.
 
 Every op launches through ``Kernel``: a ``@cuda.jit`` function compiled once per signature
-(cached on disk, ``cache=True``), whose CUfunction handle is kept and launched with
-``cuLaunchKernel`` on a parameter block packed here from raw pointers. numba's own dispatch
-(typing the arguments, wrapping foreign arrays) costs 28-80 us a call; this path a few.
+(cached on disk, ``cache=True``), whose function handle is kept and launched by one ctypes call of
+the driver's ``cuLaunchKernel`` on a parameter block packed with one ``struct.pack_into``. numba's
+own dispatch (typing the arguments, wrapping foreign arrays) costs 21-43 us a call on an H200;
+this path a few.
 
 Kernel parameters follow numba's ABI: a 1-D C-contiguous array parameter is seven 8-byte words
 (meminfo, parent, nitems, itemsize, data, shape[0], strides[0] in bytes); integers and floats are
@@ -13,6 +14,7 @@ Under the simulator ``Kernel`` launches through numba's simulated dispatcher ins
 """
 
 import ctypes
+import struct
 import threading
 
 import numpy as np
@@ -26,11 +28,16 @@ DEFAULT_SHARED_LIMIT = 48 * 1024
 
 
 def jit(fn=None, **options):
-    """``cuda.jit`` for library kernels: on-disk cache on the GPU, plain under the simulator."""
+    """``cuda.jit`` for library kernels: on-disk cache on the GPU, plain under the simulator.
+
+    The linked PTX backend's kernels carry linked CUDA C, which numba cannot pickle into its
+    cache, so they are compiled in each process."""
     def wrap(f):
         if SIMULATOR:
             return cuda.jit(f)
-        return cuda.jit(f, cache=True, **options)
+        from . import ptx
+
+        return cuda.jit(f, cache=ptx.BACKEND != "linked", **options)
 
     return wrap if fn is None else wrap(fn)
 
@@ -42,24 +49,32 @@ def array1d(dtype):
     return types.Array(numpy_support.from_dtype(np.dtype(dtype)), 1, "C")
 
 
-class _Param:
-    """Packs one launch's parameters into a C array of pointers for cuLaunchKernel."""
+class _ParamBlock:
+    """One launch's parameters: 8-byte slots and the array of pointers to them that
+    cuLaunchKernel reads (it copies the values at the call, so a block is reused)."""
 
-    __slots__ = ("values", "pointers", "slots")
+    __slots__ = ("values", "pointers")
 
     def __init__(self, words):
         self.values = (ctypes.c_uint64 * words)()
         base = ctypes.addressof(self.values)
         self.pointers = (ctypes.c_void_p * words)(*[base + 8 * i for i in range(words)])
-        self.slots = words
 
 
-def _pack_float32(x):
-    return int(np.float32(x).view(np.uint32))
+_LIBCUDA = None
 
 
-def _pack_float64(x):
-    return int(np.float64(x).view(np.uint64))
+def _libcuda():
+    global _LIBCUDA
+    if _LIBCUDA is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernel
+        u = ctypes.c_uint
+        fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        _LIBCUDA = fn
+    return _LIBCUDA
 
 
 class Kernel:
@@ -75,26 +90,32 @@ class Kernel:
         self.signature = tuple(signature)
         self.name = name or getattr(dispatcher, "__name__", "kernel")
         self._handle = None
+        self._raw_handle = None
         self._shared_optin = DEFAULT_SHARED_LIMIT
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._packers = []
-        for ty in self.signature:
+        # Every parameter gets 8-byte slots; an array is numba's 7-word struct. Scalars narrower
+        # than 8 bytes sit in the low bytes of their slot (little-endian), where the driver reads
+        # them, since it copies each parameter's own size from its pointer.
+        fmt = "<"
+        self._array_params = []
+        for i, ty in enumerate(self.signature):
             if isinstance(ty, types.Array):
                 if ty.ndim != 1 or ty.layout != "C":
                     raise TypeError(f"{self.name}: kernel array parameters must be 1-D C arrays")
-                self._packers.append(("array", ty.dtype.bitwidth // 8))
-            elif isinstance(ty, types.Integer):
-                self._packers.append(("int", ty.bitwidth))
+                fmt += "QQqqQqq"
+                self._array_params.append((i, ty.dtype.bitwidth // 8))
+            elif isinstance(ty, types.Integer) or ty == types.boolean:
+                fmt += "Q" if (isinstance(ty, types.Integer) and not ty.signed) else "q"
             elif ty == types.float32:
-                self._packers.append(("f32", 32))
+                fmt += "f4x"
             elif ty == types.float64:
-                self._packers.append(("f64", 64))
-            elif ty == types.boolean:
-                self._packers.append(("int", 8))
+                fmt += "d"
             else:
                 raise TypeError(f"{self.name}: unsupported kernel parameter type {ty}")
-        self._words = sum(7 if kind == "array" else 1 for kind, _ in self._packers)
+        self._struct = struct.Struct(fmt)
+        self._words = self._struct.size // 8
+        self._itemsizes = {i: w for i, w in self._array_params}
 
     # -- compile ----------------------------------------------------------------------------
     def compiled(self):
@@ -105,10 +126,13 @@ class Kernel:
         return self.dispatcher.overloads[self.signature]
 
     def handle(self):
+        """The driver handle (a ``CUkernel`` or ``CUfunction`` of cuda.bindings)."""
         if self._handle is None:
             with self._lock:
                 if self._handle is None:
-                    self._handle = self.compiled()._codelibrary.get_cufunc().handle
+                    handle = self.compiled()._codelibrary.get_cufunc().handle
+                    self._raw_handle = int(handle)
+                    self._handle = handle
         return self._handle
 
     def resources(self):
@@ -125,8 +149,13 @@ class Kernel:
             raise ValueError(f"{self.name}: needs {nbytes} bytes of shared memory per block, "
                              f"the device allows {limit}")
         attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        (err,) = driver.cuFuncSetAttribute(self.handle(), attr, nbytes)
-        _check(err, "cuFuncSetAttribute")
+        handle = self.handle()
+        if isinstance(handle, driver.CUkernel):  # numba-cuda loads modules as libraries
+            (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle,
+                                                 cuda.get_current_device().id)
+        else:
+            (err,) = driver.cuFuncSetAttribute(handle, attr, nbytes)
+        _check(err, "set MAX_DYNAMIC_SHARED_SIZE_BYTES")
         self._shared_optin = nbytes
 
     # -- launch ------------------------------------------------------------------------------
@@ -138,57 +167,43 @@ class Kernel:
             return
         if shared_bytes > self._shared_optin:
             self._opt_in_shared(shared_bytes)
-        params = getattr(self._local, "params", None)
-        if params is None:
-            params = self._local.params = _Param(self._words)
-        values = params.values
-        i = 0
-        for (kind, width), arg in zip(self._packers, args):
-            if kind == "array":
-                if not isinstance(arg, Buffer):
-                    raise TypeError(f"{self.name}: expected a Buffer, got {type(arg).__name__}")
-                size = arg.size
-                values[i] = 0
-                values[i + 1] = 0
-                values[i + 2] = size
-                values[i + 3] = width
-                values[i + 4] = arg.ptr
-                values[i + 5] = size
-                values[i + 6] = width
-                i += 7
+        block_params = getattr(self._local, "params", None)
+        if block_params is None:
+            block_params = self._local.params = _ParamBlock(self._words)
+        flat = []
+        for i, arg in enumerate(args):
+            width = self._itemsizes.get(i)
+            if width is None:
+                flat.append(arg)
             else:
-                if kind == "int":
-                    values[i] = int(arg) & ((1 << width) - 1)
-                elif kind == "f32":
-                    values[i] = _pack_float32(arg)
-                else:
-                    values[i] = _pack_float64(arg)
-                i += 1
-        from cuda.bindings import driver
-
-        (err,) = driver.cuLaunchKernel(
-            self.handle(), grid[0], grid[1], grid[2], block[0], block[1], block[2],
-            shared_bytes, _stream(stream), ctypes.addressof(params.pointers), 0)
-        _check(err, f"launch of {self.name}")
+                if not isinstance(arg, Buffer):
+                    raise TypeError(f"{self.name}: parameter {i}: expected a Buffer, got "
+                                    f"{type(arg).__name__}")
+                n = arg.size
+                flat += (0, 0, n, width, arg.ptr, n, width)
+        self._struct.pack_into(block_params.values, 0, *flat)
+        if self._raw_handle is None:
+            self.handle()
+        err = _libcuda()(self._raw_handle, grid[0], grid[1], grid[2], block[0], block[1],
+                         block[2], shared_bytes, stream, ctypes.addressof(block_params.pointers),
+                         None)
+        if err:
+            _check_code(err, f"launch of {self.name}")
 
 
 def _dim3(d):
-    if isinstance(d, int):
+    if type(d) is int:
         return (d, 1, 1)
+    if type(d) is tuple and len(d) == 3:
+        return d
     d = tuple(int(x) for x in d)
     return d + (1,) * (3 - len(d))
 
 
-_STREAMS = {}
+def _check_code(code, what):
+    from cuda.bindings import driver
 
-
-def _stream(handle):
-    s = _STREAMS.get(handle)
-    if s is None:
-        from cuda.bindings import driver
-
-        s = _STREAMS[handle] = driver.CUstream(handle)
-    return s
+    _check(driver.CUresult(code), what)
 
 
 def _check(err, what):

@@ -27,6 +27,8 @@ def to_device(host, kind="numba"):
     """Put a host array on the device as ``kind``: numba, torch or cupy (simulator: numpy)."""
     if SIMULATOR or kind == "numpy":
         return np.ascontiguousarray(host)
+    if host.dtype.name == "bfloat16":
+        kind = "torch"  # numba and CuPy arrays cannot hold bfloat16
     if kind == "torch":
         import torch
 
@@ -38,7 +40,10 @@ def to_device(host, kind="numba"):
         import cupy
 
         return cupy.asarray(host)
-    return cuda.to_device(np.ascontiguousarray(host))
+    host = np.ascontiguousarray(host)
+    if host.dtype == np.float16:  # numba's host<->device copy rejects the 'e' buffer format
+        return cuda.to_device(host.view(np.uint16)).view(np.float16)
+    return cuda.to_device(host)
 
 
 def to_host(x):
@@ -58,6 +63,8 @@ def to_host(x):
     if mod.startswith("cupy"):
         return x.get()
     if hasattr(x, "copy_to_host"):
+        if x.dtype == np.float16:
+            return x.view(np.uint16).copy_to_host().view(np.float16)
         return x.copy_to_host()
     t = as_tensor(x, "x")
     if t.host is not None:

@@ -251,3 +251,41 @@ def test_shfl_xor(mask, rng):
     perm = np.arange(64) ^ mask
     np.testing.assert_array_equal(yf, xf[perm])
     np.testing.assert_array_equal(yi, xi[perm])
+
+
+# ---- bit casts and fast trigonometry -------------------------------------------------------
+
+@cuda.jit
+def _bits_kernel(x, bits, back):
+    i = cuda.grid(1)
+    if i < x.size:
+        b = ptx.f32_bits(x[i])
+        bits[i] = b
+        back[i] = ptx.f32_from_bits(b)
+
+
+def test_f32_bit_casts(rng):
+    x = np.concatenate([_special_values(), [np.nan], rng.standard_normal(17)]).astype(np.float32)
+    bits = np.zeros(x.size, np.uint32)
+    back = np.zeros_like(x)
+    _bits_kernel[1, x.size](x, bits, back)
+    np.testing.assert_array_equal(bits, x.view(np.uint32))
+    np.testing.assert_array_equal(back.view(np.uint32), x.view(np.uint32))
+
+
+@cuda.jit
+def _trig_kernel(x, s, c):
+    i = cuda.grid(1)
+    if i < x.size:
+        s[i] = ptx.sin_approx(x[i])
+        c[i] = ptx.cos_approx(x[i])
+
+
+def test_sin_cos_approx(rng):
+    x = np.concatenate([rng.uniform(-np.pi, np.pi, 120), [0.0, np.pi, -np.pi, 1e-3]]).astype(
+        np.float32)
+    s, c = np.zeros_like(x), np.zeros_like(x)
+    _trig_kernel[1, x.size](x, s, c)
+    # sin/cos.approx.ftz.f32: max absolute error 2^-20.5 on [-pi, pi] (PTX ISA)
+    assert np.all(np.abs(s - np.sin(x.astype(np.float64))) <= 2.0 ** -20)
+    assert np.all(np.abs(c - np.cos(x.astype(np.float64))) <= 2.0 ** -20)

@@ -13,8 +13,8 @@ import numpy as np
 from numba import types
 
 from .. import compile_check, ptx
-from .._arrays import empty, kernel_buffer
-from .._checks import same_dtype, shape, tensor, contiguous
+from .._arrays import empty, kernel_buffer, stream_handle
+from .._checks import contiguous, output, same_dtype, shape, tensor
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
 
@@ -76,9 +76,6 @@ def _warp_tile_kernel(is_bf16):
 def warp_tile_matmul(a, b, *, out=None, stream=None):
     """``out = a @ b`` (fp32) for ``a`` (16, K), ``b`` (K, 8): fp16 or bf16, row-major, contiguous,
     K >= 8 a multiple of 8. Returns ``out`` (16, 8) float32 in the kind of ``a``."""
-    from .._arrays import stream_handle
-    from .._checks import output
-
     ta = tensor(a, "a", ndim=2, dtypes=("float16", "bfloat16"))
     tb = tensor(b, "b", ndim=2, dtypes=("float16", "bfloat16"))
     shape("a", ta, (TILE_M, None))

@@ -371,3 +371,51 @@ __all__ = [
     "f16_to_f32", "bf16_to_f32", "f32_to_f16", "f32_to_bf16",
     "ex2_approx", "shfl_xor_f32", "shfl_xor_i32", "syncwarp",
 ]
+
+
+# --------------------------------------------------------------------------------------------
+# Bit casts and fast trigonometry (fused ops: fp32 vector access, rotary embedding)
+# --------------------------------------------------------------------------------------------
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """float32 -> its IEEE bits as uint32 (a register move, no conversion)."""
+    def codegen(context, builder, signature, args):
+        value = context.cast(builder, args[0], signature.args[0], types.float32)
+        return builder.bitcast(value, _I32)
+
+    return types.uint32(x), codegen
+
+
+@intrinsic
+def f32_from_bits(typingctx, bits):
+    """uint32 IEEE bits -> float32 (a register move): fp32 data read with ``load_u32x4``."""
+    def codegen(context, builder, signature, args):
+        value = context.cast(builder, args[0], signature.args[0], types.uint32)
+        return builder.bitcast(value, _F32)
+
+    return types.float32(bits), codegen
+
+
+def _make_trig(name):
+    text = f"{name}.approx.ftz.f32 $0, $1;"
+
+    @intrinsic
+    def trig(typingctx, x):
+        def codegen(context, builder, signature, args):
+            value = context.cast(builder, args[0], signature.args[0], types.float32)
+            return _asm(builder, _F32, [_F32], text, "=f,f", [value])
+
+        return types.float32(x), codegen
+
+    trig.__name__ = f"{name}_approx"
+    return trig
+
+
+#: sin / cos with the SFU (max absolute error 2^-20.5 on [-pi, pi]; reduce the argument first).
+#: Unlike ``math.sin`` (libdevice sinf) they never take the Payne-Hanek slow path, which puts a
+#: local-memory array in every kernel that calls them.
+sin_approx = _make_trig("sin")
+cos_approx = _make_trig("cos")
+
+__all__ += ["f32_bits", "f32_from_bits", "sin_approx", "cos_approx"]

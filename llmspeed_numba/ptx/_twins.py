@@ -233,3 +233,21 @@ def shfl_xor_i32(value, lane_mask):
 
 def syncwarp():
     _exchange(None)
+
+
+# ---- bit casts and fast trigonometry -------------------------------------------------------
+
+def f32_bits(x):
+    return np.float32(x).view(np.uint32)
+
+
+def f32_from_bits(bits):
+    return np.uint32(bits).view(np.float32)
+
+
+def sin_approx(x):
+    return np.float32(np.sin(np.float32(x)))
+
+
+def cos_approx(x):
+    return np.float32(np.cos(np.float32(x)))

@@ -1,0 +1,87 @@
+"""Device pieces shared by the attention kernels (FlashAttention forward, paged decode).
+
+Mask convention (FlashAttention 2, bottom-right aligned): with ``offset = seqlen_k - seqlen_q``,
+query row ``i`` attends key ``j < seqlen_k`` iff
+``j >= i + offset - window_left`` (skipped when ``window_left < 0``) and
+``j <= i + offset + window_right`` (skipped when ``window_right < 0``); causal is
+``window_right = 0``. ``llmspeed_numba.reference.attention`` is the float64 statement of it.
+
+Online softmax convention: scores ``s`` are kept unscaled; a row keeps its running maximum ``m``
+(unscaled) and its running sum ``l`` of ``exp2(s * scale_log2 - m * scale_log2)``, where
+``scale_log2 = softmax_scale * log2(e)``, so each probability is one FMA and one ``ex2``.
+A row with no attended key so far has ``m = -inf``; ``scaled_max`` maps it to 0 so that every
+``exp2`` sees ``-inf`` (giving 0), never ``-inf - -inf`` (NaN).
+
+Every helper is an ``inline="always"`` device function (compiles offline, and runs as plain
+Python under the simulator).
+"""
+
+import math
+
+import numpy as np
+
+from .. import ptx
+from .._env import cuda
+
+NEG_INF = np.float32(-np.inf)
+LOG2E = math.log2(math.e)
+
+_device = cuda.jit(device=True, inline="always")
+
+
+@_device
+def attends(row, col, offset, window_left, window_right):
+    """True when query ``row`` attends key ``col`` (the ``col < seqlen_k`` bound is separate)."""
+    diagonal = row + offset
+    return (window_left < 0 or col >= diagonal - window_left) and (
+        window_right < 0 or col <= diagonal + window_right)
+
+
+@_device
+def key_bounds(row_lo, row_hi, offset, seqlen_k, window_left, window_right):
+    """Keys ``[lo, hi)`` that any query row in ``[row_lo, row_hi)`` may attend (``hi <= lo``:
+    none). Blocks of keys outside it are skipped."""
+    lo = 0
+    hi = seqlen_k
+    if window_left >= 0:
+        lo = max(0, row_lo + offset - window_left)
+    if window_right >= 0:
+        hi = min(seqlen_k, row_hi - 1 + offset + window_right + 1)
+    return lo, hi
+
+
+@_device
+def block_is_full(row_lo, row_hi, col_lo, col_hi, offset, seqlen_k, window_left, window_right):
+    """True when every query row in ``[row_lo, row_hi)`` attends every key in
+    ``[col_lo, col_hi)``: such a block needs no mask."""
+    if col_hi > seqlen_k:
+        return False
+    if window_right >= 0 and col_hi - 1 > row_lo + offset + window_right:
+        return False
+    if window_left >= 0 and col_lo < row_hi - 1 + offset - window_left:
+        return False
+    return True
+
+
+@_device
+def scaled_max(row_max, scale_log2):
+    """``row_max * scale_log2``, or 0 for a row with nothing attended yet (``-inf``)."""
+    if row_max == NEG_INF:
+        return np.float32(0.0)
+    return row_max * scale_log2
+
+
+@_device
+def rescale_factor(old_max, new_max_scaled, scale_log2):
+    """Factor ``exp2(old_max * scale_log2 - new_max_scaled)`` that moves a row's sum and output
+    from its old maximum to the new one (0 when the old maximum is ``-inf``)."""
+    return ptx.ex2_approx(old_max * scale_log2 - new_max_scaled)
+
+
+@_device
+def finish_row(row_max, row_sum, softmax_scale):
+    """``(1 / row_sum, lse)`` of a finished row; ``(0, -inf)`` for a row that attended nothing."""
+    if row_sum > np.float32(0.0):
+        return (np.float32(1.0) / row_sum,
+                row_max * softmax_scale + np.float32(math.log(row_sum)))
+    return np.float32(0.0), NEG_INF

@@ -1,0 +1,166 @@
+"""The SIMT GEMM kernel: shared-memory tiles, register blocking, double buffering.
+
+One thread block computes a ``BLOCK_M x BLOCK_N`` tile over the K range of its split; each thread
+owns a ``THREAD_M x THREAD_N`` register tile of fp32 accumulators, fed per k by ``THREAD_M`` values
+of A and ``THREAD_N`` of B read from shared memory (``THREAD_M * THREAD_N`` FMAs per
+``THREAD_M + THREAD_N`` shared loads).
+
+Shared memory holds two buffers of A as ``[BLOCK_K][BLOCK_M + 4]`` and B as ``[BLOCK_K][BLOCK_N +
+4]`` in fp32 (inputs are converted on the way in, so fp16 / bf16 inputs work too): a thread's
+operands for one k are contiguous. The +4 padding spreads the transposing stores of a
+K-contiguous operand over the banks and keeps rows 16-byte aligned.
+
+Double buffering: the next K tile is loaded from global memory into registers while the current
+one is computed, then stored to the other buffer; one ``__syncthreads`` per K tile. Global loads
+walk the operand's contiguous dimension across consecutive threads (coalesced for either layout)
+and are predicated at every edge. The epilogue is the shared fused one (``_epilogue``); in split-K
+mode it stores raw fp32 partial sums like the Tensor Core kernel.
+"""
+
+import numpy as np
+
+from .._env import cuda
+from ._epilogue import epilogue, loader
+
+_PAD = 4
+
+
+def make_kernel(block_m, block_n, block_k, thread_m, thread_n, group_m, a_k_inner, b_k_inner,
+                in_dtype, out_dtype, c_dtype, bias_dtype, act):
+    """The kernel function (not yet jitted); same parameters and grid as the Tensor Core kernel
+    (``_gemm_tensor_core.make_kernel``), ``threads(...)`` threads per block."""
+    threads_n = block_n // thread_n
+    threads = threads_n * (block_m // thread_m)
+    a_per_thread = block_m * block_k // threads
+    b_per_thread = block_k * block_n // threads
+    a_row = block_m + _PAD
+    b_row = block_n + _PAD
+    a_buf = block_k * a_row
+    b_buf = block_k * b_row
+    load_in = loader(in_dtype)
+    apply_epilogue = epilogue(out_dtype, c_dtype, bias_dtype, act)
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(regs_a, regs_b, a, b, k0, k_end, m0, n0, M, N, lda, ldb, tid):
+        """Global -> registers for one K tile; consecutive threads walk the contiguous dim."""
+        for i in range(a_per_thread):
+            e = tid + i * threads
+            if a_k_inner:
+                m = e // block_k
+                k = e % block_k
+            else:
+                m = e % block_m
+                k = e // block_m
+            v = np.float32(0.0)
+            if m0 + m < M and k0 + k < k_end:
+                if a_k_inner:
+                    v = load_in(a, (m0 + m) * lda + k0 + k)
+                else:
+                    v = load_in(a, (k0 + k) * lda + m0 + m)
+            regs_a[i] = v
+        for i in range(b_per_thread):
+            e = tid + i * threads
+            if b_k_inner:
+                n = e // block_k
+                k = e % block_k
+            else:
+                n = e % block_n
+                k = e // block_n
+            v = np.float32(0.0)
+            if n0 + n < N and k0 + k < k_end:
+                if b_k_inner:
+                    v = load_in(b, (n0 + n) * ldb + k0 + k)
+                else:
+                    v = load_in(b, (k0 + k) * ldb + n0 + n)
+            regs_b[i] = v
+
+    @cuda.jit(device=True, inline="always")
+    def stash(regs_a, regs_b, sa, sb, buf, tid):
+        """Registers -> shared buffer ``buf``, as [k][m] and [k][n]."""
+        for i in range(a_per_thread):
+            e = tid + i * threads
+            if a_k_inner:
+                m = e // block_k
+                k = e % block_k
+            else:
+                m = e % block_m
+                k = e // block_m
+            sa[buf * a_buf + k * a_row + m] = regs_a[i]
+        for i in range(b_per_thread):
+            e = tid + i * threads
+            if b_k_inner:
+                n = e // block_k
+                k = e % block_k
+            else:
+                n = e % block_n
+                k = e // block_n
+            sb[buf * b_buf + k * b_row + n] = regs_b[i]
+
+    def gemm_simt_kernel(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, out_z, sc_m, sc_n,
+                         alpha, beta, k_split, tiles_m, tiles_n):
+        sa = cuda.shared.array(2 * a_buf, np.float32, alignment=16)
+        sb = cuda.shared.array(2 * b_buf, np.float32, alignment=16)
+        tid = cuda.threadIdx.x
+        tm0 = (tid // threads_n) * thread_m
+        tn0 = (tid % threads_n) * thread_n
+
+        pid = cuda.blockIdx.x
+        in_group = group_m * tiles_n
+        first_m = (pid // in_group) * group_m
+        group_rows = min(tiles_m - first_m, group_m)
+        m0 = (first_m + (pid % in_group) % group_rows) * block_m
+        n0 = ((pid % in_group) // group_rows) * block_n
+        z = cuda.blockIdx.y
+        k_begin = z * k_split
+        k_end = min(K, k_begin + k_split)
+        k_tiles = (k_end - k_begin + block_k - 1) // block_k
+
+        acc = cuda.local.array((thread_m, thread_n), np.float32)
+        for i in range(thread_m):
+            for j in range(thread_n):
+                acc[i, j] = np.float32(0.0)
+        regs_a = cuda.local.array(a_per_thread, np.float32)
+        regs_b = cuda.local.array(b_per_thread, np.float32)
+        frag_a = cuda.local.array(thread_m, np.float32)
+        frag_b = cuda.local.array(thread_n, np.float32)
+
+        if k_tiles > 0:
+            fetch(regs_a, regs_b, a, b, k_begin, k_end, m0, n0, M, N, lda, ldb, tid)
+            stash(regs_a, regs_b, sa, sb, 0, tid)
+        cuda.syncthreads()
+        buf = 0
+        for kt in range(k_tiles):
+            more = kt + 1 < k_tiles
+            if more:  # in flight while this tile is computed
+                fetch(regs_a, regs_b, a, b, k_begin + (kt + 1) * block_k, k_end, m0, n0, M, N,
+                      lda, ldb, tid)
+            a_base = buf * a_buf + tm0
+            b_base = buf * b_buf + tn0
+            for kk in range(block_k):
+                for i in range(thread_m):
+                    frag_a[i] = sa[a_base + kk * a_row + i]
+                for j in range(thread_n):
+                    frag_b[j] = sb[b_base + kk * b_row + j]
+                for i in range(thread_m):
+                    for j in range(thread_n):
+                        acc[i, j] += frag_a[i] * frag_b[j]
+            if more:
+                stash(regs_a, regs_b, sa, sb, 1 - buf, tid)
+            cuda.syncthreads()
+            buf = 1 - buf
+
+        out_base = z * out_z
+        for i in range(thread_m):
+            m = m0 + tm0 + i
+            if m < M:
+                for j in range(thread_n):
+                    n = n0 + tn0 + j
+                    if n < N:
+                        apply_epilogue(acc[i, j], n, out, out_base + m * so_m + n * so_n,
+                                       c, m * sc_m + n * sc_n, bias, alpha, beta)
+
+    return gemm_simt_kernel
+
+
+def threads(block_m, block_n, thread_m, thread_n):
+    return (block_m // thread_m) * (block_n // thread_n)

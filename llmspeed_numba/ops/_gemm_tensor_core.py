@@ -1,0 +1,277 @@
+"""The Tensor Core GEMM kernel: cp.async pipeline -> swizzled shared tiles -> ldmatrix -> mma.sync.
+
+One thread block computes a ``BLOCK_M x BLOCK_N`` tile of ``a @ b`` over the K range of its split
+(``blockIdx.y``); its warps form a ``WARPS_M x WARPS_N`` grid, each owning a ``WM x WN`` warp tile
+of ``m16n8k16`` fragments whose fp32 accumulators live in registers.
+
+Shared memory (dynamic, one ``uint16`` buffer): ``STAGES`` A tiles then ``STAGES`` B tiles. A tile
+is stored in the orientation of the operand in global memory, so each 16-byte ``cp.async`` chunk is
+8 contiguous elements of the source:
+- A row-major (K contiguous): ``BLOCK_M`` rows of ``BLOCK_K``, read with ``ldmatrix.x4``;
+  A column-major (M contiguous): ``BLOCK_K`` rows of ``BLOCK_M``, read with ``ldmatrix.x4.trans``.
+- B column-major (K contiguous): ``BLOCK_N`` rows of ``BLOCK_K``, ``ldmatrix.x4``;
+  B row-major (N contiguous): ``BLOCK_K`` rows of ``BLOCK_N``, ``ldmatrix.x4.trans``.
+Within a row the 16-byte chunk index is XOR-swizzled with the row number (``_swizzle``) so that the
+8 row addresses of one ``ldmatrix`` matrix hit 8 different bank groups: conflict-free reads.
+
+Pipeline: ``STAGES - 1`` K tiles are in flight while one is computed; one ``__syncthreads`` per K
+tile. Edges: rows / columns past M, N and K elements past the split's end are zero-filled
+(``src_bytes`` < 16, from an in-bounds address) or, when the operand is not 16-byte aligned
+(``vec=False``), copied with predicated scalar loads. Nothing is read or written out of bounds.
+
+Blocks are rasterised in groups of ``GROUP_M`` tile rows (``blockIdx.x`` walks down a group's
+columns first), so the A rows and B columns a wave of blocks shares stay in L2.
+
+The epilogue (``_epilogue.epilogue``) applies ``alpha``, ``beta * c``, bias and the activation to
+each accumulator and stores it straight from registers; in split-K mode the kernel instead stores
+raw fp32 partial sums to a workspace (``out_z`` elements apart per split) for the reduce kernel.
+"""
+
+import numpy as np
+
+from .. import ptx
+from .._env import cuda
+from ._epilogue import epilogue
+
+
+def _swizzle_params(inner):
+    """(divisor, modulus) of the row -> chunk XOR for rows of ``inner`` b16 elements.
+
+    Rows of ``inner // 8`` 16-byte chunks: 8 consecutive rows read at the same logical chunk must
+    land in 8 different bank groups (128-byte lines hold 8 chunks), so rows sharing a line get
+    different XOR masks."""
+    chunks = inner // 8
+    return max(1, 8 // chunks), min(chunks, 8)
+
+
+def _tile_loader(rows, inner, threads, vec, full):
+    """Device function copying one ``rows x inner`` tile (global -> shared, swizzled).
+
+    ``(smem, s_base, src, g_base, ld, rows_left, inner_left, tid)``: the tile's element (r, i) is
+    ``src[g_base + r * ld + i]``, present when ``r < rows_left`` and ``i < inner_left``; absent
+    elements become zeros. ``full``: the caller guarantees the whole tile is present, so the
+    copies are unpredicated (the hot path: every K tile of an interior block but the last).
+
+    Thread ``tid`` copies chunk column ``tid % chunks_per_row`` of rows ``tid // chunks_per_row +
+    it * row_step``: its column, and hence its edge predicate along the row, is the same for
+    every chunk it copies."""
+    chunks_per_row = inner // 8
+    row_step = threads // chunks_per_row
+    per_thread = (rows + row_step - 1) // row_step
+    exact = rows % row_step == 0
+    sw_div, sw_mod = _swizzle_params(inner)
+    same_swizzle = row_step % (sw_div * sw_mod) == 0   # every row the thread copies: one XOR
+
+    @cuda.jit(device=True, inline="always")
+    def load(smem, s_base, src, g_base, ld, rows_left, inner_left, tid):
+        # int32 index math (numba widens to int64; the casts let LLVM keep 32-bit ops)
+        r0 = np.int32(tid // chunks_per_row)
+        cc = np.int32(tid % chunks_per_row)
+        g_row0 = g_base + r0 * ld + cc * 8
+        if not full:
+            rows_left = np.int32(rows_left)
+            avail = np.int32(inner_left - cc * 8)
+            nbytes_full = np.int32(16 if avail >= 8 else (2 * avail if avail > 0 else 0))
+        for it in range(per_thread):
+            r = np.int32(r0 + it * row_step)
+            if exact or r < rows:
+                sw = (r0 // sw_div) % sw_mod if same_swizzle else (r // sw_div) % sw_mod
+                s_off = np.int32(s_base + r * inner + ((cc ^ sw) * 8))
+                if full:
+                    ptx.cp_async_16(smem, s_off, src, g_row0 + it * row_step * ld, 16)
+                elif vec:
+                    nbytes = nbytes_full if r < rows_left else np.int32(0)
+                    g_off = g_row0 + it * row_step * ld if nbytes > 0 else g_base * 0
+                    ptx.cp_async_16(smem, s_off, src, g_off, nbytes)
+                else:
+                    g_off = g_row0 + it * row_step * ld
+                    row_ok = r < rows_left
+                    for e in range(8):
+                        v = np.uint16(0)
+                        if row_ok and e < avail:
+                            v = src[g_off + e]
+                        smem[s_off + e] = v
+
+    return load
+
+
+def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
+                a_k_inner, b_k_inner, a_vec, b_vec, is_bf16,
+                out_dtype, c_dtype, bias_dtype, act):
+    """The kernel function (not yet jitted) for one configuration.
+
+    ``a_k_inner``: A is row-major (K contiguous); ``b_k_inner``: B is column-major (K contiguous).
+    ``a_vec`` / ``b_vec``: the operand allows 16-byte cp.async (aligned pointer and stride).
+    Parameters: ``(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, out_z, sc_m, sc_n, alpha,
+    beta, k_split, tiles_m, tiles_n)``; launch with ``tiles_m * tiles_n`` x ``splits`` blocks of
+    ``32 * warps_m * warps_n`` threads and ``shared_bytes(...)`` of dynamic shared memory.
+    """
+    threads = 32 * warps_m * warps_n
+    wm = block_m // warps_m
+    wn = block_n // warps_n
+    mf = wm // 16             # 16-row A fragments per warp
+    nf = wn // 8              # 8-column B fragments per warp
+    n_pairs = nf // 2         # one ldmatrix.x4 loads two B fragments
+    k_steps = block_k // 16
+    a_stage = block_m * block_k
+    b_stage = block_n * block_k
+    b_base = stages * a_stage
+    wait_pending = stages - 2
+    mma = ptx.mma_bf16 if is_bf16 else ptx.mma_f16
+    apply_epilogue = epilogue(out_dtype, c_dtype, bias_dtype, act)
+
+    a_rows, a_inner = (block_m, block_k) if a_k_inner else (block_k, block_m)
+    b_rows, b_inner = (block_n, block_k) if b_k_inner else (block_k, block_n)
+    a_div, a_mod = _swizzle_params(a_inner)
+    b_div, b_mod = _swizzle_params(b_inner)
+    fast_path = a_vec and b_vec
+
+    def stage_loader(full):
+        load_a = _tile_loader(a_rows, a_inner, threads, a_vec, full)
+        load_b = _tile_loader(b_rows, b_inner, threads, b_vec, full)
+
+        @cuda.jit(device=True, inline="always")
+        def load_stage(smem, stage, k0, k_end, a, b, m0, n0, M, N, lda, ldb, tid):
+            if a_k_inner:
+                load_a(smem, stage * a_stage, a, m0 * lda + k0, lda, M - m0, k_end - k0, tid)
+            else:
+                load_a(smem, stage * a_stage, a, k0 * lda + m0, lda, k_end - k0, M - m0, tid)
+            if b_k_inner:
+                load_b(smem, b_base + stage * b_stage, b, n0 * ldb + k0, ldb, N - n0,
+                       k_end - k0, tid)
+            else:
+                load_b(smem, b_base + stage * b_stage, b, k0 * ldb + n0, ldb, k_end - k0,
+                       N - n0, tid)
+
+        return load_stage
+
+    load_stage_edge = stage_loader(False)
+    load_stage_full = stage_loader(True)
+
+    def gemm_tensor_core_kernel(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, out_z,
+                                sc_m, sc_n, alpha, beta, k_split, tiles_m, tiles_n):
+        smem = cuda.shared.array(0, np.uint16)
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        warp = tid // 32
+        wm0 = (warp // warps_n) * wm
+        wn0 = (warp % warps_n) * wn
+
+        # grouped rasterisation: consecutive blocks share A rows (same group) and B columns
+        pid = cuda.blockIdx.x
+        in_group = group_m * tiles_n
+        first_m = (pid // in_group) * group_m
+        group_rows = min(tiles_m - first_m, group_m)
+        pid_m = first_m + (pid % in_group) % group_rows
+        pid_n = (pid % in_group) // group_rows
+        m0 = pid_m * block_m
+        n0 = pid_n * block_n
+        z = cuda.blockIdx.y
+        k_begin = z * k_split
+        k_end = min(K, k_begin + k_split)
+        k_tiles = (k_end - k_begin + block_k - 1) // block_k
+
+        acc = cuda.local.array((mf, nf, 4), np.float32)
+        for i in range(mf):
+            for j in range(nf):
+                for q in range(4):
+                    acc[i, j, q] = np.float32(0.0)
+        a_frag = cuda.local.array((mf, 4), np.uint32)
+        b_frag = cuda.local.array((nf, 2), np.uint32)
+
+        # K tiles that need no predicate in a block that needs none along M and N
+        interior = m0 + block_m <= M and n0 + block_n <= N
+        k_full = (k_end - k_begin) // block_k if fast_path and interior else 0
+
+        for s in range(stages - 1):
+            if s < k_tiles:
+                if s < k_full:
+                    load_stage_full(smem, s, k_begin + s * block_k, k_end, a, b, m0, n0, M, N,
+                                    lda, ldb, tid)
+                else:
+                    load_stage_edge(smem, s, k_begin + s * block_k, k_end, a, b, m0, n0, M, N,
+                                    lda, ldb, tid)
+            ptx.cp_async_commit()
+
+        read_stage = 0
+        write_stage = stages - 1
+        for kt in range(k_tiles):
+            ptx.cp_async_wait(wait_pending)
+            cuda.syncthreads()  # tile kt is in shared memory; stage (kt - 1) is free to refill
+            nxt = kt + stages - 1
+            if nxt < k_tiles:
+                if nxt < k_full:
+                    load_stage_full(smem, write_stage, k_begin + nxt * block_k, k_end, a, b,
+                                    m0, n0, M, N, lda, ldb, tid)
+                else:
+                    load_stage_edge(smem, write_stage, k_begin + nxt * block_k, k_end, a, b,
+                                    m0, n0, M, N, lda, ldb, tid)
+            ptx.cp_async_commit()
+            write_stage = write_stage + 1 if write_stage < stages - 1 else 0
+            a_s = read_stage * a_stage
+            b_s = b_base + read_stage * b_stage
+            read_stage = read_stage + 1 if read_stage < stages - 1 else 0
+            for ks in range(k_steps):
+                for i in range(mf):
+                    if a_k_inner:   # rows m, chunks along k
+                        r = wm0 + i * 16 + lane % 16
+                        ch = ks * 2 + lane // 16
+                        f0, f1, f2, f3 = ptx.ldmatrix_x4(
+                            smem, a_s + r * a_inner + ((ch ^ ((r // a_div) % a_mod)) * 8))
+                    else:           # rows k, chunks along m
+                        r = ks * 16 + lane % 8 + 8 * (lane // 16)
+                        ch = (wm0 + i * 16) // 8 + (lane // 8) % 2
+                        f0, f1, f2, f3 = ptx.ldmatrix_x4_trans(
+                            smem, a_s + r * a_inner + ((ch ^ ((r // a_div) % a_mod)) * 8))
+                    a_frag[i, 0] = f0
+                    a_frag[i, 1] = f1
+                    a_frag[i, 2] = f2
+                    a_frag[i, 3] = f3
+                for j in range(n_pairs):
+                    if b_k_inner:   # rows n, chunks along k
+                        r = wn0 + j * 16 + lane % 8 + 8 * (lane // 16)
+                        ch = ks * 2 + (lane // 8) % 2
+                        f0, f1, f2, f3 = ptx.ldmatrix_x4(
+                            smem, b_s + r * b_inner + ((ch ^ ((r // b_div) % b_mod)) * 8))
+                    else:           # rows k, chunks along n
+                        r = ks * 16 + lane % 8 + 8 * ((lane // 8) % 2)
+                        ch = (wn0 + j * 16) // 8 + lane // 16
+                        f0, f1, f2, f3 = ptx.ldmatrix_x4_trans(
+                            smem, b_s + r * b_inner + ((ch ^ ((r // b_div) % b_mod)) * 8))
+                    b_frag[2 * j, 0] = f0
+                    b_frag[2 * j, 1] = f1
+                    b_frag[2 * j + 1, 0] = f2
+                    b_frag[2 * j + 1, 1] = f3
+                for i in range(mf):
+                    for j in range(nf):
+                        d0, d1, d2, d3 = mma(a_frag[i, 0], a_frag[i, 1], a_frag[i, 2],
+                                             a_frag[i, 3], b_frag[j, 0], b_frag[j, 1],
+                                             acc[i, j, 0], acc[i, j, 1], acc[i, j, 2],
+                                             acc[i, j, 3])
+                        acc[i, j, 0] = d0
+                        acc[i, j, 1] = d1
+                        acc[i, j, 2] = d2
+                        acc[i, j, 3] = d3
+
+        # fragment (i, j): lane holds rows g, g + 8 and columns 2t, 2t + 1
+        g = lane // 4
+        t2 = 2 * (lane % 4)
+        out_base = z * out_z
+        for i in range(mf):
+            for h in range(2):
+                m = m0 + wm0 + i * 16 + g + 8 * h
+                if m < M:
+                    for j in range(nf):
+                        for e in range(2):
+                            n = n0 + wn0 + j * 8 + t2 + e
+                            if n < N:
+                                apply_epilogue(acc[i, j, 2 * h + e], n, out,
+                                               out_base + m * so_m + n * so_n,
+                                               c, m * sc_m + n * sc_n, bias, alpha, beta)
+
+    return gemm_tensor_core_kernel
+
+
+def shared_bytes(block_m, block_n, block_k, stages):
+    """Dynamic shared memory of one block: ``stages`` A and B tiles of b16."""
+    return 2 * stages * (block_m + block_n) * block_k

@@ -1,0 +1,358 @@
+"""FlashAttention forward: ``softmax(scale * Q K^T + mask) V`` without materialising the scores.
+
+    out[b, i, h, :] = sum_j P[b, h, i, j] v[b, j, h // group, :]
+    P[b, h, i, j]   = exp(scale * q[b, i, h] . k[b, j, h // group] - lse[b, h, i])   (attended j)
+    lse[b, h, i]    = log sum_{attended j} exp(scale * q[b, i, h] . k[b, j, h // group])
+
+Layout: q ``(batch, seqlen_q, nheads, headdim)``, k / v ``(batch, seqlen_k, nheads_k, headdim)``
+with ``group = nheads // nheads_k`` (GQA / MQA); the varlen form packs the sequences along the
+first axis, ``(total_tokens, nheads, headdim)``, delimited by int32 ``cu_seqlens``. Only the last
+dimension must be contiguous: q, k, v sliced out of one packed qkv tensor work without copies.
+
+Mask (FlashAttention 2): aligned to the bottom-right corner. With ``offset = seqlen_k -
+seqlen_q``, query ``i`` attends key ``j`` iff ``i + offset - window_left <= j <= i + offset +
+window_right`` (a bound of -1 is absent); ``causal`` means ``window_right = 0``. A query row
+whose mask is empty gets output 0 and lse ``-inf``.
+
+Kernels (``_flash_attn_tc.py``, ``_flash_attn_simt.py``): the Tensor Core kernel (mma.sync,
+cp.async, ldmatrix, online softmax in registers) runs every head dimension (padded up to a
+multiple of 16) when q, k, v and out are 16-byte aligned (pointers and strides multiples of 8
+elements); otherwise, and under the CUDA simulator, the SIMT kernel of the same algorithm runs.
+The grid is (query blocks, nheads, batch); query blocks run longest-first.
+"""
+
+import math
+
+import numpy as np
+from numba import types
+
+from .. import compile_check
+from .._arrays import Buffer, empty, kernel_buffer, stream_handle
+from .._checks import (aligned, contiguous, last_dim_contiguous, non_negative_strides, output,
+                       same_dtype, shape, tensor)
+from .._env import SIMULATOR
+from .._launch import array1d
+from ._attention_common import LOG2E
+from . import _flash_attn_simt, _flash_attn_tc
+
+HALF_DTYPES = ("float16", "bfloat16")
+MAX_HEADDIM = 256
+
+#: Tensor Core configurations ``(warps, m_tiles, block_n)`` by padded head dimension: a block owns
+#: ``warps * 16 * m_tiles`` query rows and streams ``block_n`` keys at a time. Up to 64: two m16
+#: tiles per warp (K/V fragments reused twice; S and O take 64 + 64 fp32 registers). Above 64:
+#: one m16 tile per warp keeps S (32) + O (dim / 2) fp32 registers per thread under the limit.
+TC_CONFIGS = {64: (4, 2, 64), 128: (4, 1, 64), 256: (4, 1, 64)}
+
+#: Simulator configuration of the Tensor Core kernel: one warp, one m16 tile, 16-key blocks (an
+#: emulated mma costs ~0.2 s per warp).
+SIMULATOR_TC_CONFIG = (1, 1, 16)
+
+#: SIMT kernel ``(block_m, block_n)`` on the GPU and in the simulator.
+SIMT_CONFIG = (_flash_attn_simt.BLOCK_M, _flash_attn_simt.BLOCK_N)
+SIMULATOR_SIMT_CONFIG = (16, 16)
+
+_SIGNATURE = (
+    (array1d(np.uint16),) * 4
+    + (array1d(np.float32), array1d(np.int32), array1d(np.int32), types.int32, types.int32)
+    + (types.int64,) * 14
+    + (types.int32, types.float32, types.float32, types.int32, types.int32)
+)
+
+_GRID_YZ_LIMIT = 65535
+_INT32_MAX = 2**31 - 1
+
+
+def padded_dim(headdim):
+    """Head dimension the Tensor Core kernel computes with (next multiple of 16)."""
+    return -(-headdim // 16) * 16
+
+
+def tc_config(headdim):
+    dim = padded_dim(headdim)
+    for limit in sorted(TC_CONFIGS):
+        if dim <= limit:
+            return TC_CONFIGS[limit]
+    raise ValueError(f"headdim {headdim} above {MAX_HEADDIM}")
+
+
+# ---- validation ---------------------------------------------------------------------------
+
+def _check_options(causal, softmax_scale, window_size, headdim):
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    if softmax_scale is None:
+        scale = 1.0 / math.sqrt(headdim)
+    else:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float,
+                                                                            np.floating)):
+            raise TypeError(f"softmax_scale: expected a float or None, got "
+                            f"{type(softmax_scale).__name__}")
+        scale = float(softmax_scale)
+        if not math.isfinite(scale):
+            raise ValueError(f"softmax_scale: expected a finite number, got {scale}")
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(f"window_size: expected a pair of ints (left, right), got "
+                        f"{window_size!r}") from None
+    for name, w in (("window_size[0]", left), ("window_size[1]", right)):
+        if isinstance(w, bool) or not isinstance(w, (int, np.integer)):
+            raise TypeError(f"{name}: expected an int, got {type(w).__name__}")
+        if w < -1:
+            raise ValueError(f"{name}: expected -1 (unbounded) or a value >= 0, got {w}")
+    return scale, int(left), int(right)
+
+
+def _check_headdim(headdim):
+    if headdim % 8 or not 8 <= headdim <= MAX_HEADDIM:
+        raise ValueError(f"q: expected headdim a multiple of 8 in [8, {MAX_HEADDIM}], "
+                         f"got {headdim}")
+
+
+def _check_layout(tensors):
+    for name, t in tensors.items():
+        non_negative_strides(name, t)
+        last_dim_contiguous(name, t)
+
+
+def _normalise_window(causal, left, right, max_seqlen_q, max_seqlen_k):
+    """Effective (left, right): causal sets right = 0; a bound that cannot cut (left >=
+    seqlen_k, right >= seqlen_q) becomes -1, so its blocks need no mask."""
+    if causal:
+        right = 0
+    if left >= max(max_seqlen_k, 1):
+        left = -1
+    if right >= max(max_seqlen_q, 1):
+        right = -1
+    return min(left, _INT32_MAX), min(right, _INT32_MAX)
+
+
+def _host_ints(t):
+    """Host copy of a small 1-D integer array (cu_seqlens)."""
+    obj = t.obj
+    if t.host is not None:
+        return np.asarray(t.host)
+    if t.kind == "torch":
+        return obj.detach().cpu().numpy()
+    if t.kind == "cupy":
+        return obj.get()
+    if hasattr(obj, "copy_to_host"):
+        return obj.copy_to_host()
+    from numba import cuda
+
+    return cuda.as_cuda_array(obj).copy_to_host()
+
+
+def _check_cu_seqlens(name, t, total, max_seqlen, max_name):
+    values = _host_ints(t).astype(np.int64)
+    if values.size and values[0] < 0:
+        raise ValueError(f"{name}: expected non-negative offsets, got {name}[0] = {values[0]}")
+    diffs = np.diff(values)
+    if (diffs < 0).any():
+        i = int(np.argmax(diffs < 0))
+        raise ValueError(f"{name}: expected non-decreasing offsets, got {name}[{i}] = "
+                         f"{values[i]} > {name}[{i + 1}] = {values[i + 1]}")
+    if values.size and values[-1] > total:
+        raise ValueError(f"{name}: last offset {values[-1]} exceeds the {total} packed tokens")
+    longest = int(diffs.max()) if diffs.size else 0
+    if longest > max_seqlen:
+        raise ValueError(f"{max_name}: expected at least the longest sequence ({longest}), "
+                         f"got {max_seqlen}")
+
+
+def _check_max_seqlen(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name}: expected an int >= 0, got {value}")
+    return int(value)
+
+
+# ---- launch -------------------------------------------------------------------------------
+
+def _dummy_int32(like):
+    if SIMULATOR:
+        return np.zeros(1, np.int32)
+    return Buffer(like.ptr, 1, np.dtype(np.int32), like.obj)   # never read (not varlen)
+
+
+def _pick_impl(impl, tensors):
+    if impl is not None:
+        if impl not in ("tc", "simt"):
+            raise ValueError(f"impl: expected 'tc', 'simt' or None, got {impl!r}")
+        return impl
+    if SIMULATOR:
+        return "simt"
+    return "tc" if all(aligned(n, t, 8) for n, t in tensors.items()) else "simt"
+
+
+def _launch(tq, tk, tv, to, tlse, cu_q, cu_k, *, batch, nheads, nheads_k, seqlen_q, seqlen_k,
+            max_seqlen_q, q_strides, k_strides, v_strides, o_strides, lse_strides, scale,
+            left, right, stream, impl, config):
+    headdim = tq.shape[-1]
+    is_bf16 = tq.dtype == "bfloat16"
+    is_varlen = cu_q is not None
+    impl = _pick_impl(impl, {"q": tq, "k": tk, "v": tv, "out": to})
+    if impl == "tc":
+        warps, m_tiles, block_n = config or (SIMULATOR_TC_CONFIG if SIMULATOR
+                                             else tc_config(headdim))
+        dim = padded_dim(headdim)
+        block_m = warps * 16 * m_tiles
+        kernel = _flash_attn_tc.tc_kernel(_SIGNATURE, headdim, dim, warps, m_tiles, block_n,
+                                          is_bf16, is_varlen)
+        threads = 32 * warps
+        shared = _flash_attn_tc.tc_shared_bytes(dim, warps, m_tiles, block_n)
+    else:
+        block_m, block_n = config or (SIMULATOR_SIMT_CONFIG if SIMULATOR else SIMT_CONFIG)
+        kernel = _flash_attn_simt.simt_kernel(_SIGNATURE, headdim, block_m, block_n, is_bf16,
+                                              is_varlen)
+        threads = block_m
+        shared = 0
+    grid = (-(-max_seqlen_q // block_m), nheads, batch)
+    if nheads > _GRID_YZ_LIMIT or batch > _GRID_YZ_LIMIT:
+        raise NotImplementedError(f"q: at most {_GRID_YZ_LIMIT} heads and sequences, got "
+                                  f"{nheads} heads, {batch} sequences")
+    dummy = _dummy_int32(tq)
+    args = (kernel_buffer(tq), kernel_buffer(tk), kernel_buffer(tv), kernel_buffer(to),
+            kernel_buffer(tlse),
+            kernel_buffer(cu_q) if is_varlen else dummy,
+            kernel_buffer(cu_k) if is_varlen else dummy,
+            seqlen_q, seqlen_k, *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
+            nheads // nheads_k, np.float32(scale), np.float32(scale * LOG2E), left, right)
+    kernel(grid, threads, args, stream_handle(stream, (tq, tk, tv)), shared)
+
+
+def _output(out, tq, expected_shape):
+    to = output("out", out, expected_shape, tq.dtype, tq)
+    if to is None:
+        out = empty(tq, expected_shape, tq.dtype)
+        to = tensor(out, "out")
+    last_dim_contiguous("out", to)
+    return out, to
+
+
+# ---- public API ---------------------------------------------------------------------------
+
+def flash_attn(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1),
+               return_lse=False, out=None, stream=None, _impl=None, _config=None):
+    """Attention forward, FlashAttention 2 semantics.
+
+    q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim); fp16 or
+    bf16 (all the same), headdim a multiple of 8 up to 256, nheads a multiple of nheads_k. Only
+    the last dimension must be contiguous.
+
+    causal: mask aligned to the bottom-right corner (query ``i`` attends keys
+    ``j <= i + seqlen_k - seqlen_q``). window_size=(left, right): sliding window, -1 unbounded;
+    with causal, right is 0. softmax_scale defaults to ``1 / sqrt(headdim)``.
+
+    Returns out (batch, seqlen_q, nheads, headdim) in q's dtype and kind (or ``out=``), and with
+    ``return_lse=True`` also lse (batch, nheads, seqlen_q) float32 (natural log; ``-inf`` for a
+    row that attends nothing, whose output is 0).
+
+    Raises ``TypeError`` for non-arrays, dtypes other than fp16 / bf16, mixed dtypes and
+    non-int options; ``ValueError`` for wrong ranks, shapes that disagree, nheads not a multiple
+    of nheads_k, unsupported headdim, non-contiguous last dimensions and window values below -1.
+    """
+    tq = tensor(q, "q", ndim=4, dtypes=HALF_DTYPES)
+    tk = tensor(k, "k", ndim=4, dtypes=HALF_DTYPES)
+    tv = tensor(v, "v", ndim=4, dtypes=HALF_DTYPES)
+    batch, seqlen_q, nheads, headdim = tq.shape
+    shape("k", tk, (batch, None, None, headdim), "to match q's batch and headdim")
+    seqlen_k, nheads_k = tk.shape[1], tk.shape[2]
+    shape("v", tv, tk.shape, "to match k")
+    if nheads_k == 0 or nheads % nheads_k:
+        raise ValueError(f"k: expected nheads_k dividing q's nheads ({nheads}), got {nheads_k}")
+    same_dtype("q", tq, k=tk, v=tv)
+    _check_layout({"q": tq, "k": tk, "v": tv})
+    _check_headdim(headdim)
+    scale, left, right = _check_options(causal, softmax_scale, window_size, headdim)
+    out, to = _output(out, tq, tq.shape)
+    lse = empty(tq, (batch, nheads, seqlen_q), "float32")
+    if batch and seqlen_q and nheads:
+        left, right = _normalise_window(causal, left, right, seqlen_q, seqlen_k)
+        _launch(tq, tk, tv, to, tensor(lse, "lse"), None, None, batch=batch, nheads=nheads,
+                nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k, max_seqlen_q=seqlen_q,
+                q_strides=tq.strides[:3], k_strides=tk.strides[:3], v_strides=tv.strides[:3],
+                o_strides=to.strides[:3], lse_strides=(nheads * seqlen_q, seqlen_q),
+                scale=scale, left=left, right=right, stream=stream, impl=_impl,
+                config=_config)
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                      causal=False, softmax_scale=None, window_size=(-1, -1), return_lse=False,
+                      out=None, stream=None, _impl=None, _config=None):
+    """Attention forward over a packed batch of sequences of different lengths.
+
+    q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); sequence ``b`` is rows
+    ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q and ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]`` of
+    k / v, each masked on its own (bottom-right aligned, as ``flash_attn``). cu_seqlens_*:
+    contiguous int32 (batch + 1), non-decreasing; max_seqlen_*: at least the longest sequence.
+    Options as ``flash_attn``.
+
+    Returns out (total_q, nheads, headdim) (rows of q outside every sequence are not written),
+    and with ``return_lse=True`` lse (nheads, total_q) float32 (FlashAttention 2's varlen
+    layout). Reading the offsets for validation copies the ``batch + 1`` integers to the host.
+    """
+    tq = tensor(q, "q", ndim=3, dtypes=HALF_DTYPES)
+    tk = tensor(k, "k", ndim=3, dtypes=HALF_DTYPES)
+    tv = tensor(v, "v", ndim=3, dtypes=HALF_DTYPES)
+    tcq = tensor(cu_seqlens_q, "cu_seqlens_q", ndim=1)
+    tck = tensor(cu_seqlens_k, "cu_seqlens_k", ndim=1)
+    total_q, nheads, headdim = tq.shape
+    shape("k", tk, (None, None, headdim), "to match q's headdim")
+    total_k, nheads_k = tk.shape[0], tk.shape[1]
+    shape("v", tv, tk.shape, "to match k")
+    if nheads_k == 0 or nheads % nheads_k:
+        raise ValueError(f"k: expected nheads_k dividing q's nheads ({nheads}), got {nheads_k}")
+    if tcq.shape[0] < 1:
+        raise ValueError(f"cu_seqlens_q: expected batch + 1 >= 1 offsets, got shape {tcq.shape}")
+    shape("cu_seqlens_k", tck, tcq.shape, "to match cu_seqlens_q")
+    same_dtype("q", tq, k=tk, v=tv)
+    for name, t in (("cu_seqlens_q", tcq), ("cu_seqlens_k", tck)):
+        if t.dtype != "int32":
+            raise TypeError(f"{name}: expected dtype int32, got {t.dtype}")
+    _check_layout({"q": tq, "k": tk, "v": tv})
+    contiguous("cu_seqlens_q", tcq)
+    contiguous("cu_seqlens_k", tck)
+    _check_headdim(headdim)
+    max_seqlen_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    scale, left, right = _check_options(causal, softmax_scale, window_size, headdim)
+    _check_cu_seqlens("cu_seqlens_q", tcq, total_q, max_seqlen_q, "max_seqlen_q")
+    _check_cu_seqlens("cu_seqlens_k", tck, total_k, max_seqlen_k, "max_seqlen_k")
+    out, to = _output(out, tq, tq.shape)
+    lse = empty(tq, (nheads, total_q), "float32")
+    batch = tcq.shape[0] - 1
+    if batch and max_seqlen_q and nheads:
+        left, right = _normalise_window(causal, left, right, max_seqlen_q, max_seqlen_k)
+        _launch(tq, tk, tv, to, tensor(lse, "lse"), tcq, tck, batch=batch, nheads=nheads,
+                nheads_k=nheads_k, seqlen_q=0, seqlen_k=0, max_seqlen_q=max_seqlen_q,
+                q_strides=(0,) + tq.strides[:2], k_strides=(0,) + tk.strides[:2],
+                v_strides=(0,) + tv.strides[:2], o_strides=(0,) + to.strides[:2],
+                lse_strides=(0, total_q), scale=scale, left=left, right=right, stream=stream,
+                impl=_impl, config=_config)
+    return (out, lse) if return_lse else out
+
+
+# ---- compile-only check (sm_90a SASS: HMMA / LDSM / LDGSTS, no local memory) --------------
+
+def _compile_target(headdim, is_bf16, is_varlen):
+    def build():
+        warps, m_tiles, block_n = tc_config(headdim)
+        fn = _flash_attn_tc._tc_kernel_fn(headdim, padded_dim(headdim), warps, m_tiles, block_n,
+                                          is_bf16, is_varlen)
+        return fn, _SIGNATURE
+
+    return build
+
+
+for _headdim, _bf16, _varlen in ((64, False, False), (128, False, False), (128, True, True)):
+    compile_check.register(
+        f"flash_attn_tc_d{_headdim}_{'bf16' if _bf16 else 'f16'}{'_varlen' if _varlen else ''}",
+        _compile_target(_headdim, _bf16, _varlen),
+        ptx_must_have=("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x4",
+                       "ldmatrix.sync.aligned.m8n8.x4.trans", "cp.async.cg.shared.global",
+                       "ex2.approx"),
+        sass_must_have=("HMMA", "LDSM", "LDGSTS", "MUFU.EX2"))

@@ -1,0 +1,271 @@
+"""RMSNorm, optionally fused with the residual add that precedes it, in one pass over memory.
+
+    out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * weight
+
+With ``residual`` (vLLM's ``fused_add_rms_norm``): ``s = x + residual`` is computed in fp32,
+rounded to x's dtype, written back into ``residual`` (the pre-norm residual stream of the next
+layer) and normalised, so the result is exactly ``rms_norm(residual_after, weight)``.
+
+Layout: ``x`` (..., hidden), last dimension contiguous, leading dimensions collapsing into one row
+stride (contiguous arrays, slices of rows); ``weight`` (hidden,) contiguous, x's dtype or float32;
+``residual`` x's shape and dtype; ``out`` x's shape and dtype (a new C-contiguous array in x's
+kind unless given; ``out=x`` normalises in place; ``out`` must not overlap ``residual``).
+
+Precision: fp16 / bf16 / fp32 inputs, fp32 arithmetic throughout (sum of squares, scale, weight),
+one rounding at the output.
+
+Kernel: one row per ``threads_per_row`` threads (``_rowwise.row_plan``): the row is loaded once
+into registers with 16-byte loads where every array is 16-byte aligned (scalar loads otherwise,
+a scalar tail for ``hidden % 8``), reduced with warp shuffles and shared memory, scaled and stored.
+Rows longer than the register budget (over 65536 halves / 32768 floats) stream: the output pass
+re-reads the row (from L2).
+"""
+
+import functools
+import math
+
+import numpy as np
+from numba import types
+
+from .. import compile_check
+from .._arrays import empty, kernel_buffer, stream_handle
+from .._checks import output, same_dtype, shape, tensor
+from .._env import cuda
+from .._launch import Kernel, array1d, jit
+from . import _rowwise as rw
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32")
+
+_F0 = np.float32(0.0)
+_F1 = np.float32(1.0)
+
+
+def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
+    """Kernel for storage kinds ``x_kind`` (x, residual, out) / ``w_kind`` (weight), chunks of
+    ``vec`` elements, ``tpr`` threads per row, ``rpb`` rows per block, ``cpt`` chunks per thread
+    held in registers (0: stream), with or without the residual add."""
+    load_x = rw.chunk_loader(x_kind, vec)
+    store_x = rw.chunk_storer(x_kind, vec)
+    load_w = rw.chunk_loader(w_kind, vec)
+    load_x1 = rw.chunk_loader(x_kind, 1)
+    store_x1 = rw.chunk_storer(x_kind, 1)
+    load_w1 = rw.chunk_loader(w_kind, 1)
+    round_x = rw.rounder(x_kind)
+    row_sum = rw.row_reducer(tpr, rw.add_f32)
+    slots = rw.scratch_slots(tpr, rpb)
+    regs = max(cpt, 1) * vec
+    has_tail = vec > 1
+
+    def rms_norm_kernel(x, residual, weight, out, rows, cols, x_stride, r_stride, o_stride, eps):
+        scratch = cuda.shared.array(slots, np.float32)
+        vals = cuda.local.array(regs, np.float32)
+        res = cuda.local.array(regs, np.float32)
+        wv = cuda.local.array(vec, np.float32)
+        t = cuda.threadIdx.x % tpr
+        row = cuda.blockIdx.x * rpb + cuda.threadIdx.x // tpr
+        live = row < rows
+        xo = np.int64(row) * x_stride
+        ro = np.int64(row) * r_stride
+        oo = np.int64(row) * o_stride
+        chunks = cols // vec
+        ss = _F0
+
+        if cpt > 0:
+            # every load first (independent, in flight together), then the adds and stores
+            for v in range(cpt):
+                c = v * tpr + t
+                if live and c < chunks:
+                    load_x(x, xo + c * vec, vals, v * vec)
+                    if has_residual:
+                        load_x(residual, ro + c * vec, res, v * vec)
+            for v in range(cpt):
+                c = v * tpr + t
+                if live and c < chunks:
+                    if has_residual:
+                        for i in range(vec):
+                            vals[v * vec + i] = round_x(vals[v * vec + i] + res[v * vec + i])
+                        store_x(residual, ro + c * vec, vals, v * vec)
+                    for i in range(vec):
+                        ss += vals[v * vec + i] * vals[v * vec + i]
+        else:
+            c = t
+            while live and c < chunks:
+                load_x(x, xo + c * vec, vals, 0)
+                if has_residual:
+                    load_x(residual, ro + c * vec, res, 0)
+                    for i in range(vec):
+                        vals[i] = round_x(vals[i] + res[i])
+                    store_x(residual, ro + c * vec, vals, 0)
+                for i in range(vec):
+                    ss += vals[i] * vals[i]
+                c += tpr
+
+        # scalar tail: element chunks * vec + t of the row, for t < cols % vec
+        tail = chunks * vec + t
+        tail_live = has_tail and live and tail < cols
+        tv = _F0
+        if tail_live:
+            load_x1(x, xo + tail, vals, 0)
+            tv = vals[0]
+            if has_residual:
+                load_x1(residual, ro + tail, res, 0)
+                tv = round_x(tv + res[0])
+                vals[0] = tv
+                store_x1(residual, ro + tail, vals, 0)
+            ss += tv * tv
+
+        total = row_sum(ss, scratch)
+        inv = _F1 / math.sqrt(total / np.float32(cols) + eps)
+
+        if cpt > 0:
+            for v in range(cpt):
+                c = v * tpr + t
+                if live and c < chunks:
+                    load_w(weight, c * vec, wv, 0)
+                    for i in range(vec):
+                        vals[v * vec + i] = vals[v * vec + i] * inv * wv[i]
+                    store_x(out, oo + c * vec, vals, v * vec)
+        else:
+            c = t
+            while live and c < chunks:
+                if has_residual:
+                    load_x(residual, ro + c * vec, vals, 0)
+                else:
+                    load_x(x, xo + c * vec, vals, 0)
+                load_w(weight, c * vec, wv, 0)
+                for i in range(vec):
+                    vals[i] = vals[i] * inv * wv[i]
+                store_x(out, oo + c * vec, vals, 0)
+                c += tpr
+        if tail_live:
+            load_w1(weight, tail, wv, 0)
+            vals[0] = tv * inv * wv[0]
+            store_x1(out, oo + tail, vals, 0)
+
+    return rms_norm_kernel
+
+
+def _signature(x_kind, w_kind):
+    xs = array1d(np.float32 if x_kind == rw.KIND_F32 else np.uint16)
+    ws = array1d(np.float32 if w_kind == rw.KIND_F32 else np.uint16)
+    return (xs, xs, ws, xs, types.int32, types.int32, types.int64, types.int64, types.int64,
+            types.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _rms_norm_kernel(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
+    fn = _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual)
+    return Kernel(jit(fn), _signature(x_kind, w_kind), "rms_norm_kernel")
+
+
+def check_eps(eps):
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating)):
+        raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps: expected a finite float >= 0, got {eps}")
+    return float(eps)
+
+
+def prepare_norm(name_fn, x, weight, bias, residual, out):
+    """Shared checks of rms_norm / layer_norm; returns the tensors, views and the plan."""
+    tx = tensor(x, "x", dtypes=FLOAT_DTYPES)
+    tw = tensor(weight, "weight", ndim=1, dtypes=FLOAT_DTYPES)
+    tb = None if bias is None else tensor(bias, "bias", ndim=1, dtypes=FLOAT_DTYPES)
+    tr = None if residual is None else tensor(residual, "residual", dtypes=FLOAT_DTYPES)
+    rows, cols, x_stride = rw.rows_view("x", tx)
+    if cols == 0:
+        raise ValueError(f"x: expected a non-empty last dimension, got shape {tx.shape}")
+    shape("weight", tw, (cols,), "to match x's last dimension")
+    if tb is not None:
+        shape("bias", tb, (cols,), "to match x's last dimension")
+    if tr is not None:
+        shape("residual", tr, tx.shape, "to match x")
+    same_dtype("x", tx, residual=tr)
+    for nm, t in (("weight", tw), ("bias", tb)):
+        if t is not None and t.dtype not in (tx.dtype, "float32"):
+            raise TypeError(f"{nm}: expected dtype {tx.dtype} (x's) or float32, got {t.dtype}")
+    if tb is not None and tb.dtype != tw.dtype:
+        raise TypeError(f"bias: expected dtype {tw.dtype} to match weight, got {tb.dtype}")
+    for nm, t in (("weight", tw), ("bias", tb)):
+        if t is not None and cols > 1 and t.strides[0] != 1:
+            raise ValueError(f"{nm}: expected a contiguous vector, got strides {t.strides}")
+    r_stride = x_stride if tr is None else rw.rows_view("residual", tr)[2]
+    to = output("out", out, tx.shape, tx.dtype, tx)
+    if to is None:
+        out = empty(tx, tx.shape, tx.dtype)
+        to = tensor(out, "out")
+    o_stride = rw.rows_view("out", to)[2]
+    vec = rw.vector_width(tx.dtype)
+    aligned = (rw.vector_aligned(tx, x_stride, vec) and rw.vector_aligned(to, o_stride, vec)
+               and (tr is None or rw.vector_aligned(tr, r_stride, vec))
+               and tw.ptr % 16 == 0 and (tb is None or tb.ptr % 16 == 0))
+    if not aligned:
+        vec = 1
+    tpr, rpb, cpt = rw.row_plan(cols // vec)
+    return dict(tx=tx, tw=tw, tb=tb, tr=tr, to=to, out=out, rows=rows, cols=cols,
+                strides=(x_stride, r_stride, o_stride), vec=vec, plan=(tpr, rpb, cpt))
+
+
+def rms_norm(x, weight, eps=1e-6, *, residual=None, out=None, stream=None):
+    """RMSNorm of the last dimension of ``x``, optionally after adding ``residual`` in place.
+
+    Args:
+        x: (..., hidden) fp16 / bf16 / fp32, last dimension contiguous.
+        weight: (hidden,) x's dtype or float32.
+        eps: added to the mean square (float >= 0).
+        residual: optional, x's shape and dtype; updated in place to ``x + residual`` (rounded
+            to the dtype), whose norm is returned (vLLM's fused add + RMSNorm).
+        out: optional output, x's shape and dtype (may be ``x``; must not overlap ``residual``).
+        stream: CUDA stream (default: the caller's framework's current stream).
+
+    Returns:
+        ``out``: the normalised rows, x's dtype, in x's array kind.
+
+    Raises:
+        TypeError: a non-array, an unsupported dtype, dtypes that disagree.
+        ValueError: shapes that disagree, a non-contiguous last dimension, hidden == 0,
+            eps negative or not finite.
+    """
+    eps = check_eps(eps)
+    p = prepare_norm("rms_norm", x, weight, None, residual, out)
+    if p["rows"] == 0:
+        return p["out"]
+    tx, tw, tr, to = p["tx"], p["tw"], p["tr"], p["to"]
+    tpr, rpb, cpt = p["plan"]
+    kernel = _rms_norm_kernel(rw.kind(tx.dtype), rw.kind(tw.dtype), p["vec"], tpr, rpb, cpt,
+                              tr is not None)
+    xb = kernel_buffer(tx)
+    rb = xb if tr is None else kernel_buffer(tr)
+    x_stride, r_stride, o_stride = p["strides"]
+    kernel(-(-p["rows"] // rpb), tpr * rpb,
+           (xb, rb, kernel_buffer(tw), kernel_buffer(to), p["rows"], p["cols"], x_stride,
+            r_stride, o_stride, eps), stream_handle(stream, (tx,)))
+    return p["out"]
+
+
+# ---- compile-only checks (sm_90a SASS): the benchmark shapes' plans -------------------------
+
+def _register():
+    f16, bf16, f32 = rw.KIND_F16, rw.KIND_BF16, rw.KIND_F32
+    variants = {
+        # name: (x_kind, w_kind, vec, hidden, residual)
+        "rms_norm_f16_4096": (f16, f16, 8, 4096, False),
+        "rms_norm_bf16_residual_14336": (bf16, bf16, 8, 14336, True),
+        "rms_norm_f32_4096": (f32, f32, 4, 4096, False),
+        "rms_norm_bf16_f32weight_4096": (bf16, f32, 8, 4096, True),
+        "rms_norm_f16_stream_131072": (f16, f16, 8, 131072, True),
+    }
+    for name, (xk, wk, vec, hidden, residual) in variants.items():
+        plan = rw.row_plan(hidden // vec)
+
+        def build(xk=xk, wk=wk, vec=vec, plan=plan, residual=residual):
+            return _rms_norm_kernel_fn(xk, wk, vec, *plan, residual), _signature(xk, wk)
+
+        compile_check.register(name, build, sass_must_have=("LDG.E.128", "STG.E.128"))
+    compile_check.register(
+        "rms_norm_f16_scalar_4099",
+        lambda: (_rms_norm_kernel_fn(f16, f16, 1, *rw.row_plan(4099), True),
+                 _signature(f16, f16)))
+
+
+_register()
