@@ -65,7 +65,8 @@ def _bf16_bits_to_f32(bits):
 
 
 def _f32_to_f16_bits(x):
-    return int(np.float16(np.float32(x)).view(np.uint16))
+    with np.errstate(over="ignore"):  # out-of-range values round to inf, as cvt.rn does
+        return int(np.float16(np.float32(x)).view(np.uint16))
 
 
 def _f32_to_bf16_bits(x):
