@@ -1,8 +1,10 @@
 """Python-side cost of one op call: the library's raw launch path against numba's own dispatch.
 
-Same near-empty kernel, same arrays, same process: wall-clock time per call over many calls (the
-GPU work is tiny, so the rate is set by the host). Also a whole op call (validation, output
-allocation, launch) of ``warp_tile_matmul`` with numba arrays and with torch tensors.
+Same near-empty kernel, same arrays, same process. "Host time per call" is the time the calling
+thread spends per call, measured over bursts of calls short enough that the launch queue never
+fills (so the GPU's own per-kernel time does not throttle the host), median over bursts. Also a
+whole op call (validation, output allocation, launch) of ``warp_tile_matmul`` with numba arrays
+and with torch tensors.
 """
 
 import sys
@@ -21,17 +23,24 @@ from llmspeed_numba.ops.warp_tile import warp_tile_matmul  # noqa: E402
 from _harness import Results  # noqa: E402
 
 CALLS = 3000
+BURST = 200     # launches per timed burst: well under the driver's queue depth
+BURSTS = 15
 
 
-def per_call_us(fn, calls=CALLS):
+def per_call_us(fn):
+    """Median host time per call (us) over bursts of BURST calls, synchronising between bursts."""
     for _ in range(50):
         fn()
+    samples = []
+    for _ in range(BURSTS):
+        cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(BURST):
+            fn()
+        samples.append((time.perf_counter() - start) / BURST * 1e6)
     cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
+    samples.sort()
+    return samples[len(samples) // 2]
 
 
 def _touch(x, n):

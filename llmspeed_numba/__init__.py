@@ -7,8 +7,20 @@ simulator, on NumPy arrays.
 
 from . import _env  # noqa: F401  (NumPy / simulator fixes before anything compiles)
 from ._env import SIMULATOR, have_gpu
+from .autotune import autotune
+from .ops.flash_attn import flash_attn, flash_attn_varlen
+from .ops.gemm import GemmConfig, gemm
+from .ops.paged_decode import paged_decode_attention
+from .ops.paged_kv_append import paged_kv_append
 from .ops.warp_tile import warp_tile_matmul
+from .paged_cache import OutOfPages, PagedKVCache
 
 __version__ = "0.1.0"
 
-__all__ = ["SIMULATOR", "have_gpu", "warp_tile_matmul", "__version__"]
+__all__ = [
+    "SIMULATOR", "have_gpu", "__version__",
+    "gemm", "GemmConfig", "autotune",
+    "flash_attn", "flash_attn_varlen",
+    "paged_decode_attention", "paged_kv_append", "PagedKVCache", "OutOfPages",
+    "warp_tile_matmul",
+]

@@ -17,6 +17,8 @@ bits) and index it with explicit strides, so any layout (transposed, sliced, pac
 them without a copy.
 """
 
+import weakref
+
 import numpy as np
 
 from ._env import SIMULATOR, cuda
@@ -58,8 +60,8 @@ class Tensor:
         self.obj = obj            # the caller's object, kept alive while we use it
         self.kind = kind          # "torch", "cupy", "numba", "numpy", "foreign"
         self.ptr = ptr            # device address of element 0 (int)
-        self.shape = tuple(int(s) for s in shape)
-        self.strides = tuple(int(s) for s in strides)   # in elements
+        self.shape = tuple(shape)        # ints
+        self.strides = tuple(strides)    # ints, in elements
         self.dtype = dtype        # library dtype name, e.g. "float16"
         self.host = host          # simulator only: the numpy array holding the data
 
@@ -80,9 +82,12 @@ class Tensor:
 
     def extent(self):
         """Elements from element 0 to one past the last element (strides must be >= 0)."""
-        if self.size == 0:
-            return 0
-        return 1 + sum((n - 1) * s for n, s in zip(self.shape, self.strides))
+        last = 0
+        for n, s in zip(self.shape, self.strides):
+            if n == 0:
+                return 0
+            last += (n - 1) * s
+        return last + 1
 
     def is_contiguous(self):
         expected = 1
@@ -140,6 +145,18 @@ def _torch_tensor(obj):
     return Tensor(obj, "torch", obj.data_ptr(), obj.shape, obj.stride(), dtype)
 
 
+def _torch_current_stream(tensor):
+    """Raw handle of torch's current stream on the tensor's device. The private accessor is
+    ~10x cheaper than ``torch.cuda.current_stream()`` (4.6 us on an H200 host); fall back to the
+    public one if a torch release drops it."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(tensor.get_device())
+    return torch.cuda.current_stream(tensor.device).cuda_stream
+
+
 def _numpy_array(obj):
     dtype = "bfloat16" if obj.dtype.name == "bfloat16" else _dtype_name(obj.dtype)
     if dtype is None:
@@ -150,15 +167,29 @@ def _numpy_array(obj):
     return Tensor(obj, "numpy", obj.ctypes.data, obj.shape, strides, dtype, host=obj)
 
 
+_NUMBA_TENSORS = weakref.WeakKeyDictionary()
+
+
 def _numba_device_array(obj):
-    """numba DeviceNDArray read directly (its __cuda_array_interface__ costs a few us)."""
-    dtype = "bfloat16" if obj.dtype.name == "bfloat16" else _dtype_name(obj.dtype)
+    """numba DeviceNDArray read directly. Reading one costs about 6 us (its pointer goes through
+    several properties), and a numba array never changes pointer, shape or dtype, so the
+    ``Tensor`` is remembered for as long as the array lives."""
+    try:
+        return _NUMBA_TENSORS[obj]
+    except (KeyError, TypeError):
+        pass
+    dtype = _dtype_name(obj.dtype)
     if dtype is None:
         raise TypeError(f"unsupported dtype {obj.dtype}")
     itemsize = obj.dtype.itemsize
     ptr = obj.device_ctypes_pointer
     ptr = int(getattr(ptr, "value", ptr) or 0)
-    return Tensor(obj, "numba", ptr, obj.shape, tuple(s // itemsize for s in obj.strides), dtype)
+    t = Tensor(obj, "numba", ptr, obj.shape, tuple(s // itemsize for s in obj.strides), dtype)
+    try:
+        _NUMBA_TENSORS[obj] = t
+    except TypeError:  # not weak-referenceable: read it every time
+        pass
+    return t
 
 
 _READERS = {}  # type -> reader, filled on first sight of each array type
@@ -228,10 +259,10 @@ def as_tensor(obj, name):
 
 def kernel_buffer(t: Tensor):
     """The flat 1-D storage view a kernel indexes: a ``Buffer`` (GPU) or numpy view (simulator)."""
-    if any(s < 0 for s in t.strides):
+    if min(t.strides, default=0) < 0:
         raise ValueError(f"negative strides are unsupported, got {t.strides}")
     storage = STORAGE[t.dtype]
-    n = max(t.extent(), 1)
+    n = t.extent() or 1
     if SIMULATOR:
         base = t.host
         if t.host is None:
@@ -305,9 +336,7 @@ def stream_handle(stream, tensors=()):
     if stream is None:
         for t in tensors:
             if t.kind == "torch":
-                import torch
-
-                return torch.cuda.current_stream().cuda_stream
+                return _torch_current_stream(t.obj)
             if t.kind == "cupy":
                 import cupy
 

@@ -36,7 +36,8 @@ def shape(name, t, expected, why=""):
     ok = len(t.shape) == len(expected) and all(
         e is None or e == g for e, g in zip(expected, t.shape))
     if not ok:
-        shown = tuple("*" if e is None else e for e in expected)
+        shown = "(" + ", ".join("*" if e is None else str(e) for e in expected) + (
+            ",)" if len(expected) == 1 else ")")
         raise ValueError(f"{name}: expected shape {shown}{' ' + why if why else ''}, "
                          f"got {t.shape}")
 

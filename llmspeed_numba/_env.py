@@ -21,22 +21,44 @@ SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 from numba import cuda  # noqa: E402  (after the NumPy fix above)
 
 if SIMULATOR:
+    import sys as _sys
+
     from numba.cuda.simulator import kernelapi as _kernelapi
 
-    def _accept_alignment(array_fn):
-        def array(self, shape, dtype, alignment=None):
-            if isinstance(dtype, type):  # np.uint16 and friends, as accepted on the GPU
-                dtype = np.dtype(dtype)
-            return array_fn(self, shape, dtype)
+    def _as_dtype(dtype):
+        if isinstance(dtype, type):  # np.uint16 and friends, as accepted on the GPU
+            return np.dtype(dtype)
+        return dtype
 
+    def _shared_array(self, shape, dtype, alignment=None):
+        """The simulator's shared array plus ``alignment=``. Static arrays are keyed by the
+        kernel's source line (as the simulator does), read here from the caller's frame: the
+        simulator's own lookup would see this wrapper's line and alias every array."""
+        dtype = _as_dtype(dtype)
+        if shape == 0:
+            return _original_shared_array(self, 0, dtype)
+        if not isinstance(dtype, np.dtype):
+            from numba.np import numpy_support
+
+            dtype = numpy_support.as_dtype(dtype)
+        caller = _sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        array = self._allocations.get(key)
+        if array is None:
+            array = self._allocations[key] = np.empty(shape, dtype)
         return array
 
-    # The simulator's shared/local arrays are numpy arrays, aligned well enough; it only lacks
-    # the keyword. Patch once (idempotent: the wrapper is marked).
-    for _cls in (_kernelapi.FakeCUDAShared, _kernelapi.FakeCUDALocal):
-        if not getattr(_cls.array, "_llmspeed_patched", False):
-            _cls.array = _accept_alignment(_cls.array)
-            _cls.array._llmspeed_patched = True
+    def _local_array(self, shape, dtype, alignment=None):
+        return _original_local_array(self, shape, _as_dtype(dtype))
+
+    # Patch once (idempotent: the replacements are marked).
+    if not getattr(_kernelapi.FakeCUDAShared.array, "_llmspeed_patched", False):
+        _original_shared_array = _kernelapi.FakeCUDAShared.array
+        _original_local_array = _kernelapi.FakeCUDALocal.array
+        _shared_array._llmspeed_patched = True
+        _local_array._llmspeed_patched = True
+        _kernelapi.FakeCUDAShared.array = _shared_array
+        _kernelapi.FakeCUDALocal.array = _local_array
 
 
 def have_gpu() -> bool:

@@ -53,12 +53,13 @@ class _ParamBlock:
     """One launch's parameters: 8-byte slots and the array of pointers to them that
     cuLaunchKernel reads (it copies the values at the call, so a block is reused)."""
 
-    __slots__ = ("values", "pointers")
+    __slots__ = ("values", "pointers", "address")
 
     def __init__(self, words):
         self.values = (ctypes.c_uint64 * words)()
         base = ctypes.addressof(self.values)
         self.pointers = (ctypes.c_void_p * words)(*[base + 8 * i for i in range(words)])
+        self.address = ctypes.addressof(self.pointers)
 
 
 _LIBCUDA = None
@@ -185,8 +186,7 @@ class Kernel:
         if self._raw_handle is None:
             self.handle()
         err = _libcuda()(self._raw_handle, grid[0], grid[1], grid[2], block[0], block[1],
-                         block[2], shared_bytes, stream, ctypes.addressof(block_params.pointers),
-                         None)
+                         block[2], shared_bytes, stream, block_params.address, None)
         if err:
             _check_code(err, f"launch of {self.name}")
 

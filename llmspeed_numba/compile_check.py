@@ -31,7 +31,9 @@ _TARGET_ARCH = "sm_90a"
 
 @dataclasses.dataclass
 class KernelCheck:
-    """One kernel to compile: ``build()`` returns ``(python_function, signature)`` of a kernel."""
+    """One kernel to compile: ``build()`` returns ``(python_function, signature)`` of a kernel, or
+    ``(python_function, signature, options)`` with ``cuda.compile_ptx`` options such as
+    ``launch_bounds`` (so the check sees the register cap the kernel runs with)."""
     name: str
     build: object
     ptx_must_have: tuple = ()
@@ -112,8 +114,9 @@ def _first_int(pattern, text):
 def compile_kernel(check: KernelCheck) -> CompileReport:
     from numba import cuda
 
-    pyfunc, sig = check.build()
-    ptx, _ = cuda.compile_ptx(pyfunc, sig, cc=TARGET_CC)
+    pyfunc, sig, *rest = check.build()
+    options = rest[0] if rest else {}
+    ptx, _ = cuda.compile_ptx(pyfunc, sig, cc=TARGET_CC, **options)
     cubin, log = ptx_to_cubin(ptx)
     sass = disassemble(cubin)
     opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)

@@ -289,3 +289,22 @@ def test_sin_cos_approx(rng):
     # sin/cos.approx.ftz.f32: max absolute error 2^-20.5 on [-pi, pi] (PTX ISA)
     assert np.all(np.abs(s - np.sin(x.astype(np.float64))) <= 2.0 ** -20)
     assert np.all(np.abs(c - np.cos(x.astype(np.float64))) <= 2.0 ** -20)
+
+
+@cuda.jit
+def _rcp_kernel(x, y):
+    i = cuda.grid(1)
+    if i < x.size:
+        y[i] = ptx.rcp_approx(x[i])
+
+
+def test_rcp_approx(rng):
+    x = np.concatenate([rng.standard_normal(100) * 10.0 ** rng.integers(-30, 30, 100),
+                        [1.0, -3.0, np.inf, -np.inf]]).astype(np.float32)
+    y = np.zeros_like(x)
+    _rcp_kernel[1, x.size](x, y)
+    expected = 1.0 / x.astype(np.float64)
+    normal = np.abs(expected) >= np.finfo(np.float32).tiny
+    # rcp.approx.ftz.f32: max error 1 ulp (PTX ISA); subnormal results flush to 0
+    assert np.all(np.abs(y[normal] - expected[normal]) <= 2.0 ** -22 * np.abs(expected[normal]))
+    assert np.all(np.abs(y[~normal]) <= np.finfo(np.float32).tiny)

@@ -59,3 +59,17 @@ def activation(name):
 
 
 __all__ = ["ACTIVATIONS", "activation", "identity", "relu", "gelu_tanh", "silu"]
+
+
+_SQRT1_2 = np.float32(1.0 / math.sqrt(2.0))
+
+
+@cuda.jit(device=True, inline="always")
+def gelu_erf(x):
+    """The exact GELU, ``x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))`` (torch's default,
+    ``approximate="none"``), evaluated as ``0.5 x erfc(-x / sqrt(2))``: the same value without
+    the cancellation of ``1 + erf`` for negative x (accurate down to the underflow of Phi)."""
+    return _HALF * x * math.erfc(-x * _SQRT1_2)
+
+
+__all__ += ["gelu_erf"]

@@ -21,12 +21,20 @@ import math
 import numpy as np
 
 from .. import ptx
-from .._env import cuda
+from .._env import SIMULATOR, cuda
 
 NEG_INF = np.float32(-np.inf)
 LOG2E = math.log2(math.e)
 
 _device = cuda.jit(device=True, inline="always")
+
+if SIMULATOR:
+    fmax = max
+else:
+    from numba.cuda import libdevice
+
+    #: float32 maximum as one FMNMX (Python's ``max`` compiles to a compare and a select).
+    fmax = libdevice.fmaxf
 
 
 @_device
@@ -48,6 +56,20 @@ def key_bounds(row_lo, row_hi, offset, seqlen_k, window_left, window_right):
     if window_right >= 0:
         hi = min(seqlen_k, row_hi - 1 + offset + window_right + 1)
     return lo, hi
+
+
+@_device
+def row_key_range(row, offset, seqlen_k, window_left, window_right):
+    """Inclusive range ``[first, last]`` of the keys query ``row`` attends (``last < first``:
+    none): a mask test per element is then two compares."""
+    diagonal = row + offset
+    first = 0
+    last = seqlen_k - 1
+    if window_left >= 0:
+        first = max(first, diagonal - window_left)
+    if window_right >= 0:
+        last = min(last, diagonal + window_right)
+    return first, last
 
 
 @_device
@@ -75,7 +97,7 @@ def scaled_max(row_max, scale_log2):
 def rescale_factor(old_max, new_max_scaled, scale_log2):
     """Factor ``exp2(old_max * scale_log2 - new_max_scaled)`` that moves a row's sum and output
     from its old maximum to the new one (0 when the old maximum is ``-inf``)."""
-    return ptx.ex2_approx(old_max * scale_log2 - new_max_scaled)
+    return ptx.ex2_approx(cuda.fma(old_max, scale_log2, -new_max_scaled))
 
 
 @_device

@@ -1,4 +1,5 @@
-"""Element access by storage dtype, and the fused GEMM epilogue, as inline device helpers.
+"""Device helpers shared by the GEMM kernels: element access by storage dtype, the fused
+epilogue, and grouped block rasterisation (all inline).
 
 Kernels see fp16 / bf16 arrays as ``uint16`` bits and fp32 as ``float32`` (``_arrays.STORAGE``);
 ``loader(dtype)`` / ``storer(dtype)`` return the device function that reads / writes one element
@@ -50,6 +51,18 @@ def _store_f32(buf, i, v):
     buf[i] = v
 
 
+# Kernel factories capture device functions, never @intrinsic objects: numba's disk-cache key
+# hashes the pickled closure, and an intrinsic pickles differently in every process.
+@cuda.jit(device=True, inline="always")
+def _pack_f16(lo, hi):
+    return ptx.pack_f16x2(lo, hi)
+
+
+@cuda.jit(device=True, inline="always")
+def _pack_bf16(lo, hi):
+    return ptx.pack_bf16x2(lo, hi)
+
+
 _LOADERS = {"float16": _load_f16, "bfloat16": _load_bf16, "float32": _load_f32}
 _STORERS = {"float16": _store_f16, "bfloat16": _store_bf16, "float32": _store_f32}
 
@@ -65,14 +78,13 @@ def storer(dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def epilogue(out_dtype, c_dtype, bias_dtype, act):
-    """Device function ``(acc, n, out, out_index, c, c_index, bias, alpha, beta)`` that stores
-    ``act(alpha * acc + beta * c[c_index] + bias[n])`` at ``out[out_index]``.
+def epilogue_value(c_dtype, bias_dtype, act):
+    """Device function ``(acc, n, c, c_index, bias, alpha, beta) -> float32`` computing
+    ``act(alpha * acc + beta * c[c_index] + bias[n])``.
 
     ``c_dtype`` / ``bias_dtype`` are None when there is no ``c`` (or ``beta == 0``) / no bias;
     the buffers passed for them are then never read.
     """
-    store = storer(out_dtype)
     load_c = loader(c_dtype) if c_dtype is not None else _load_f32
     load_bias = loader(bias_dtype) if bias_dtype is not None else _load_f32
     has_c = c_dtype is not None
@@ -80,12 +92,78 @@ def epilogue(out_dtype, c_dtype, bias_dtype, act):
     act_fn = activation(act)
 
     @cuda.jit(device=True, inline="always")
-    def apply(acc, n, out, out_index, c, c_index, bias, alpha, beta):
+    def value(acc, n, c, c_index, bias, alpha, beta):
         v = alpha * acc
         if has_c:
             v += beta * load_c(c, c_index)
         if has_bias:
             v += load_bias(bias, n)
-        store(out, out_index, act_fn(v))
+        return act_fn(v)
+
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def epilogue(out_dtype, c_dtype, bias_dtype, act):
+    """Device function ``(acc, n, out, out_index, c, c_index, bias, alpha, beta)`` that stores
+    the ``epilogue_value`` of one accumulator at ``out[out_index]``, rounded to ``out_dtype``."""
+    store = storer(out_dtype)
+    value = epilogue_value(c_dtype, bias_dtype, act)
+
+    @cuda.jit(device=True, inline="always")
+    def apply(acc, n, out, out_index, c, c_index, bias, alpha, beta):
+        store(out, out_index, value(acc, n, c, c_index, bias, alpha, beta))
 
     return apply
+
+
+def vector_width(out_dtype):
+    """Output elements per 16-byte store: 8 fp16 / bf16 or 4 fp32."""
+    return 4 if out_dtype == "float32" else 8
+
+
+@functools.lru_cache(maxsize=None)
+def vector_epilogue(out_dtype, c_dtype, bias_dtype, act):
+    """Device function ``(src, src_index, n, out, out_index, c, c_index, sc_n, bias, alpha,
+    beta)``: the epilogue of ``vector_width(out_dtype)`` consecutive accumulators, read from the
+    fp32 array ``src`` (16-byte aligned index), for output columns ``n, n + 1, ...``, stored with
+    one 16-byte store at ``out[out_index]`` (16-byte aligned). ``c``'s column stride is ``sc_n``.
+    """
+    value = epilogue_value(c_dtype, bias_dtype, act)
+    pack = _pack_bf16 if out_dtype == "bfloat16" else _pack_f16
+    fp32 = out_dtype == "float32"
+
+    @cuda.jit(device=True, inline="always")
+    def four(src, i, n, c, c_index, sc_n, bias, alpha, beta):
+        w0, w1, w2, w3 = ptx.load_u32x4(src, i)
+        return (value(ptx.f32_from_bits(w0), n, c, c_index, bias, alpha, beta),
+                value(ptx.f32_from_bits(w1), n + 1, c, c_index + sc_n, bias, alpha, beta),
+                value(ptx.f32_from_bits(w2), n + 2, c, c_index + 2 * sc_n, bias, alpha, beta),
+                value(ptx.f32_from_bits(w3), n + 3, c, c_index + 3 * sc_n, bias, alpha, beta))
+
+    @cuda.jit(device=True, inline="always")
+    def apply16(src, i, n, out, out_index, c, c_index, sc_n, bias, alpha, beta):
+        v0, v1, v2, v3 = four(src, i, n, c, c_index, sc_n, bias, alpha, beta)
+        if fp32:
+            ptx.store_u32x4(out, out_index, ptx.f32_bits(v0), ptx.f32_bits(v1),
+                            ptx.f32_bits(v2), ptx.f32_bits(v3))
+        else:
+            v4, v5, v6, v7 = four(src, i + 4, n + 4, c, c_index + 4 * sc_n, sc_n, bias, alpha,
+                                  beta)
+            ptx.store_u32x4(out, out_index, pack(v0, v1), pack(v2, v3), pack(v4, v5),
+                            pack(v6, v7))
+
+    return apply16
+
+
+@cuda.jit(device=True, inline="always")
+def grouped_tile(pid, tiles_m, tiles_n, group_m):
+    """(tile row, tile column) of block ``pid`` in grouped order: blocks walk down a group of
+    ``group_m`` tile rows column by column, so a wave of blocks shares A rows and B columns in
+    L2. uint32 arithmetic: numba's int64 division is a slow library call on the GPU."""
+    pid = np.uint32(pid)
+    in_group = np.uint32(np.uint32(group_m) * np.uint32(tiles_n))
+    first_m = np.uint32(np.uint32(pid // in_group) * np.uint32(group_m))
+    rows = np.uint32(min(np.uint32(tiles_m) - first_m, np.uint32(group_m)))
+    r = np.uint32(pid % in_group)
+    return np.int32(first_m + np.uint32(r % rows)), np.int32(r // rows)

@@ -28,6 +28,7 @@ BLOCK_N = 32
 
 def _simt_kernel_fn(head_dim, block_m, block_n, is_bf16, is_varlen):
     tile = block_n * head_dim
+    kv_elements = 2 * tile      # shapes must be closure constants, not expressions
     to_f32 = ptx.bf16_to_f32 if is_bf16 else ptx.f16_to_f32
     from_f32 = ptx.f32_to_bf16 if is_bf16 else ptx.f32_to_f16
 
@@ -60,7 +61,7 @@ def _simt_kernel_fn(head_dim, block_m, block_n, is_bf16, is_varlen):
 
         # one array for both tiles: the simulator's alignment= shim makes every static shared
         # array of a kernel alias the same allocation
-        kv_smem = cuda.shared.array(2 * tile, np.uint16)
+        kv_smem = cuda.shared.array(kv_elements, np.uint16)
         q_row = cuda.local.array(head_dim, np.float32)
         acc = cuda.local.array(head_dim, np.float32)
         scores = cuda.local.array(block_n, np.float32)

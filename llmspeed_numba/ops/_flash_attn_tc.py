@@ -23,6 +23,14 @@ A block of ``WARPS`` warps owns ``BLOCK_M = WARPS * 16 * M_TILES`` query rows of
 7. At the end O is divided by the row sum once, staged through the (now free) Q tile of the warp
    and written with 16-byte stores; ``lse = max * scale + log(sum)``.
 
+ldmatrix row addresses (lane ``L``; matrix ``m = L // 8`` of an ``.x4`` gets its rows from lanes
+``8m .. 8m+7``; see ``ptx/__init__.py`` for the fragment layouts):
+  Q (A operand, rows x d):   row ``L % 16``, column ``8 * (L // 16)``  -> a0..a3
+  K (B operand, keys x d):   key ``L % 8 + 8 * (L // 16)``, column ``8 * ((L // 8) % 2)``
+                             -> (b0, b1) of key tile n and (b0, b1) of key tile n + 1
+  V (B operand, .trans):     key ``L % 8 + 8 * ((L // 8) % 2)``, column ``8 * (L // 16)``
+                             -> (b0, b1) of d tile n and (b0, b1) of d tile n + 1
+
 Shared-memory rows are ``D + 8`` elements long: the 16-byte pad puts the 8 rows an ``ldmatrix``
 phase reads in 8 different bank groups (conflict-free), for every ``D`` that is a multiple of 16.
 A head dimension that is a multiple of 8 but not 16 runs with ``D`` rounded up to 16: the extra
@@ -36,36 +44,74 @@ import numpy as np
 from .. import ptx
 from .._env import cuda
 from .._launch import Kernel, jit
-from ._attention_common import (NEG_INF, attends, block_is_full, finish_row, key_bounds,
-                                rescale_factor, scaled_max)
+from ._attention_common import (NEG_INF, block_is_full, finish_row, fmax, key_bounds,
+                                rescale_factor, row_key_range, scaled_max)
 
 _device = cuda.jit(device=True, inline="always")
 
 
 @functools.lru_cache(maxsize=None)
 def _tile_loader(rows, dim, head_dim, threads):
-    """Device function copying ``rows x dim`` elements (row stride ``row_stride`` in global
-    memory) into shared memory at ``smem_base`` with row pitch ``dim + 8``, by 16-byte cp.async
-    chunks spread over ``threads`` threads; rows ``>= valid_rows`` and columns ``>= head_dim``
-    are zero-filled without being read."""
+    """Device function copying a ``rows x dim`` tile from global memory into shared memory at
+    ``smem_base`` (row pitch ``dim + 8``) by 16-byte cp.async chunks; thread ``tid`` takes
+    chunks ``tid, tid + threads, ...`` in row-major order. The tile's row 0 is at global offset
+    ``seq_base + tile_offset``, rows ``row_stride`` apart; rows ``>= valid_rows`` and columns
+    ``>= head_dim`` are zero-filled and read nothing (source offset clamped to row 0).
+
+    ``thread_base`` is ``seq_base`` plus the thread's own first chunk (``thread_offset``): when
+    ``threads`` is a multiple of the ``dim / 8`` chunks of a row (every power-of-two ``dim``), a
+    thread's chunks sit in one column ``row_step`` rows apart, and a tile wholly in bounds costs
+    one add per chunk, with nothing else kept live across the kernel's loop.
+    """
     chunks_per_row = dim // 8
-    total = rows * chunks_per_row
-    per_thread = -(-total // threads)
-    even = total % threads == 0
     pitch = dim + 8
+    strided = threads % chunks_per_row == 0
+    row_step = threads // chunks_per_row
+    per_thread = -(-rows // row_step) if strided else -(-rows * chunks_per_row // threads)
+    even = rows % row_step == 0 if strided else rows * chunks_per_row % threads == 0
+    total = rows * chunks_per_row
 
     @_device
-    def load_tile(smem, smem_base, src, src_base, row_stride, valid_rows, tid):
-        for c in range(per_thread):
-            i = tid + c * threads
-            if even or i < total:
-                r = i // chunks_per_row
-                col = (i % chunks_per_row) * 8
-                ok = r < valid_rows and col < head_dim
-                ptx.cp_async_16(smem, smem_base + r * pitch + col, src,
-                                src_base + r * row_stride + col if ok else 0, 16 if ok else 0)
+    def load_tile(smem, smem_base, src, thread_base, tile_offset, row_stride, valid_rows, tid):
+        if strided:
+            first_row = tid // chunks_per_row
+            col = (tid % chunks_per_row) * 8
+            smem_offset = smem_base + first_row * pitch + col
+            offset = thread_base + tile_offset
+            step = row_step * row_stride
+            rows_left = valid_rows - first_row
+            if even and rows_left >= rows and (head_dim == dim or col < head_dim):
+                for c in range(per_thread):      # the whole tile is in bounds: no predicates
+                    ptx.cp_async_16(smem, smem_offset + c * row_step * pitch, src, offset, 16)
+                    offset += step
+            else:
+                row0 = offset - first_row * row_stride - col
+                for c in range(per_thread):
+                    if even or first_row + c * row_step < rows:
+                        ok = c * row_step < rows_left and (head_dim == dim or col < head_dim)
+                        ptx.cp_async_16(smem, smem_offset + c * row_step * pitch, src,
+                                        offset if ok else row0, 16 if ok else 0)
+                    offset += step
+        else:
+            row0 = thread_base - thread_offset(tid, row_stride) + tile_offset
+            for c in range(per_thread):
+                i = tid + c * threads
+                if even or i < total:
+                    r = i // chunks_per_row
+                    col = (i % chunks_per_row) * 8
+                    ok = r < valid_rows and col < head_dim
+                    ptx.cp_async_16(smem, smem_base + r * pitch + col, src,
+                                    row0 + r * row_stride + col if ok else row0,
+                                    16 if ok else 0)
 
-    return load_tile
+    @_device
+    def thread_offset(tid, row_stride):
+        """Global offset of thread ``tid``'s first chunk from the tile's row 0."""
+        if strided:
+            return (tid // chunks_per_row) * row_stride + (tid % chunks_per_row) * 8
+        return 0
+
+    return load_tile, thread_offset
 
 
 def tc_shared_bytes(dim, warps, m_tiles, block_n):
@@ -73,8 +119,11 @@ def tc_shared_bytes(dim, warps, m_tiles, block_n):
     return 2 * (warps * 16 * m_tiles + 2 * block_n) * (dim + 8)
 
 
-def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen):
-    """The kernel for a padded head dimension ``dim`` (multiple of 16) holding ``head_dim``."""
+def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen, min_blocks=0):
+    """The kernel for a padded head dimension ``dim`` (multiple of 16) holding ``head_dim``.
+    ``min_blocks`` (the launch bounds the kernel is compiled with) only enters the closure, so
+    that numba's disk cache, which keys on the closure but not on launch bounds, keeps the
+    variants apart."""
     assert dim % 16 == 0 and head_dim <= dim and block_n % 16 == 0
     threads = 32 * warps
     rows_per_warp = 16 * m_tiles
@@ -91,14 +140,15 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen):
     mma = ptx.mma_bf16 if is_bf16 else ptx.mma_f16
     pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
     from_f32 = ptx.f32_to_bf16 if is_bf16 else ptx.f32_to_f16
-    load_q = _tile_loader(block_m, dim, head_dim, threads)
-    load_kv = _tile_loader(block_n, dim, head_dim, threads)
+    load_q, q_thread_offset = _tile_loader(block_m, dim, head_dim, threads)
+    load_kv, kv_thread_offset = _tile_loader(block_n, dim, head_dim, threads)
 
     def flash_attn_tc_kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                              seqlen_q_arg, seqlen_k_arg,
                              q_sb, q_sn, q_sh, k_sb, k_sn, k_sh, v_sb, v_sn, v_sh,
                              o_sb, o_sn, o_sh, lse_sb, lse_sh, group,
                              softmax_scale, scale_log2, window_left, window_right):
+        min_blocks  # noqa: B018  (cache key only, see the factory)
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -129,14 +179,19 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen):
         acc_o = cuda.local.array((m_tiles, d_tiles, 4), np.float32)
         frag = cuda.local.array((m_tiles, 4), np.uint32)
         row_max = cuda.local.array((m_tiles, 2), np.float32)
-        row_sum = cuda.local.array((m_tiles, 2), np.float32)
+        row_sum = cuda.local.array((m_tiles, 2), np.float32)     # this lane's partial sums
+        max_scaled = cuda.local.array((m_tiles, 2), np.float32)
+        row_scale = cuda.local.array((m_tiles, 2), np.float32)
+        # A literal 0 would make LLVM turn the zero-fill loops into a memset, which NVPTX
+        # lowers to a loop over local memory: the accumulators would never reach registers.
+        zero = ptx.ex2_approx(NEG_INF)
         for mt in range(m_tiles):
             for dt in range(d_tiles):
                 for e in range(4):
-                    acc_o[mt, dt, e] = np.float32(0.0)
+                    acc_o[mt, dt, e] = zero
             for h in range(2):
                 row_max[mt, h] = NEG_INF
-                row_sum[mt, h] = np.float32(0.0)
+                row_sum[mt, h] = zero
 
         # ldmatrix row addresses of this lane (see the module docstring for the fragments)
         q_frag = s_q + (warp * rows_per_warp + lane % 16) * pitch + (lane // 16) * 8
@@ -144,9 +199,9 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen):
         v_frag = s_v + (lane % 8 + 8 * ((lane // 8) % 2)) * pitch + 8 * (lane // 16)
 
         q_base = batch * q_sb + (q_start + row0) * q_sn + head * q_sh
-        k_base = batch * k_sb + k_start * k_sn + head_k * k_sh
-        v_base = batch * v_sb + k_start * v_sn + head_k * v_sh
-        load_q(smem, s_q, q, q_base, q_sn, seqlen_q - row0, tid)
+        load_q(smem, s_q, q, q_base + q_thread_offset(tid, q_sn), 0, q_sn, seqlen_q - row0, tid)
+        k_thread = batch * k_sb + k_start * k_sn + head_k * k_sh + kv_thread_offset(tid, k_sn)
+        v_thread = batch * v_sb + k_start * v_sn + head_k * v_sh + kv_thread_offset(tid, v_sn)
 
         lo, hi = key_bounds(row0, min(row0 + block_m, seqlen_q), offset, seqlen_k,
                             window_left, window_right)
@@ -154,21 +209,21 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen):
         n_blocks = n_end - lo // block_n if hi > lo else 0
         if n_blocks > 0:
             col = (n_end - 1) * block_n
-            load_kv(smem, s_k, k, k_base + col * k_sn, k_sn, seqlen_k - col, tid)
+            load_kv(smem, s_k, k, k_thread, col * k_sn, k_sn, seqlen_k - col, tid)
         ptx.cp_async_commit()
 
         for it in range(n_blocks):
             col0 = (n_end - 1 - it) * block_n
             ptx.cp_async_wait(0)
             cuda.syncthreads()       # K (and Q) landed; every warp is done reading V
-            load_kv(smem, s_v, v, v_base + col0 * v_sn, v_sn, seqlen_k - col0, tid)
+            load_kv(smem, s_v, v, v_thread, col0 * v_sn, v_sn, seqlen_k - col0, tid)
             ptx.cp_async_commit()
 
             # S = Q K^T
             for mt in range(m_tiles):
                 for nt in range(n_tiles):
                     for e in range(4):
-                        acc_s[mt, nt, e] = np.float32(0.0)
+                        acc_s[mt, nt, e] = zero
             for ks in range(k_steps):
                 for mt in range(m_tiles):
                     a0, a1, a2, a3 = ptx.ldmatrix_x4(smem, q_frag + mt * 16 * pitch + ks * 16)
@@ -192,44 +247,54 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen):
                             acc_s[mt, n1, 0], acc_s[mt, n1, 1], acc_s[mt, n1, 2],
                             acc_s[mt, n1, 3])
 
-            # mask the blocks that cross an edge, then the online softmax update
+            # mask the blocks that cross an edge (per row: keys outside [first, last])
             for mt in range(m_tiles):
                 tile_row0 = warp_row0 + mt * 16
                 if not block_is_full(tile_row0, tile_row0 + 16, col0, col0 + block_n, offset,
                                      seqlen_k, window_left, window_right):
-                    for nt in range(n_tiles):
-                        for e in range(4):
-                            r = tile_row0 + g + 8 * (e // 2)
-                            c = col0 + nt * 8 + 2 * t + e % 2
-                            if c >= seqlen_k or not attends(r, c, offset, window_left,
-                                                            window_right):
-                                acc_s[mt, nt, e] = NEG_INF
+                    for h in range(2):
+                        first, last = row_key_range(tile_row0 + g + 8 * h, offset, seqlen_k,
+                                                    window_left, window_right)
+                        lane_col = col0 + 2 * t
+                        first_rel = np.int32(first - lane_col)
+                        last_rel = np.int32(last - lane_col)
+                        for nt in range(n_tiles):
+                            for e in range(2):
+                                j = np.int32(nt * 8 + e)
+                                if j < first_rel or j > last_rel:
+                                    acc_s[mt, nt, 2 * h + e] = NEG_INF
+
+            # online softmax: new row maxima (quad reduction), rescale O and the sums, P
+            for mt in range(m_tiles):
                 for h in range(2):
                     new_max = row_max[mt, h]
                     for nt in range(n_tiles):
-                        new_max = max(new_max, acc_s[mt, nt, 2 * h], acc_s[mt, nt, 2 * h + 1])
-                    new_max = max(new_max, ptx.shfl_xor_f32(new_max, 1))
-                    new_max = max(new_max, ptx.shfl_xor_f32(new_max, 2))
-                    new_scaled = scaled_max(new_max, scale_log2)
-                    alpha = rescale_factor(row_max[mt, h], new_scaled, scale_log2)
+                        new_max = fmax(new_max, fmax(acc_s[mt, nt, 2 * h],
+                                                     acc_s[mt, nt, 2 * h + 1]))
+                    new_max = fmax(new_max, ptx.shfl_xor_f32(new_max, 1))
+                    new_max = fmax(new_max, ptx.shfl_xor_f32(new_max, 2))
+                    max_scaled[mt, h] = scaled_max(new_max, scale_log2)
+                    alpha = rescale_factor(row_max[mt, h], max_scaled[mt, h], scale_log2)
                     row_max[mt, h] = new_max
-                    for dt in range(d_tiles):
-                        acc_o[mt, dt, 2 * h] *= alpha
-                        acc_o[mt, dt, 2 * h + 1] *= alpha
-                    total = row_sum[mt, h] * alpha
-                    for nt in range(n_tiles):
-                        p0 = ptx.ex2_approx(acc_s[mt, nt, 2 * h] * scale_log2 - new_scaled)
-                        p1 = ptx.ex2_approx(acc_s[mt, nt, 2 * h + 1] * scale_log2 - new_scaled)
-                        acc_s[mt, nt, 2 * h] = p0
-                        acc_s[mt, nt, 2 * h + 1] = p1
-                        total += p0 + p1
-                    row_sum[mt, h] = total
+                    row_sum[mt, h] *= alpha
+                    row_scale[mt, h] = alpha
+            for mt in range(m_tiles):
+                for dt in range(d_tiles):
+                    for e in range(4):
+                        acc_o[mt, dt, e] *= row_scale[mt, e // 2]
+            for mt in range(m_tiles):
+                for nt in range(n_tiles):
+                    for e in range(4):
+                        p = ptx.ex2_approx(cuda.fma(acc_s[mt, nt, e], scale_log2,
+                                                    -max_scaled[mt, e // 2]))
+                        acc_s[mt, nt, e] = p
+                        row_sum[mt, e // 2] += p
 
             ptx.cp_async_wait(0)
             cuda.syncthreads()       # V landed; every warp is done reading K
             if it + 1 < n_blocks:
                 col = col0 - block_n
-                load_kv(smem, s_k, k, k_base + col * k_sn, k_sn, seqlen_k - col, tid)
+                load_kv(smem, s_k, k, k_thread, col * k_sn, k_sn, seqlen_k - col, tid)
             ptx.cp_async_commit()
 
             # O += P V, P straight from the S accumulators
@@ -259,6 +324,9 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen):
         # normalise once, stage the warp's rows in its Q rows, write 16-byte chunks
         ptx.cp_async_wait(0)
         cuda.syncthreads()           # no copy into the Q tile is still in flight
+        if is_varlen:                # read again rather than kept in registers over the loop
+            q_start = cu_seqlens_q[batch]
+            seqlen_q = cu_seqlens_q[batch + 1] - q_start
         for mt in range(m_tiles):
             for h in range(2):
                 total = row_sum[mt, h]
@@ -286,7 +354,11 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen):
 
 
 @functools.lru_cache(maxsize=None)
-def tc_kernel(signature, head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen):
-    """The Tensor Core kernel for one configuration."""
-    return Kernel(jit(_tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen)),
+def tc_kernel(signature, head_dim, dim, warps, m_tiles, block_n, min_blocks, is_bf16,
+              is_varlen):
+    """The Tensor Core kernel for one configuration; ``min_blocks`` (launch bounds: blocks per
+    SM the register allocation must allow) 0 leaves the register count to ptxas."""
+    options = {"launch_bounds": (32 * warps, min_blocks)} if min_blocks else {}
+    return Kernel(jit(_tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen,
+                                    min_blocks), **options),
                   signature, "flash_attn_tc_kernel")

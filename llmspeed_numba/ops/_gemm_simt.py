@@ -3,7 +3,7 @@
 One thread block computes a ``BLOCK_M x BLOCK_N`` tile over the K range of its split; each thread
 owns a ``THREAD_M x THREAD_N`` register tile of fp32 accumulators, fed per k by ``THREAD_M`` values
 of A and ``THREAD_N`` of B read from shared memory (``THREAD_M * THREAD_N`` FMAs per
-``THREAD_M + THREAD_N`` shared loads).
+``(THREAD_M + THREAD_N) / 4`` 16-byte shared loads when both are multiples of 4).
 
 Shared memory holds two buffers of A as ``[BLOCK_K][BLOCK_M + 4]`` and B as ``[BLOCK_K][BLOCK_N +
 4]`` in fp32 (inputs are converted on the way in, so fp16 / bf16 inputs work too): a thread's
@@ -19,8 +19,9 @@ mode it stores raw fp32 partial sums like the Tensor Core kernel.
 
 import numpy as np
 
+from .. import ptx
 from .._env import cuda
-from ._epilogue import epilogue, loader
+from ._epilogue import epilogue, grouped_tile, loader
 
 _PAD = 4
 
@@ -28,7 +29,8 @@ _PAD = 4
 def make_kernel(block_m, block_n, block_k, thread_m, thread_n, group_m, a_k_inner, b_k_inner,
                 in_dtype, out_dtype, c_dtype, bias_dtype, act):
     """The kernel function (not yet jitted); same parameters and grid as the Tensor Core kernel
-    (``_gemm_tensor_core.make_kernel``), ``threads(...)`` threads per block."""
+    (``_gemm_tensor_core.make_kernel``; ``out_vec`` is ignored), ``threads(...)`` threads per
+    block."""
     threads_n = block_n // thread_n
     threads = threads_n * (block_m // thread_m)
     a_per_thread = block_m * block_k // threads
@@ -37,7 +39,15 @@ def make_kernel(block_m, block_n, block_k, thread_m, thread_n, group_m, a_k_inne
     b_row = block_n + _PAD
     a_buf = block_k * a_row
     b_buf = block_k * b_row
+    b_start = 2 * a_buf        # one shared array: two A buffers, then two B buffers
+    smem_elems = 2 * (a_buf + b_buf)
     load_in = loader(in_dtype)
+    # A thread's THREAD_M rows are groups of 4 consecutive rows, STRIDE_M apart (two groups at
+    # 0 and BLOCK_M / 2 for THREAD_M = 8): one LDS.128 per group, and the 16 threads of a row of
+    # the thread grid read 16 different 16-byte chunks (no bank conflict). Same for columns.
+    vec = thread_m % 4 == 0 and thread_n % 4 == 0
+    stride_m = block_m // (thread_m // 4) if vec else 0
+    stride_n = block_n // (thread_n // 4) if vec else 0
     apply_epilogue = epilogue(out_dtype, c_dtype, bias_dtype, act)
 
     @cuda.jit(device=True, inline="always")
@@ -75,7 +85,7 @@ def make_kernel(block_m, block_n, block_k, thread_m, thread_n, group_m, a_k_inne
             regs_b[i] = v
 
     @cuda.jit(device=True, inline="always")
-    def stash(regs_a, regs_b, sa, sb, buf, tid):
+    def stash(regs_a, regs_b, smem, buf, tid):
         """Registers -> shared buffer ``buf``, as [k][m] and [k][n]."""
         for i in range(a_per_thread):
             e = tid + i * threads
@@ -85,7 +95,7 @@ def make_kernel(block_m, block_n, block_k, thread_m, thread_n, group_m, a_k_inne
             else:
                 m = e % block_m
                 k = e // block_m
-            sa[buf * a_buf + k * a_row + m] = regs_a[i]
+            smem[buf * a_buf + k * a_row + m] = regs_a[i]
         for i in range(b_per_thread):
             e = tid + i * threads
             if b_k_inner:
@@ -94,22 +104,17 @@ def make_kernel(block_m, block_n, block_k, thread_m, thread_n, group_m, a_k_inne
             else:
                 n = e % block_n
                 k = e // block_n
-            sb[buf * b_buf + k * b_row + n] = regs_b[i]
+            smem[b_start + buf * b_buf + k * b_row + n] = regs_b[i]
 
     def gemm_simt_kernel(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, out_z, sc_m, sc_n,
-                         alpha, beta, k_split, tiles_m, tiles_n):
-        sa = cuda.shared.array(2 * a_buf, np.float32, alignment=16)
-        sb = cuda.shared.array(2 * b_buf, np.float32, alignment=16)
+                         alpha, beta, k_split, tiles_m, tiles_n, out_vec):
+        smem = cuda.shared.array(smem_elems, np.float32, alignment=16)
         tid = cuda.threadIdx.x
-        tm0 = (tid // threads_n) * thread_m
-        tn0 = (tid % threads_n) * thread_n
-
-        pid = cuda.blockIdx.x
-        in_group = group_m * tiles_n
-        first_m = (pid // in_group) * group_m
-        group_rows = min(tiles_m - first_m, group_m)
-        m0 = (first_m + (pid % in_group) % group_rows) * block_m
-        n0 = ((pid % in_group) // group_rows) * block_n
+        ty = tid // threads_n
+        tx = tid % threads_n
+        pid_m, pid_n = grouped_tile(cuda.blockIdx.x, tiles_m, tiles_n, group_m)
+        m0 = pid_m * block_m
+        n0 = pid_n * block_n
         z = cuda.blockIdx.y
         k_begin = z * k_split
         k_end = min(K, k_begin + k_split)
@@ -126,7 +131,7 @@ def make_kernel(block_m, block_n, block_k, thread_m, thread_n, group_m, a_k_inne
 
         if k_tiles > 0:
             fetch(regs_a, regs_b, a, b, k_begin, k_end, m0, n0, M, N, lda, ldb, tid)
-            stash(regs_a, regs_b, sa, sb, 0, tid)
+            stash(regs_a, regs_b, smem, 0, tid)
         cuda.syncthreads()
         buf = 0
         for kt in range(k_tiles):
@@ -134,27 +139,47 @@ def make_kernel(block_m, block_n, block_k, thread_m, thread_n, group_m, a_k_inne
             if more:  # in flight while this tile is computed
                 fetch(regs_a, regs_b, a, b, k_begin + (kt + 1) * block_k, k_end, m0, n0, M, N,
                       lda, ldb, tid)
-            a_base = buf * a_buf + tm0
-            b_base = buf * b_buf + tn0
+            a_base = buf * a_buf + ty * (4 if vec else thread_m)
+            b_base = b_start + buf * b_buf + tx * (4 if vec else thread_n)
             for kk in range(block_k):
-                for i in range(thread_m):
-                    frag_a[i] = sa[a_base + kk * a_row + i]
-                for j in range(thread_n):
-                    frag_b[j] = sb[b_base + kk * b_row + j]
+                if vec:  # 16-byte shared loads (LDS.128), groups of 4 rows / columns
+                    for q in range(thread_m // 4):
+                        w0, w1, w2, w3 = ptx.load_u32x4(smem, a_base + kk * a_row + q * stride_m)
+                        frag_a[4 * q] = ptx.f32_from_bits(w0)
+                        frag_a[4 * q + 1] = ptx.f32_from_bits(w1)
+                        frag_a[4 * q + 2] = ptx.f32_from_bits(w2)
+                        frag_a[4 * q + 3] = ptx.f32_from_bits(w3)
+                    for q in range(thread_n // 4):
+                        w0, w1, w2, w3 = ptx.load_u32x4(smem, b_base + kk * b_row + q * stride_n)
+                        frag_b[4 * q] = ptx.f32_from_bits(w0)
+                        frag_b[4 * q + 1] = ptx.f32_from_bits(w1)
+                        frag_b[4 * q + 2] = ptx.f32_from_bits(w2)
+                        frag_b[4 * q + 3] = ptx.f32_from_bits(w3)
+                else:
+                    for i in range(thread_m):
+                        frag_a[i] = smem[a_base + kk * a_row + i]
+                    for j in range(thread_n):
+                        frag_b[j] = smem[b_base + kk * b_row + j]
                 for i in range(thread_m):
                     for j in range(thread_n):
                         acc[i, j] += frag_a[i] * frag_b[j]
             if more:
-                stash(regs_a, regs_b, sa, sb, 1 - buf, tid)
+                stash(regs_a, regs_b, smem, 1 - buf, tid)
             cuda.syncthreads()
             buf = 1 - buf
 
         out_base = z * out_z
         for i in range(thread_m):
-            m = m0 + tm0 + i
+            if vec:
+                m = m0 + (i // 4) * stride_m + ty * 4 + i % 4
+            else:
+                m = m0 + ty * thread_m + i
             if m < M:
                 for j in range(thread_n):
-                    n = n0 + tn0 + j
+                    if vec:
+                        n = n0 + (j // 4) * stride_n + tx * 4 + j % 4
+                    else:
+                        n = n0 + tx * thread_n + j
                     if n < N:
                         apply_epilogue(acc[i, j], n, out, out_base + m * so_m + n * so_n,
                                        c, m * sc_m + n * sc_n, bias, alpha, beta)

@@ -11,27 +11,37 @@ is stored in the orientation of the operand in global memory, so each 16-byte ``
   A column-major (M contiguous): ``BLOCK_K`` rows of ``BLOCK_M``, read with ``ldmatrix.x4.trans``.
 - B column-major (K contiguous): ``BLOCK_N`` rows of ``BLOCK_K``, ``ldmatrix.x4``;
   B row-major (N contiguous): ``BLOCK_K`` rows of ``BLOCK_N``, ``ldmatrix.x4.trans``.
-Within a row the 16-byte chunk index is XOR-swizzled with the row number (``_swizzle``) so that the
-8 row addresses of one ``ldmatrix`` matrix hit 8 different bank groups: conflict-free reads.
+Within a row the 16-byte chunk index is XOR-swizzled with the row number (``_swizzle_params``),
+so the 8 row addresses of one ``ldmatrix`` matrix hit 8 different bank groups: conflict-free
+reads.
 
 Pipeline: ``STAGES - 1`` K tiles are in flight while one is computed; one ``__syncthreads`` per K
 tile. Edges: rows / columns past M, N and K elements past the split's end are zero-filled
 (``src_bytes`` < 16, from an in-bounds address) or, when the operand is not 16-byte aligned
-(``vec=False``), copied with predicated scalar loads. Nothing is read or written out of bounds.
+(``a_vec`` / ``b_vec`` False), copied with predicated scalar loads. Nothing is read or written
+out of bounds.
 
 Blocks are rasterised in groups of ``GROUP_M`` tile rows (``blockIdx.x`` walks down a group's
 columns first), so the A rows and B columns a wave of blocks shares stay in L2.
 
-The epilogue (``_epilogue.epilogue``) applies ``alpha``, ``beta * c``, bias and the activation to
-each accumulator and stores it straight from registers; in split-K mode the kernel instead stores
-raw fp32 partial sums to a workspace (``out_z`` elements apart per split) for the reduce kernel.
+Epilogue: the accumulators are staged through shared memory as an fp32 block tile (reusing the
+pipeline's buffers), then each thread takes 16 bytes of output at a time: ``alpha``, ``beta * c``,
+bias and the activation (``_epilogue``), one 16-byte store when the output rows allow it.
+Unrolled per accumulator in registers instead, the epilogue spills. In split-K mode the caller
+asks for an fp32 output without ``c`` / bias / activation, ``out_z`` elements apart per split:
+raw partial sums in a workspace, which the reduce kernel adds up.
+
+Hot-loop notes: all fragment loops have compile-time trip counts and are unrolled (the k16
+steps explicitly, see ``mma_step``), so the accumulators stay in registers (``compile_check``
+asserts no local memory); index math is int32 where it is known to fit; interior blocks copy full
+K tiles without predicates (``full`` loader).
 """
 
 import numpy as np
 
 from .. import ptx
 from .._env import cuda
-from ._epilogue import epilogue
+from ._epilogue import epilogue, grouped_tile, vector_epilogue, vector_width
 
 
 def _swizzle_params(inner):
@@ -103,7 +113,9 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
     ``a_k_inner``: A is row-major (K contiguous); ``b_k_inner``: B is column-major (K contiguous).
     ``a_vec`` / ``b_vec``: the operand allows 16-byte cp.async (aligned pointer and stride).
     Parameters: ``(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, out_z, sc_m, sc_n, alpha,
-    beta, k_split, tiles_m, tiles_n)``; launch with ``tiles_m * tiles_n`` x ``splits`` blocks of
+    beta, k_split, tiles_m, tiles_n, out_vec)`` (``out_vec``: nonzero when ``out`` takes 16-byte
+    stores: unit column stride, rows and split offsets 16-byte aligned); launch with
+    ``tiles_m * tiles_n`` x ``splits`` blocks of
     ``32 * warps_m * warps_n`` threads and ``shared_bytes(...)`` of dynamic shared memory.
     """
     threads = 32 * warps_m * warps_n
@@ -117,8 +129,11 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
     b_stage = block_n * block_k
     b_base = stages * a_stage
     wait_pending = stages - 2
-    mma = ptx.mma_bf16 if is_bf16 else ptx.mma_f16
     apply_epilogue = epilogue(out_dtype, c_dtype, bias_dtype, act)
+    apply_vector = vector_epilogue(out_dtype, c_dtype, bias_dtype, act)
+    vec = vector_width(out_dtype)
+    groups_per_row = block_n // vec
+    tile_ld = _tile_ld(block_n)
 
     a_rows, a_inner = (block_m, block_k) if a_k_inner else (block_k, block_m)
     b_rows, b_inner = (block_n, block_k) if b_k_inner else (block_k, block_n)
@@ -148,8 +163,59 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
     load_stage_edge = stage_loader(False)
     load_stage_full = stage_loader(True)
 
+    @cuda.jit(device=True, inline="always")
+    def mma_step(smem, a_s, b_s, ks, wm0, wn0, lane, acc, a_frag, b_frag):
+        """One k16 step of the warp tile: ldmatrix the A and B fragments of shared-memory
+        stage (a_s, b_s), then ``mf x nf`` mma into ``acc``."""
+        for i in range(mf):
+            if a_k_inner:   # rows m, chunks along k
+                r = wm0 + i * 16 + lane % 16
+                ch = ks * 2 + lane // 16
+                f0, f1, f2, f3 = ptx.ldmatrix_x4(
+                    smem, a_s + r * a_inner + ((ch ^ ((r // a_div) % a_mod)) * 8))
+            else:           # rows k, chunks along m
+                r = ks * 16 + lane % 8 + 8 * (lane // 16)
+                ch = (wm0 + i * 16) // 8 + (lane // 8) % 2
+                f0, f1, f2, f3 = ptx.ldmatrix_x4_trans(
+                    smem, a_s + r * a_inner + ((ch ^ ((r // a_div) % a_mod)) * 8))
+            a_frag[i, 0] = f0
+            a_frag[i, 1] = f1
+            a_frag[i, 2] = f2
+            a_frag[i, 3] = f3
+        for j in range(n_pairs):
+            if b_k_inner:   # rows n, chunks along k
+                r = wn0 + j * 16 + lane % 8 + 8 * (lane // 16)
+                ch = ks * 2 + (lane // 8) % 2
+                f0, f1, f2, f3 = ptx.ldmatrix_x4(
+                    smem, b_s + r * b_inner + ((ch ^ ((r // b_div) % b_mod)) * 8))
+            else:           # rows k, chunks along n
+                r = ks * 16 + lane % 8 + 8 * ((lane // 8) % 2)
+                ch = (wn0 + j * 16) // 8 + lane // 16
+                f0, f1, f2, f3 = ptx.ldmatrix_x4_trans(
+                    smem, b_s + r * b_inner + ((ch ^ ((r // b_div) % b_mod)) * 8))
+            b_frag[2 * j, 0] = f0
+            b_frag[2 * j, 1] = f1
+            b_frag[2 * j + 1, 0] = f2
+            b_frag[2 * j + 1, 1] = f3
+        for i in range(mf):
+            for j in range(nf):
+                if is_bf16:  # (an @intrinsic in a closure would defeat numba's disk cache)
+                    d0, d1, d2, d3 = ptx.mma_bf16(a_frag[i, 0], a_frag[i, 1], a_frag[i, 2],
+                                                  a_frag[i, 3], b_frag[j, 0], b_frag[j, 1],
+                                                  acc[i, j, 0], acc[i, j, 1], acc[i, j, 2],
+                                                  acc[i, j, 3])
+                else:
+                    d0, d1, d2, d3 = ptx.mma_f16(a_frag[i, 0], a_frag[i, 1], a_frag[i, 2],
+                                                 a_frag[i, 3], b_frag[j, 0], b_frag[j, 1],
+                                                 acc[i, j, 0], acc[i, j, 1], acc[i, j, 2],
+                                                 acc[i, j, 3])
+                acc[i, j, 0] = d0
+                acc[i, j, 1] = d1
+                acc[i, j, 2] = d2
+                acc[i, j, 3] = d3
+
     def gemm_tensor_core_kernel(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, out_z,
-                                sc_m, sc_n, alpha, beta, k_split, tiles_m, tiles_n):
+                                sc_m, sc_n, alpha, beta, k_split, tiles_m, tiles_n, out_vec):
         smem = cuda.shared.array(0, np.uint16)
         tid = cuda.threadIdx.x
         lane = tid % 32
@@ -157,13 +223,7 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
         wm0 = (warp // warps_n) * wm
         wn0 = (warp % warps_n) * wn
 
-        # grouped rasterisation: consecutive blocks share A rows (same group) and B columns
-        pid = cuda.blockIdx.x
-        in_group = group_m * tiles_n
-        first_m = (pid // in_group) * group_m
-        group_rows = min(tiles_m - first_m, group_m)
-        pid_m = first_m + (pid % in_group) % group_rows
-        pid_n = (pid % in_group) // group_rows
+        pid_m, pid_n = grouped_tile(cuda.blockIdx.x, tiles_m, tiles_n, group_m)
         m0 = pid_m * block_m
         n0 = pid_n * block_n
         z = cuda.blockIdx.y
@@ -211,67 +271,63 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
             a_s = read_stage * a_stage
             b_s = b_base + read_stage * b_stage
             read_stage = read_stage + 1 if read_stage < stages - 1 else 0
-            for ks in range(k_steps):
-                for i in range(mf):
-                    if a_k_inner:   # rows m, chunks along k
-                        r = wm0 + i * 16 + lane % 16
-                        ch = ks * 2 + lane // 16
-                        f0, f1, f2, f3 = ptx.ldmatrix_x4(
-                            smem, a_s + r * a_inner + ((ch ^ ((r // a_div) % a_mod)) * 8))
-                    else:           # rows k, chunks along m
-                        r = ks * 16 + lane % 8 + 8 * (lane // 16)
-                        ch = (wm0 + i * 16) // 8 + (lane // 8) % 2
-                        f0, f1, f2, f3 = ptx.ldmatrix_x4_trans(
-                            smem, a_s + r * a_inner + ((ch ^ ((r // a_div) % a_mod)) * 8))
-                    a_frag[i, 0] = f0
-                    a_frag[i, 1] = f1
-                    a_frag[i, 2] = f2
-                    a_frag[i, 3] = f3
-                for j in range(n_pairs):
-                    if b_k_inner:   # rows n, chunks along k
-                        r = wn0 + j * 16 + lane % 8 + 8 * (lane // 16)
-                        ch = ks * 2 + (lane // 8) % 2
-                        f0, f1, f2, f3 = ptx.ldmatrix_x4(
-                            smem, b_s + r * b_inner + ((ch ^ ((r // b_div) % b_mod)) * 8))
-                    else:           # rows k, chunks along n
-                        r = ks * 16 + lane % 8 + 8 * ((lane // 8) % 2)
-                        ch = (wn0 + j * 16) // 8 + lane // 16
-                        f0, f1, f2, f3 = ptx.ldmatrix_x4_trans(
-                            smem, b_s + r * b_inner + ((ch ^ ((r // b_div) % b_mod)) * 8))
-                    b_frag[2 * j, 0] = f0
-                    b_frag[2 * j, 1] = f1
-                    b_frag[2 * j + 1, 0] = f2
-                    b_frag[2 * j + 1, 1] = f3
-                for i in range(mf):
-                    for j in range(nf):
-                        d0, d1, d2, d3 = mma(a_frag[i, 0], a_frag[i, 1], a_frag[i, 2],
-                                             a_frag[i, 3], b_frag[j, 0], b_frag[j, 1],
-                                             acc[i, j, 0], acc[i, j, 1], acc[i, j, 2],
-                                             acc[i, j, 3])
-                        acc[i, j, 0] = d0
-                        acc[i, j, 1] = d1
-                        acc[i, j, 2] = d2
-                        acc[i, j, 3] = d3
+            # k16 steps written out (numba has no unroll pragma, and LLVM leaves this loop
+            # rolled for some layouts): ldmatrix of step ks + 1 overlaps the mma of step ks
+            mma_step(smem, a_s, b_s, 0, wm0, wn0, lane, acc, a_frag, b_frag)
+            if k_steps > 1:
+                mma_step(smem, a_s, b_s, 1, wm0, wn0, lane, acc, a_frag, b_frag)
+            if k_steps > 2:
+                mma_step(smem, a_s, b_s, 2, wm0, wn0, lane, acc, a_frag, b_frag)
+            if k_steps > 3:
+                mma_step(smem, a_s, b_s, 3, wm0, wn0, lane, acc, a_frag, b_frag)
 
-        # fragment (i, j): lane holds rows g, g + 8 and columns 2t, 2t + 1
+        # Epilogue through shared memory: the accumulators go to an fp32 block tile, then every
+        # thread walks it row by row. Stores and c loads become coalesced, and the epilogue is
+        # one small loop instead of one unrolled copy per accumulator (which spills).
+        ptx.cp_async_wait(0)
+        cuda.syncthreads()  # every warp is done with the pipeline's buffers
+        tile = cuda.shared.array(0, np.float32)
         g = lane // 4
         t2 = 2 * (lane % 4)
-        out_base = z * out_z
         for i in range(mf):
-            for h in range(2):
-                m = m0 + wm0 + i * 16 + g + 8 * h
-                if m < M:
-                    for j in range(nf):
-                        for e in range(2):
-                            n = n0 + wn0 + j * 8 + t2 + e
-                            if n < N:
-                                apply_epilogue(acc[i, j, 2 * h + e], n, out,
-                                               out_base + m * so_m + n * so_n,
-                                               c, m * sc_m + n * sc_n, bias, alpha, beta)
+            for j in range(nf):
+                idx = (wm0 + i * 16 + g) * tile_ld + wn0 + j * 8 + t2
+                tile[idx] = acc[i, j, 0]
+                tile[idx + 1] = acc[i, j, 1]
+                tile[idx + 8 * tile_ld] = acc[i, j, 2]
+                tile[idx + 8 * tile_ld + 1] = acc[i, j, 3]
+        cuda.syncthreads()
+        # each step: ``vec`` consecutive columns of one row, one 16-byte store when the output
+        # allows it (``out_vec``: unit column stride, aligned rows), else element by element
+        out_base = z * out_z
+        rows = min(block_m, M - m0)
+        cols = min(block_n, N - n0)
+        for gi in range(tid, rows * groups_per_row, threads):
+            r = gi // groups_per_row
+            col = (gi % groups_per_row) * vec
+            m = m0 + r
+            n = n0 + col
+            t_off = r * tile_ld + col
+            if out_vec != 0 and col + vec <= cols:
+                apply_vector(tile, t_off, n, out, out_base + m * so_m + n, c,
+                             m * sc_m + n * sc_n, sc_n, bias, alpha, beta)
+            else:
+                for e in range(vec):
+                    if col + e < cols:
+                        apply_epilogue(tile[t_off + e], n + e, out,
+                                       out_base + m * so_m + (n + e) * so_n, c,
+                                       m * sc_m + (n + e) * sc_n, bias, alpha, beta)
 
     return gemm_tensor_core_kernel
 
 
+def _tile_ld(block_n):
+    # fp32 row stride of the epilogue tile: +4 floats puts the 8 rows a warp writes at once in
+    # different banks (4 * row + column) and keeps rows 16-byte aligned
+    return block_n + 4
+
+
 def shared_bytes(block_m, block_n, block_k, stages):
-    """Dynamic shared memory of one block: ``stages`` A and B tiles of b16."""
-    return 2 * stages * (block_m + block_n) * block_k
+    """Dynamic shared memory of one block: the pipeline's ``stages`` A and B tiles of b16, or
+    the fp32 epilogue tile if larger (they reuse the same memory)."""
+    return max(2 * stages * (block_m + block_n) * block_k, 4 * block_m * _tile_ld(block_n))

@@ -9,7 +9,7 @@ Rows and chunks
     any alignment). In the vector case the last ``cols % vec`` elements of a row are a scalar tail.
 
 Thread layout (``row_plan``)
-    ``threads_per_row`` (a power of two, 8..1024) threads share a row; a block of
+    ``threads_per_row`` (a power of two, 8..512) threads share a row; a block of
     ``rows_per_block * threads_per_row`` threads (at least 128) holds several short rows at once.
     Thread ``t`` of a row owns chunks ``t, t + threads_per_row, ...``; with ``chunks_per_thread``
     (a compile-time constant, at most ``MAX_CHUNKS_PER_THREAD``) the whole row sits in registers
@@ -21,9 +21,16 @@ Reductions (``row_reducer``, ``row_pair_reducer``)
     shared-memory slot per warp when a row spans several warps. Every thread of the row gets the
     same result (fixed order: deterministic run to run).
 
-Element access (``chunk_loader``, ``chunk_storer``)
-    fp16 / bf16 travel as uint16 bits and fp32 as float32; a chunk is loaded into, or stored from,
-    ``vec`` consecutive float32 slots of a local array (registers after inlining).
+Element access
+    fp16 / bf16 travel as uint16 bits and fp32 as float32. ``chunk_loader`` / ``chunk_storer``
+    move a chunk between memory and ``vec`` float32 slots of a local array (registers after
+    inlining); ``chunk_words_loader`` / ``chunk_words_storer`` keep it as raw 32-bit words (half
+    the registers for halves: how rows wait in registers) and ``chunk_unpacker`` /
+    ``chunk_packer`` convert words to and from float32.
+
+Launching (``launch``)
+    Under the simulator, host buffers are wrapped so a buffer passed twice (in-place outputs) is
+    not overwritten by a stale copy.
 """
 
 import functools
@@ -31,7 +38,7 @@ import functools
 import numpy as np
 
 from .. import ptx
-from .._env import cuda
+from .._env import SIMULATOR, cuda
 
 #: storage kinds inside kernels (compile-time constants)
 KIND_F32, KIND_F16, KIND_BF16 = 0, 1, 2
@@ -40,9 +47,12 @@ _KINDS = {"float32": KIND_F32, "float16": KIND_F16, "bfloat16": KIND_BF16}
 #: Chunks per thread aimed for by ``row_plan``: 4 independent 16-byte loads in flight per thread
 #: (and per array) keep enough bytes in flight per SM to saturate HBM at moderate occupancy.
 TARGET_CHUNKS_PER_THREAD = 4
-#: Rows longer than ``1024 * MAX_CHUNKS_PER_THREAD`` chunks stream instead of staying in
-#: registers (8 chunks of 8 halves = 64 float32 registers of row data per thread).
+#: Rows longer than ``MAX_THREADS_PER_ROW * MAX_CHUNKS_PER_THREAD`` chunks stream instead of
+#: staying in registers (8 chunks = 32 registers of raw row data per array per thread).
 MAX_CHUNKS_PER_THREAD = 8
+#: At most 512 threads share a row: a 1024-thread block may use only 64 registers a thread, less
+#: than the widest register-resident rows need (the launch would fail: too many resources).
+MAX_THREADS_PER_ROW = 512
 #: Threads of a block that holds several short rows.
 MIN_BLOCK_THREADS = 128
 #: Smallest number of threads sharing a row.
@@ -72,6 +82,8 @@ def rows_view(name, t):
     if t.ndim == 0:
         raise ValueError(f"{name}: expected at least 1 dimension, got a scalar")
     cols = t.shape[-1]
+    if any(n == 0 for n in t.shape):
+        return 0, cols, max(cols, 1)
     if cols > 1 and t.strides[-1] != 1:
         raise ValueError(f"{name}: expected the last dimension to be contiguous (stride 1), got "
                          f"strides {t.strides}; call .contiguous() first")
@@ -79,8 +91,6 @@ def rows_view(name, t):
     rows = 1
     for n, _ in lead:
         rows *= n
-    if any(n == 0 for n in t.shape[:-1]):
-        return 0, cols, cols
     if not lead:
         return rows, cols, max(cols, 1)
     stride = lead[-1][1]
@@ -106,21 +116,36 @@ def vector_aligned(t, row_stride, width):
     return t.ptr % 16 == 0 and row_stride % width == 0
 
 
-def _pow2_ceil(n):
-    return 1 << max(0, (int(n) - 1).bit_length())
+def pow2_ceil(n):
+    """Smallest power of two >= n (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
-def row_plan(chunks, max_threads=1024):
+def row_plan(chunks, max_threads=None):
     """``(threads_per_row, rows_per_block, chunks_per_thread)`` for rows of ``chunks`` chunks.
 
     ``chunks_per_thread == 0`` means the row streams (too long for registers)."""
-    tpr = _pow2_ceil(-(-max(chunks, 1) // TARGET_CHUNKS_PER_THREAD))
-    tpr = min(max(tpr, MIN_THREADS_PER_ROW), max_threads)
-    cpt = max(1, -(-chunks // tpr))
+    tpr = pow2_ceil(-(-max(chunks, 1) // TARGET_CHUNKS_PER_THREAD))
+    tpr = min(max(tpr, MIN_THREADS_PER_ROW), max_threads or MAX_THREADS_PER_ROW)
+    cpt = pow2_ceil(-(-chunks // tpr))  # powers of two: fewer kernel variants to compile
     if cpt > MAX_CHUNKS_PER_THREAD:
         cpt = 0
     rpb = max(1, MIN_BLOCK_THREADS // tpr)
     return tpr, rpb, cpt
+
+
+# ---- launching -----------------------------------------------------------------------------------
+
+def launch(kernel, grid, block, args, stream=0, shared_bytes=0):
+    """``kernel(grid, block, args, stream, shared_bytes)``; under the simulator the host buffers
+    are first wrapped as simulated device arrays sharing their memory. (The simulator copies
+    plain NumPy arguments in and back out, so a buffer passed twice - an in-place output, a
+    placeholder for an absent optional array - would be overwritten by its stale copy.)"""
+    if SIMULATOR:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        args = tuple(FakeCUDAArray(a) if isinstance(a, np.ndarray) else a for a in args)
+    kernel(grid, block, args, stream, shared_bytes)
 
 
 # ---- element access --------------------------------------------------------------------------
@@ -219,7 +244,8 @@ def chunk_loader(k, vec):
 @functools.lru_cache(maxsize=None)
 def chunk_storer(k, vec):
     """Device function ``store(buf, offset, src, s0)``: ``buf[offset + i] = src[s0 + i]`` rounded
-    to the buffer's precision, for ``i < vec`` (16-byte stores when ``vec`` > 1)."""
+    to the buffer's precision, for ``i < vec`` (16-byte stores when ``vec`` > 1: one for 8 halves
+    or 4 floats, two for 8 floats - fp32 output of a half-precision op)."""
     if vec == 1:
         conv = from_f32(k)
 
@@ -229,13 +255,17 @@ def chunk_storer(k, vec):
 
         return store1
     if k == KIND_F32:
-        if vec != 4:
-            raise ValueError(f"fp32 output chunks are 4 elements, got {vec}")
+        if vec not in (4, 8):
+            raise ValueError(f"fp32 chunks are 4 or 8 elements, got {vec}")
+        stores = vec // 4
 
         @cuda.jit(device=True, inline="always")
         def store_f32(buf, offset, src, s0):
-            ptx.store_u32x4(buf, offset, ptx.f32_bits(src[s0]), ptx.f32_bits(src[s0 + 1]),
-                            ptx.f32_bits(src[s0 + 2]), ptx.f32_bits(src[s0 + 3]))
+            for j in range(stores):
+                ptx.store_u32x4(buf, offset + 4 * j, ptx.f32_bits(src[s0 + 4 * j]),
+                                ptx.f32_bits(src[s0 + 4 * j + 1]),
+                                ptx.f32_bits(src[s0 + 4 * j + 2]),
+                                ptx.f32_bits(src[s0 + 4 * j + 3]))
 
         return store_f32
     if vec != 8:
@@ -248,6 +278,126 @@ def chunk_storer(k, vec):
                         pack(src[s0 + 4], src[s0 + 5]), pack(src[s0 + 6], src[s0 + 7]))
 
     return store_half
+
+
+# ---- rows kept in registers as raw words ------------------------------------------------------
+# A row held between its reduction and its output pass stays in its storage format: 4 uint32
+# words per 16-byte chunk (8 halves or 4 floats), one word per element in scalar mode (the
+# element's bits, zero-extended). Halves take half the registers of float32 copies, which keeps
+# two or more blocks of 512 threads resident per SM.
+
+def words_per_chunk(vec):
+    return 4 if vec > 1 else 1
+
+
+@functools.lru_cache(maxsize=None)
+def chunk_words_loader(k, vec):
+    """Device function ``load(buf, offset, words, w0)``: the chunk at ``offset`` as raw words."""
+    if vec > 1:
+        @cuda.jit(device=True, inline="always")
+        def load4(buf, offset, words, w0):
+            w = ptx.load_u32x4(buf, offset)
+            words[w0] = w[0]
+            words[w0 + 1] = w[1]
+            words[w0 + 2] = w[2]
+            words[w0 + 3] = w[3]
+
+        return load4
+    if k == KIND_F32:
+        @cuda.jit(device=True, inline="always")
+        def load_f32(buf, offset, words, w0):
+            words[w0] = ptx.f32_bits(buf[offset])
+
+        return load_f32
+
+    @cuda.jit(device=True, inline="always")
+    def load_u16(buf, offset, words, w0):
+        words[w0] = np.uint32(buf[offset])
+
+    return load_u16
+
+
+@functools.lru_cache(maxsize=None)
+def chunk_words_storer(k, vec):
+    """Device function ``store(buf, offset, words, w0)``: raw words back to memory."""
+    if vec > 1:
+        @cuda.jit(device=True, inline="always")
+        def store4(buf, offset, words, w0):
+            ptx.store_u32x4(buf, offset, words[w0], words[w0 + 1], words[w0 + 2], words[w0 + 3])
+
+        return store4
+    if k == KIND_F32:
+        @cuda.jit(device=True, inline="always")
+        def store_f32(buf, offset, words, w0):
+            buf[offset] = ptx.f32_from_bits(words[w0])
+
+        return store_f32
+
+    @cuda.jit(device=True, inline="always")
+    def store_u16(buf, offset, words, w0):
+        buf[offset] = np.uint16(words[w0])
+
+    return store_u16
+
+
+@functools.lru_cache(maxsize=None)
+def chunk_unpacker(k, vec):
+    """Device function ``unpack(words, w0, dst)``: ``dst[0:vec]`` = the chunk as float32."""
+    if k == KIND_F32:
+        @cuda.jit(device=True, inline="always")
+        def unpack_f32(words, w0, dst):
+            for i in range(vec):
+                dst[i] = ptx.f32_from_bits(words[w0 + i])
+
+        return unpack_f32
+    if vec == 1:
+        conv = to_f32(k)
+
+        @cuda.jit(device=True, inline="always")
+        def unpack1(words, w0, dst):
+            dst[0] = conv(np.uint16(words[w0]))
+
+        return unpack1
+    unpack = ptx.unpack_f16x2 if k == KIND_F16 else ptx.unpack_bf16x2
+
+    @cuda.jit(device=True, inline="always")
+    def unpack8(words, w0, dst):
+        dst[0], dst[1] = unpack(words[w0])
+        dst[2], dst[3] = unpack(words[w0 + 1])
+        dst[4], dst[5] = unpack(words[w0 + 2])
+        dst[6], dst[7] = unpack(words[w0 + 3])
+
+    return unpack8
+
+
+@functools.lru_cache(maxsize=None)
+def chunk_packer(k, vec):
+    """Device function ``pack(src, words, w0)``: ``src[0:vec]`` rounded into raw words."""
+    if k == KIND_F32:
+        @cuda.jit(device=True, inline="always")
+        def pack_f32(src, words, w0):
+            for i in range(vec):
+                words[w0 + i] = ptx.f32_bits(src[i])
+
+        return pack_f32
+    if vec == 1:
+        conv = from_f32(k)
+
+        @cuda.jit(device=True, inline="always")
+        def pack1(src, words, w0):
+            words[w0] = np.uint32(conv(src[0]))
+
+        return pack1
+    pack = ptx.pack_f16x2 if k == KIND_F16 else ptx.pack_bf16x2
+
+    @cuda.jit(device=True, inline="always")
+    def pack8(src, words, w0):
+        words[w0] = pack(src[0], src[1])
+        words[w0 + 1] = pack(src[2], src[3])
+        words[w0 + 2] = pack(src[4], src[5])
+        words[w0 + 3] = pack(src[6], src[7])
+
+    return pack8
 
 
 # ---- reductions ------------------------------------------------------------------------------
@@ -305,14 +455,30 @@ def row_reducer(threads_per_row, combine):
 @functools.lru_cache(maxsize=None)
 def row_pair_reducer(threads_per_row, combine, second_is_int):
     """Like ``row_reducer`` for a pair ``(a, b)``: ``a`` float32, ``b`` float32 or int32
-    (``second_is_int``); ``combine(a1, b1, a2, b2) -> (a, b)``. Takes two scratch arrays of
-    ``scratch_slots`` slots (float32 and float32 / int32)."""
+    (``second_is_int``); ``combine(a1, b1, a2, b2) -> (a, b)``. ``scratch`` is one float32
+    shared array of ``2 * scratch_slots`` slots (an int32 ``b`` travels as its bits)."""
     width = min(threads_per_row, 32)
     warps = threads_per_row // 32
     shfl_b = ptx.shfl_xor_i32 if second_is_int else ptx.shfl_xor_f32
+    if second_is_int:
+        @cuda.jit(device=True, inline="always")
+        def to_slot(b):
+            return ptx.f32_from_bits(np.uint32(b))
+
+        @cuda.jit(device=True, inline="always")
+        def from_slot(x):
+            return np.int32(ptx.f32_bits(x))
+    else:
+        @cuda.jit(device=True, inline="always")
+        def to_slot(b):
+            return b
+
+        @cuda.jit(device=True, inline="always")
+        def from_slot(x):
+            return x
 
     @cuda.jit(device=True, inline="always")
-    def reduce(a, b, scratch_a, scratch_b):
+    def reduce(a, b, scratch):
         mask = width // 2
         while mask > 0:
             a2 = ptx.shfl_xor_f32(a, mask)
@@ -322,16 +488,17 @@ def row_pair_reducer(threads_per_row, combine, second_is_int):
         if warps > 1:
             tid = cuda.threadIdx.x
             warp = tid // 32
+            half = cuda.blockDim.x // 32
             cuda.syncthreads()
             if tid % 32 == 0:
-                scratch_a[warp] = a
-                scratch_b[warp] = b
+                scratch[warp] = a
+                scratch[half + warp] = to_slot(b)
             cuda.syncthreads()
             base = warp - warp % warps
-            a = scratch_a[base]
-            b = scratch_b[base]
+            a = scratch[base]
+            b = from_slot(scratch[half + base])
             for i in range(1, warps):
-                a, b = combine(a, b, scratch_a[base + i], scratch_b[base + i])
+                a, b = combine(a, b, scratch[base + i], from_slot(scratch[half + base + i]))
         return a, b
 
     return reduce

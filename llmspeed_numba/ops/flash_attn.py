@@ -19,6 +19,9 @@ cp.async, ldmatrix, online softmax in registers) runs every head dimension (padd
 multiple of 16) when q, k, v and out are 16-byte aligned (pointers and strides multiples of 8
 elements); otherwise, and under the CUDA simulator, the SIMT kernel of the same algorithm runs.
 The grid is (query blocks, nheads, batch); query blocks run longest-first.
+
+The private keywords ``_impl`` ("tc" / "simt") and ``_config`` (a ``TC_CONFIGS`` tuple, or
+``(block_m, block_n)`` for SIMT) force a kernel; tests and the benchmark's sweep use them.
 """
 
 import math
@@ -38,15 +41,19 @@ from . import _flash_attn_simt, _flash_attn_tc
 HALF_DTYPES = ("float16", "bfloat16")
 MAX_HEADDIM = 256
 
-#: Tensor Core configurations ``(warps, m_tiles, block_n)`` by padded head dimension: a block owns
-#: ``warps * 16 * m_tiles`` query rows and streams ``block_n`` keys at a time. Up to 64: two m16
-#: tiles per warp (K/V fragments reused twice; S and O take 64 + 64 fp32 registers). Above 64:
-#: one m16 tile per warp keeps S (32) + O (dim / 2) fp32 registers per thread under the limit.
-TC_CONFIGS = {64: (4, 2, 64), 128: (4, 1, 64), 256: (4, 1, 64)}
+#: Tensor Core configurations ``(warps, m_tiles, block_n, min_blocks)`` by padded head dimension:
+#: a block owns ``warps * 16 * m_tiles`` query rows and streams ``block_n`` keys at a time;
+#: ``min_blocks`` > 0 sets launch bounds (registers capped at 65536 / (threads * min_blocks)).
+#: Up to 64: two m16 tiles per warp (K/V fragments reused twice; S and O are 64 + 64 fp32
+#: registers; 248 registers, 2 blocks per SM). Up to 128: one m16 tile per warp (32 + 64 fp32)
+#: capped at 168 registers, which sm_90a holds without spilling: 3 blocks (12 warps) per SM.
+#: 256: one m16 tile (32 + 128 fp32), 255 registers, 2 blocks per SM. Offline register counts;
+#: ``benchmarks/bench_flash_attn.py --sweep`` times the alternatives on the H200.
+TC_CONFIGS = {64: (4, 2, 64, 0), 128: (4, 1, 64, 3), 256: (4, 1, 64, 0)}
 
 #: Simulator configuration of the Tensor Core kernel: one warp, one m16 tile, 16-key blocks (an
 #: emulated mma costs ~0.2 s per warp).
-SIMULATOR_TC_CONFIG = (1, 1, 16)
+SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 
 #: SIMT kernel ``(block_m, block_n)`` on the GPU and in the simulator.
 SIMT_CONFIG = (_flash_attn_simt.BLOCK_M, _flash_attn_simt.BLOCK_N)
@@ -66,6 +73,12 @@ _INT32_MAX = 2**31 - 1
 def padded_dim(headdim):
     """Head dimension the Tensor Core kernel computes with (next multiple of 16)."""
     return -(-headdim // 16) * 16
+
+
+def _register_cap(min_blocks, is_varlen):
+    """Launch-bounds blocks per SM for the kernel: the varlen kernel keeps more live values (its
+    sequence offsets) and spills 24 B at the d128 cap, so it runs uncapped."""
+    return 0 if is_varlen else min_blocks
 
 
 def tc_config(headdim):
@@ -89,8 +102,8 @@ def _check_options(causal, softmax_scale, window_size, headdim):
             raise TypeError(f"softmax_scale: expected a float or None, got "
                             f"{type(softmax_scale).__name__}")
         scale = float(softmax_scale)
-        if not math.isfinite(scale):
-            raise ValueError(f"softmax_scale: expected a finite number, got {scale}")
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"softmax_scale: expected a finite number > 0, got {scale}")
     try:
         left, right = window_size
     except (TypeError, ValueError):
@@ -112,6 +125,8 @@ def _check_headdim(headdim):
 
 def _check_layout(tensors):
     for name, t in tensors.items():
+        if t.size == 0:          # nothing is read: any strides (numpy gives 0) will do
+            continue
         non_negative_strides(name, t)
         last_dim_contiguous(name, t)
 
@@ -195,12 +210,13 @@ def _launch(tq, tk, tv, to, tlse, cu_q, cu_k, *, batch, nheads, nheads_k, seqlen
     is_varlen = cu_q is not None
     impl = _pick_impl(impl, {"q": tq, "k": tk, "v": tv, "out": to})
     if impl == "tc":
-        warps, m_tiles, block_n = config or (SIMULATOR_TC_CONFIG if SIMULATOR
-                                             else tc_config(headdim))
+        config = tuple(config or (SIMULATOR_TC_CONFIG if SIMULATOR else tc_config(headdim)))
+        warps, m_tiles, block_n, min_blocks = config + (0,) * (4 - len(config))
+        min_blocks = _register_cap(min_blocks, is_varlen)
         dim = padded_dim(headdim)
         block_m = warps * 16 * m_tiles
         kernel = _flash_attn_tc.tc_kernel(_SIGNATURE, headdim, dim, warps, m_tiles, block_n,
-                                          is_bf16, is_varlen)
+                                          min_blocks, is_bf16, is_varlen)
         threads = 32 * warps
         shared = _flash_attn_tc.tc_shared_bytes(dim, warps, m_tiles, block_n)
     else:
@@ -220,7 +236,33 @@ def _launch(tq, tk, tv, to, tlse, cu_q, cu_k, *, batch, nheads, nheads_k, seqlen
             kernel_buffer(cu_k) if is_varlen else dummy,
             seqlen_q, seqlen_k, *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
             nheads // nheads_k, np.float32(scale), np.float32(scale * LOG2E), left, right)
+    if impl == "tc" and not SIMULATOR:
+        _prefer_shared_memory(kernel)
     kernel(grid, threads, args, stream_handle(stream, (tq, tk, tv)), shared)
+
+
+_CARVEOUT_SET = set()
+
+
+def _prefer_shared_memory(kernel):
+    """Ask for the largest shared-memory carveout once per kernel: several blocks of 50-100 KB
+    must fit on one SM, and the kernel does not use L1 (cp.async.cg bypasses it). A hint only."""
+    if kernel in _CARVEOUT_SET:
+        return
+    _CARVEOUT_SET.add(kernel)
+    try:
+        from cuda.bindings import driver
+
+        from .._env import cuda
+
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        handle = kernel.handle()
+        if isinstance(handle, driver.CUkernel):  # numba-cuda loads modules as libraries
+            driver.cuKernelSetAttribute(attr, 100, handle, cuda.get_current_device().id)
+        else:
+            driver.cuFuncSetAttribute(handle, attr, 100)
+    except Exception:  # noqa: BLE001  (a hint: never fail a launch over it)
+        pass
 
 
 def _output(out, tq, expected_shape):
@@ -228,7 +270,7 @@ def _output(out, tq, expected_shape):
     if to is None:
         out = empty(tq, expected_shape, tq.dtype)
         to = tensor(out, "out")
-    last_dim_contiguous("out", to)
+    _check_layout({"out": to})
     return out, to
 
 
@@ -251,8 +293,9 @@ def flash_attn(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1
     row that attends nothing, whose output is 0).
 
     Raises ``TypeError`` for non-arrays, dtypes other than fp16 / bf16, mixed dtypes and
-    non-int options; ``ValueError`` for wrong ranks, shapes that disagree, nheads not a multiple
-    of nheads_k, unsupported headdim, non-contiguous last dimensions and window values below -1.
+    options of the wrong type; ``ValueError`` for wrong ranks, shapes that disagree, nheads not a
+    multiple of nheads_k, unsupported headdim, non-contiguous last dimensions, window values
+    below -1 and a softmax_scale that is not a finite number > 0.
     """
     tq = tensor(q, "q", ndim=4, dtypes=HALF_DTYPES)
     tk = tensor(k, "k", ndim=4, dtypes=HALF_DTYPES)
@@ -339,11 +382,14 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 # ---- compile-only check (sm_90a SASS: HMMA / LDSM / LDGSTS, no local memory) --------------
 
 def _compile_target(headdim, is_bf16, is_varlen):
+    """The kernel exactly as launched: same closure and the same launch bounds."""
     def build():
-        warps, m_tiles, block_n = tc_config(headdim)
+        warps, m_tiles, block_n, min_blocks = tc_config(headdim)
+        min_blocks = _register_cap(min_blocks, is_varlen)
         fn = _flash_attn_tc._tc_kernel_fn(headdim, padded_dim(headdim), warps, m_tiles, block_n,
-                                          is_bf16, is_varlen)
-        return fn, _SIGNATURE
+                                          is_bf16, is_varlen, min_blocks)
+        options = {"launch_bounds": (32 * warps, min_blocks)} if min_blocks else {}
+        return fn, _SIGNATURE, options
 
     return build
 

@@ -17,7 +17,7 @@ one rounding at the output.
 Kernel: one row per ``threads_per_row`` threads (``_rowwise.row_plan``): the row is loaded once
 into registers with 16-byte loads where every array is 16-byte aligned (scalar loads otherwise,
 a scalar tail for ``hidden % 8``), reduced with warp shuffles and shared memory, scaled and stored.
-Rows longer than the register budget (over 65536 halves / 32768 floats) stream: the output pass
+Rows longer than the register budget (over 32768 halves / 16384 floats) stream: the output pass
 re-reads the row (from L2).
 """
 
@@ -44,23 +44,28 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
     """Kernel for storage kinds ``x_kind`` (x, residual, out) / ``w_kind`` (weight), chunks of
     ``vec`` elements, ``tpr`` threads per row, ``rpb`` rows per block, ``cpt`` chunks per thread
     held in registers (0: stream), with or without the residual add."""
-    load_x = rw.chunk_loader(x_kind, vec)
-    store_x = rw.chunk_storer(x_kind, vec)
+    wpc = rw.words_per_chunk(vec)
+    load = rw.chunk_words_loader(x_kind, vec)
+    store = rw.chunk_words_storer(x_kind, vec)
+    unpack = rw.chunk_unpacker(x_kind, vec)
+    pack = rw.chunk_packer(x_kind, vec)
     load_w = rw.chunk_loader(w_kind, vec)
-    load_x1 = rw.chunk_loader(x_kind, 1)
-    store_x1 = rw.chunk_storer(x_kind, 1)
+    load1 = rw.chunk_words_loader(x_kind, 1)
+    store1 = rw.chunk_words_storer(x_kind, 1)
+    unpack1 = rw.chunk_unpacker(x_kind, 1)
+    pack1 = rw.chunk_packer(x_kind, 1)
     load_w1 = rw.chunk_loader(w_kind, 1)
-    round_x = rw.rounder(x_kind)
     row_sum = rw.row_reducer(tpr, rw.add_f32)
     slots = rw.scratch_slots(tpr, rpb)
-    regs = max(cpt, 1) * vec
+    nwords = max(cpt, 1) * wpc
     has_tail = vec > 1
 
     def rms_norm_kernel(x, residual, weight, out, rows, cols, x_stride, r_stride, o_stride, eps):
         scratch = cuda.shared.array(slots, np.float32)
-        vals = cuda.local.array(regs, np.float32)
-        res = cuda.local.array(regs, np.float32)
-        wv = cuda.local.array(vec, np.float32)
+        words = cuda.local.array(nwords, np.uint32)     # the row (or one chunk when streaming)
+        rwords = cuda.local.array(nwords, np.uint32)    # the residual chunks
+        a = cuda.local.array(vec, np.float32)
+        b = cuda.local.array(vec, np.float32)
         t = cuda.threadIdx.x % tpr
         row = cuda.blockIdx.x * rpb + cuda.threadIdx.x // tpr
         live = row < rows
@@ -71,48 +76,60 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
         ss = _F0
 
         if cpt > 0:
-            # every load first (independent, in flight together), then the adds and stores
+            # every load first (independent, all in flight), then the adds and stores
             for v in range(cpt):
                 c = v * tpr + t
                 if live and c < chunks:
-                    load_x(x, xo + c * vec, vals, v * vec)
+                    load(x, xo + c * vec, words, v * wpc)
                     if has_residual:
-                        load_x(residual, ro + c * vec, res, v * vec)
+                        load(residual, ro + c * vec, rwords, v * wpc)
             for v in range(cpt):
                 c = v * tpr + t
                 if live and c < chunks:
+                    unpack(words, v * wpc, a)
                     if has_residual:
+                        unpack(rwords, v * wpc, b)
                         for i in range(vec):
-                            vals[v * vec + i] = round_x(vals[v * vec + i] + res[v * vec + i])
-                        store_x(residual, ro + c * vec, vals, v * vec)
+                            a[i] = a[i] + b[i]
+                        pack(a, words, v * wpc)     # s rounded to x's dtype, kept in registers
+                        store(residual, ro + c * vec, words, v * wpc)
+                        unpack(words, v * wpc, a)
                     for i in range(vec):
-                        ss += vals[v * vec + i] * vals[v * vec + i]
+                        ss += a[i] * a[i]
         else:
             c = t
             while live and c < chunks:
-                load_x(x, xo + c * vec, vals, 0)
+                load(x, xo + c * vec, words, 0)
+                unpack(words, 0, a)
                 if has_residual:
-                    load_x(residual, ro + c * vec, res, 0)
+                    load(residual, ro + c * vec, rwords, 0)
+                    unpack(rwords, 0, b)
                     for i in range(vec):
-                        vals[i] = round_x(vals[i] + res[i])
-                    store_x(residual, ro + c * vec, vals, 0)
+                        a[i] = a[i] + b[i]
+                    pack(a, words, 0)
+                    store(residual, ro + c * vec, words, 0)
+                    unpack(words, 0, a)
                 for i in range(vec):
-                    ss += vals[i] * vals[i]
+                    ss += a[i] * a[i]
                 c += tpr
 
         # scalar tail: element chunks * vec + t of the row, for t < cols % vec
         tail = chunks * vec + t
         tail_live = has_tail and live and tail < cols
-        tv = _F0
+        tword = np.uint32(0)
         if tail_live:
-            load_x1(x, xo + tail, vals, 0)
-            tv = vals[0]
+            load1(x, xo + tail, words, 0)
+            tword = words[0]
+            unpack1(words, 0, a)
             if has_residual:
-                load_x1(residual, ro + tail, res, 0)
-                tv = round_x(tv + res[0])
-                vals[0] = tv
-                store_x1(residual, ro + tail, vals, 0)
-            ss += tv * tv
+                load1(residual, ro + tail, rwords, 0)
+                unpack1(rwords, 0, b)
+                a[0] = a[0] + b[0]
+                pack1(a, words, 0)
+                tword = words[0]
+                store1(residual, ro + tail, words, 0)
+                unpack1(words, 0, a)
+            ss += a[0] * a[0]
 
         total = row_sum(ss, scratch)
         inv = _F1 / math.sqrt(total / np.float32(cols) + eps)
@@ -121,26 +138,33 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
             for v in range(cpt):
                 c = v * tpr + t
                 if live and c < chunks:
-                    load_w(weight, c * vec, wv, 0)
+                    load_w(weight, c * vec, b, 0)
+                    unpack(words, v * wpc, a)
                     for i in range(vec):
-                        vals[v * vec + i] = vals[v * vec + i] * inv * wv[i]
-                    store_x(out, oo + c * vec, vals, v * vec)
+                        a[i] = a[i] * inv * b[i]
+                    pack(a, words, v * wpc)
+                    store(out, oo + c * vec, words, v * wpc)
         else:
             c = t
             while live and c < chunks:
                 if has_residual:
-                    load_x(residual, ro + c * vec, vals, 0)
+                    load(residual, ro + c * vec, words, 0)
                 else:
-                    load_x(x, xo + c * vec, vals, 0)
-                load_w(weight, c * vec, wv, 0)
+                    load(x, xo + c * vec, words, 0)
+                load_w(weight, c * vec, b, 0)
+                unpack(words, 0, a)
                 for i in range(vec):
-                    vals[i] = vals[i] * inv * wv[i]
-                store_x(out, oo + c * vec, vals, 0)
+                    a[i] = a[i] * inv * b[i]
+                pack(a, words, 0)
+                store(out, oo + c * vec, words, 0)
                 c += tpr
         if tail_live:
-            load_w1(weight, tail, wv, 0)
-            vals[0] = tv * inv * wv[0]
-            store_x1(out, oo + tail, vals, 0)
+            words[0] = tword
+            unpack1(words, 0, a)
+            load_w1(weight, tail, b, 0)
+            a[0] = a[0] * inv * b[0]
+            pack1(a, words, 0)
+            store1(out, oo + tail, words, 0)
 
     return rms_norm_kernel
 
@@ -166,7 +190,7 @@ def check_eps(eps):
     return float(eps)
 
 
-def prepare_norm(name_fn, x, weight, bias, residual, out):
+def prepare_norm(x, weight, bias, residual, out):
     """Shared checks of rms_norm / layer_norm; returns the tensors, views and the plan."""
     tx = tensor(x, "x", dtypes=FLOAT_DTYPES)
     tw = tensor(weight, "weight", ndim=1, dtypes=FLOAT_DTYPES)
@@ -227,7 +251,7 @@ def rms_norm(x, weight, eps=1e-6, *, residual=None, out=None, stream=None):
             eps negative or not finite.
     """
     eps = check_eps(eps)
-    p = prepare_norm("rms_norm", x, weight, None, residual, out)
+    p = prepare_norm(x, weight, None, residual, out)
     if p["rows"] == 0:
         return p["out"]
     tx, tw, tr, to = p["tx"], p["tw"], p["tr"], p["to"]
@@ -237,9 +261,9 @@ def rms_norm(x, weight, eps=1e-6, *, residual=None, out=None, stream=None):
     xb = kernel_buffer(tx)
     rb = xb if tr is None else kernel_buffer(tr)
     x_stride, r_stride, o_stride = p["strides"]
-    kernel(-(-p["rows"] // rpb), tpr * rpb,
-           (xb, rb, kernel_buffer(tw), kernel_buffer(to), p["rows"], p["cols"], x_stride,
-            r_stride, o_stride, eps), stream_handle(stream, (tx,)))
+    rw.launch(kernel, -(-p["rows"] // rpb), tpr * rpb,
+              (xb, rb, kernel_buffer(tw), kernel_buffer(to), p["rows"], p["cols"], x_stride,
+               r_stride, o_stride, eps), stream_handle(stream, (tx,)))
     return p["out"]
 
 
@@ -251,9 +275,8 @@ def _register():
         # name: (x_kind, w_kind, vec, hidden, residual)
         "rms_norm_f16_4096": (f16, f16, 8, 4096, False),
         "rms_norm_bf16_residual_14336": (bf16, bf16, 8, 14336, True),
-        "rms_norm_f32_4096": (f32, f32, 4, 4096, False),
-        "rms_norm_bf16_f32weight_4096": (bf16, f32, 8, 4096, True),
         "rms_norm_f16_stream_131072": (f16, f16, 8, 131072, True),
+        "rms_norm_f32_residual_16384": (f32, f32, 4, 16384, True),
     }
     for name, (xk, wk, vec, hidden, residual) in variants.items():
         plan = rw.row_plan(hidden // vec)

@@ -419,3 +419,48 @@ sin_approx = _make_trig("sin")
 cos_approx = _make_trig("cos")
 
 __all__ += ["f32_bits", "f32_from_bits", "sin_approx", "cos_approx"]
+
+
+@intrinsic
+def rcp_approx(typingctx, x):
+    """1 / x with the SFU (rcp.approx.ftz.f32: max 1 ulp; 1/inf = 0, 1/0 = inf), the fast
+    reciprocal of activations in half precision."""
+    def codegen(context, builder, signature, args):
+        value = context.cast(builder, args[0], signature.args[0], types.float32)
+        return _asm(builder, _F32, [_F32], "rcp.approx.ftz.f32 $0, $1;", "=f,f", [value])
+
+    return types.float32(x), codegen
+
+
+__all__ += ["rcp_approx"]
+
+
+@intrinsic
+def shfl_idx_i32(typingctx, value, src_lane):
+    """``value`` of lane ``src_lane`` (0..31) to every lane (shfl.sync.idx.b32; all 32 lanes
+    take part): a warp broadcast, e.g. of per-lane prefetched page ids."""
+    def codegen(context, builder, signature, args):
+        v = context.cast(builder, args[0], signature.args[0], types.int32)
+        s = context.cast(builder, args[1], signature.args[1], types.int32)
+        return _asm(builder, _I32, [_I32, _I32],
+                    "shfl.sync.idx.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=r,r,r", [v, s],
+                    side_effect=True)
+
+    return types.int32(value, src_lane), codegen
+
+
+__all__ += ["shfl_idx_i32"]
+
+
+def _pin_identities():
+    """Give every op a fixed identity for pickling. numba's disk cache keys a kernel on a
+    pickle of its closure; an intrinsic pickles with a uuid drawn at first use, different in
+    every process, so a kernel capturing an op (``mma = ptx.mma_bf16 if IS_BF16 else ...``)
+    would never hit the cache. A name-derived id makes that pickle the same in every process."""
+    for name in __all__:
+        op = globals()[name]
+        if getattr(op, "_Intrinsic__uuid", None) is None:
+            op._set_uuid(f"llmspeed_numba.ptx.{name}")
+
+
+_pin_identities()

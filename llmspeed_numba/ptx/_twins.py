@@ -252,3 +252,13 @@ def sin_approx(x):
 
 def cos_approx(x):
     return np.float32(np.cos(np.float32(x)))
+
+
+def rcp_approx(x):
+    with np.errstate(divide="ignore"):
+        return np.float32(np.float32(1.0) / np.float32(x))
+
+
+def shfl_idx_i32(value, src_lane):
+    lane, values = _exchange(np.int32(value))
+    return np.int32(values[int(src_lane) % 32])

@@ -62,7 +62,7 @@ def _round32(x):
 
 def _one_sequence(q, k, v, mask, scale, dtype):
     """q (sq, h, d), k / v (sk, hk, d) float64 -> out (sq, h, d), lse (h, sq)."""
-    seqlen_q, nheads, _ = q.shape
+    nheads = q.shape[1]
     nheads_k = k.shape[1]
     group = nheads // nheads_k
     kk = np.repeat(k, group, axis=1).transpose(1, 2, 0)       # (h, d, sk)

@@ -1,4 +1,4 @@
-"""Float64 reference of ``gemm``, and the plain same-precision version its tolerance is derived from.
+"""Float64 reference of ``gemm``, and the plain same-precision version tolerances derive from.
 
 ``out = activation(alpha * a @ b + beta * c + bias)``; ``c`` is used only when ``beta != 0`` (BLAS
 convention), ``bias`` is a length-N vector added to every row.

@@ -1,0 +1,406 @@
+"""Paged-KV decode attention on the GPU, side by side with torch SDPA on the same K/V laid out
+contiguously, and with the device-to-device copy bandwidth measured in the same run.
+
+    python benchmarks/bench_decode.py [--quick] [--dtype bfloat16|float16] [--block-size 16]
+                                      [--sweep]
+
+Cases: batch in {1, 8, 32, 128} x seq_len in {512, 4096, 32768} x 32 query heads with 8 and 32
+KV heads, headdim 128, one query token, plus the target shape batch 32 x seq_len 8192 (cases whose
+K/V would not fit twice in memory are skipped). Our K/V live in shuffled (non-contiguous) pages;
+SDPA gets (batch, heads, seq_len, headdim) contiguous copies, ``enable_gqa=True`` (or K/V
+repeated to every head outside the timed region where a backend refuses GQA), and each SDPA
+backend is timed (flash, efficient, cuDNN, default): the fastest is the baseline.
+
+GB/s = K and V bytes of the cache read once = 2 * batch * seq_len * nheads_k * headdim * 2 / time
+(both ours and SDPA; a baseline on repeated K/V physically reads more). Rows go to
+``decode.csv`` (``$OUT`` or ``benchmarks/results/``): one per case against SDPA, one against the
+copy bandwidth; a PNG is written beside it. Targets (printed at the end): batch 32, seq_len 8192
+(8 and 32 KV heads) >= 85 % of copy bandwidth and no slower than SDPA; batch 1 at 32768 >= 70 %.
+``--sweep`` also times (warps, stages) configurations and split counts on the target shapes.
+``--quick``: the four target shapes against SDPA, then a few variants of each (the default, other
+(warps, stages), half and double the split count), each with the flushed timing the targets use,
+the host time of one call and the GPU time of back-to-back calls: when the flushed time is well
+above the back-to-back time and the host time exceeds it, the launch overhead is what shows.
+"""
+
+import argparse
+import math
+import os
+import sys
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import Results, copy_bandwidth, time_gpu  # noqa: E402
+
+from llmspeed_numba.ops import paged_decode as pd  # noqa: E402
+
+NHEADS, HEADDIM = 32, 128
+BATCHES = (1, 8, 32, 128)
+SEQ_LENS = (512, 4096, 32768)
+KV_HEADS = (8, 32)
+TARGETS = [(32, 8192, 8), (32, 8192, 32)]
+LONG_TARGETS = [(1, 32768, 8), (1, 32768, 32)]
+#: K+V bytes above which a case is skipped (it is held twice: pages and SDPA's copy).
+MAX_KV_BYTES = 40 << 30
+SWEEP_CONFIGS = [(4, 3, False), (4, 2, False), (4, 4, False), (8, 2, False), (2, 4, False),
+                 (8, 3, False)]
+SWEEP_SPLITS = [1, 2, 4, 8, 16, 32, 64, 128]
+#: (warps, stages, q_smem) timed by --quick besides the default (8, 3) at headdim 128.
+QUICK_CONFIGS = [(4, 3, False), (8, 3, False), (8, 2, False), (4, 2, False)]
+
+
+def kv_bytes(batch, seq_len, nheads_k, headdim, itemsize=2):
+    return 2 * batch * seq_len * nheads_k * headdim * itemsize
+
+
+def make_inputs(batch, seq_len, nheads_k, dtype, block_size, seed=0):
+    """Paged caches with shuffled pages, the same K/V contiguous (B, Hk, S, D), and q."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    pages = -(-seq_len // block_size)
+    num_blocks = batch * pages
+    k = torch.randn((batch, nheads_k, seq_len, HEADDIM), generator=gen, device="cuda",
+                    dtype=dtype)
+    v = torch.randn((batch, nheads_k, seq_len, HEADDIM), generator=gen, device="cuda",
+                    dtype=dtype)
+    block_table = torch.randperm(num_blocks, generator=gen, device="cuda").to(
+        torch.int32).reshape(batch, pages)
+    k_cache = torch.empty((num_blocks, block_size, nheads_k, HEADDIM), device="cuda",
+                          dtype=dtype)
+    v_cache = torch.empty_like(k_cache)
+    for b in range(batch):  # one sequence at a time: temporaries stay small
+        idx = block_table[b].long()
+        k_cache[idx] = k[b].transpose(0, 1).reshape(pages, block_size, nheads_k, HEADDIM)
+        v_cache[idx] = v[b].transpose(0, 1).reshape(pages, block_size, nheads_k, HEADDIM)
+    seq_lens = torch.full((batch,), seq_len, dtype=torch.int32, device="cuda")
+    q = torch.randn((batch, NHEADS, HEADDIM), generator=gen, device="cuda", dtype=dtype)
+    return q, k_cache, v_cache, block_table, seq_lens, k, v
+
+
+def _sdpa_call(qt, k, v, backend, gqa):
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    kwargs = {"enable_gqa": True} if gqa else {}
+    if backend is None:
+        return lambda: F.scaled_dot_product_attention(qt, k, v, **kwargs)
+
+    def call():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(qt, k, v, **kwargs)
+
+    return call
+
+
+def sdpa_baselines(q, k, v):
+    """{backend name: (callable, note)} for every SDPA backend that runs this decode on
+    q (B, H, D) and contiguous k, v (B, Hk, S, D)."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    qt = q[:, :, None, :]                      # (B, H, 1, D)
+    group = q.shape[1] // k.shape[1]
+    repeated = None
+    out = {}
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
+                          ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+                          ("cudnn", SDPBackend.CUDNN_ATTENTION), ("default", None)):
+        call, note = _sdpa_call(qt, k, v, backend, group > 1), ""
+        try:
+            call()
+        except (RuntimeError, TypeError):
+            if group == 1:
+                continue
+            try:
+                if repeated is None:
+                    repeated = (k.repeat_interleave(group, dim=1),
+                                v.repeat_interleave(group, dim=1))
+                call = _sdpa_call(qt, repeated[0], repeated[1], backend, False)
+                call()
+                note = "K/V repeated to every head (backend refuses GQA)"
+            except (RuntimeError, TypeError):  # torch.OutOfMemoryError is a RuntimeError
+                continue
+        out[name] = (call, note)
+    torch.cuda.synchronize()
+    return out
+
+
+def gbs(nbytes, timing):
+    return nbytes / (timing["median"] * 1e-3) / 1e9
+
+
+def bench_case(results, copy_gbs, batch, seq_len, nheads_k, dtype, block_size, reps, label=None,
+               with_sdpa=True, check=True):
+    import torch
+
+    nbytes = kv_bytes(batch, seq_len, nheads_k, HEADDIM)
+    shape = f"B{batch} H{NHEADS}/{nheads_k} S{seq_len} D{HEADDIM} page{block_size}"
+    label = label or f"B{batch} S{seq_len} Hk{nheads_k}"
+    if 2 * nbytes > MAX_KV_BYTES:
+        print(f"skip {shape}: {2 * nbytes / 2**30:.0f} GiB of K/V + copies")
+        return None
+    q, kc, vc, bt, sl, k, v = make_inputs(batch, seq_len, nheads_k, dtype, block_size)
+    out = torch.empty_like(q)
+    plan = pd.launch_plan(batch, 1, NHEADS, nheads_k, HEADDIM, block_size, bt.shape[1],
+                          "bfloat16" if dtype == torch.bfloat16 else "float16")
+
+    def ours():
+        return pd.paged_decode_attention(q, kc, vc, bt, sl, out=out)
+
+    ours()
+    ours_t = time_gpu(ours, rep=reps)
+    ours_gbs = gbs(nbytes, ours_t)
+    best = None
+    if with_sdpa:
+        for name, (call, note) in sdpa_baselines(q, k, v).items():
+            if check and name == "default":
+                ref = call()[:, :, 0].float()
+                err = (out.float() - ref).abs().max().item()
+                if not err < 0.05:
+                    print(f"  WARNING: max |ours - sdpa| = {err:.3g} on {shape}")
+            t = time_gpu(call, rep=reps)
+            if best is None or t["median"] < best[1]["median"]:
+                best = (name, t, note)
+    dt = "bfloat16" if dtype == torch.bfloat16 else "float16"
+    split_note = f"splits {plan['num_splits']}; copy {copy_gbs:.0f} GB/s"
+    if best is not None:
+        name, t, note = best
+        results.add("paged_decode", label, shape, dt, ours_t, f"sdpa_{name}", t, "GB/s",
+                    ours_gbs, gbs(nbytes, t), note="; ".join(x for x in (split_note, note) if x))
+    results.add("paged_decode_vs_copy", label, shape, dt, ours_t, "d2d_copy", None, "GB/s",
+                ours_gbs, copy_gbs, note=split_note)
+    return {"ours_gbs": ours_gbs, "ours_ms": ours_t["median"],
+            "sdpa_ms": best[1]["median"] if best else float("nan"),
+            "sdpa": best[0] if best else None}
+
+
+def sweep(results, copy_gbs, dtype, block_size, reps):
+    """Time other (warps, stages, q_smem) configurations and forced split counts."""
+    import torch
+
+    dt = "bfloat16" if dtype == torch.bfloat16 else "float16"
+    for batch, seq_len, nheads_k in TARGETS + LONG_TARGETS:
+        q, kc, vc, bt, sl, _, _ = make_inputs(batch, seq_len, nheads_k, dtype, block_size)
+        nbytes = kv_bytes(batch, seq_len, nheads_k, HEADDIM)
+        out = torch.empty_like(q)
+        shape = f"B{batch} H{NHEADS}/{nheads_k} S{seq_len} D{HEADDIM} page{block_size}"
+        variants = [(f"cfg {c}", {"_tuning": c}) for c in SWEEP_CONFIGS]
+        variants += [(f"splits {s}", {"num_splits": s}) for s in SWEEP_SPLITS
+                     if s <= pd.MAX_SPLITS]
+        for name, kw in variants:
+            args = (q, kc, vc, bt, sl)
+            try:
+                t = time_gpu(lambda args=args, out=out, kw=kw: pd.paged_decode_attention(
+                    *args, out=out, **kw), rep=reps)
+            except Exception as exc:  # a configuration that does not fit: report, go on
+                print(f"  {shape} {name}: {type(exc).__name__}: {exc}")
+                continue
+            results.add("paged_decode_sweep", f"{name} B{batch} S{seq_len} Hk{nheads_k}", shape,
+                        dt, t, "d2d_copy", None, "GB/s", gbs(nbytes, t), copy_gbs)
+        del q, kc, vc, bt, sl, out, args
+        torch.cuda.empty_cache()
+
+
+def host_and_back_to_back(fn, calls=30):
+    """(host us per call without waiting for the GPU, GPU us per call of back-to-back calls
+    without L2 flushes): a flushed timing far above both means launch overhead shows."""
+    import time
+
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return host, start.elapsed_time(end) / calls * 1e3
+
+
+def quick_variants(plan):
+    """The few variants worth timing on a target shape: the default, the other QUICK_CONFIGS,
+    and half / double the chosen split count."""
+    s = plan["num_splits"]
+    out = [("default", {})]
+    out += [(f"cfg {c[:2]}", {"_tuning": c}) for c in QUICK_CONFIGS if c != plan["config"][4:]]
+    if s > 1:
+        out.append((f"splits {max(1, s // 2)}", {"num_splits": max(1, s // 2)}))
+    out.append((f"splits {min(pd.MAX_SPLITS, 2 * s)}", {"num_splits": min(pd.MAX_SPLITS, 2 * s)}))
+    return out
+
+
+def quick_sweep(results, copy_gbs, dtype, block_size, reps):
+    """Variants on the four target shapes, one line each: flushed timing (what the targets
+    use), host time per call, back-to-back GPU time."""
+    import torch
+
+    dt = "bfloat16" if dtype == torch.bfloat16 else "float16"
+    print(f"{'variant':>28} {'GB/s':>7} {'%copy':>6} {'us':>8} {'host us':>8} {'b2b us':>8}  plan")
+    for batch, seq_len, nheads_k in TARGETS + LONG_TARGETS:
+        q, kc, vc, bt, sl, _, _ = make_inputs(batch, seq_len, nheads_k, dtype, block_size)
+        nbytes = kv_bytes(batch, seq_len, nheads_k, HEADDIM)
+        out = torch.empty_like(q)
+        shape = f"B{batch} H{NHEADS}/{nheads_k} S{seq_len} D{HEADDIM} page{block_size}"
+        plan = pd.launch_plan(batch, 1, NHEADS, nheads_k, HEADDIM, block_size, bt.shape[1], dt)
+        for name, kw in quick_variants(plan):
+            args = (q, kc, vc, bt, sl)
+
+            def call(args=args, out=out, kw=kw):
+                return pd.paged_decode_attention(*args, out=out, **kw)
+
+            try:
+                call()
+                t = time_gpu(call, rep=reps)
+                host, b2b = host_and_back_to_back(call)
+            except Exception as exc:  # a configuration that does not fit: report, go on
+                print(f"  {shape} {name}: {type(exc).__name__}: {exc}")
+                continue
+            p = pd.launch_plan(batch, 1, NHEADS, nheads_k, HEADDIM, block_size, bt.shape[1], dt,
+                               kw.get("num_splits"), kw.get("_tuning"))
+            g = gbs(nbytes, t)
+            label = f"{name} B{batch} S{seq_len} Hk{nheads_k}"
+            print(f"{label:>28} {g:7.0f} {g / copy_gbs:6.1%} {t['median'] * 1e3:8.1f} "
+                  f"{host:8.1f} {b2b:8.1f}  splits {p['num_splits']} warps,stages "
+                  f"{p['config'][4:6]}")
+            results.add("paged_decode_quick", label, shape, dt, t, "d2d_copy", None, "GB/s", g,
+                        copy_gbs, note=f"host {host:.1f} us/call; back-to-back {b2b:.1f} us")
+        del q, kc, vc, bt, sl, out, args
+        torch.cuda.empty_cache()
+
+
+# ---- plot ---------------------------------------------------------------------------------
+
+def plot(rows, copy_gbs, path):
+    """Grouped bars (ours, SDPA) of GB/s per case with the copy bandwidth as a line; matplotlib
+    when available, else a bare PNG (bars and line only, no text) written with zlib."""
+    cases = [r for r in rows if r["op"] == "paged_decode"]
+    if not cases:
+        return None
+    ours = [float(r["ours_value"]) for r in cases]
+    base = [float(r["baseline_value"] or "nan") for r in cases]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return _plain_png(ours, base, copy_gbs, path)
+    fig, ax = plt.subplots(figsize=(max(7, 0.55 * len(cases)), 4.5))
+    x = range(len(cases))
+    ax.bar([i - 0.2 for i in x], ours, 0.4, label="llmspeed_numba paged")
+    ax.bar([i + 0.2 for i in x], base, 0.4, label="torch SDPA contiguous (best backend)")
+    ax.axhline(copy_gbs, color="gray", ls="--", lw=1, label=f"D2D copy {copy_gbs:.0f} GB/s")
+    ax.axhline(0.85 * copy_gbs, color="gray", ls=":", lw=1, label="85 % of copy")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([r["case"] for r in cases], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("GB/s of K/V read")
+    ax.set_title(f"paged decode, {cases[0]['dtype']}, on {cases[0]['gpu']} @ {cases[0]['commit']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plain_png(ours, base, copy_gbs, path, height=300, bar=10, gap=8):
+    import numpy as np
+
+    top = max([copy_gbs] + [x for x in ours + base if x == x]) * 1.05
+    width = len(ours) * (2 * bar + gap) + gap
+    img = np.full((height, width, 3), 255, np.uint8)
+    for i, (a, b) in enumerate(zip(ours, base, strict=True)):
+        x0 = gap + i * (2 * bar + gap)
+        for value, color, x in ((a, (31, 119, 180), x0), (b, (255, 127, 14), x0 + bar)):
+            if value == value:
+                h = int(height * value / top)
+                img[height - h:, x:x + bar] = color
+    img[height - int(height * copy_gbs / top), :] = (120, 120, 120)
+    raw = b"".join(b"\x00" + img[r].tobytes() for r in range(height))
+
+    def chunk(tag, data):
+        body = tag + data
+        return (len(data).to_bytes(4, "big") + body
+                + (zlib.crc32(body) & 0xFFFFFFFF).to_bytes(4, "big"))
+
+    header = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw))
+                + chunk(b"IEND", b""))
+    return path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="target shapes only, fewer reps, then a few variants of each")
+    parser.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time SWEEP_CONFIGS and SWEEP_SPLITS on the target shapes")
+    parser.add_argument("--no-main", action="store_true", help="with --sweep: only the sweep")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    dtype = getattr(torch, args.dtype)
+    reps = 10 if args.quick else 20
+    copy_gbs = copy_bandwidth()
+    print(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
+    results = Results("decode")
+    summary = {}
+    if not args.no_main:
+        cases = TARGETS + LONG_TARGETS
+        if not args.quick:
+            cases = TARGETS + [(b, s, h) for b in BATCHES for s in SEQ_LENS for h in KV_HEADS]
+        for batch, seq_len, nheads_k in cases:
+            summary[(batch, seq_len, nheads_k)] = bench_case(
+                results, copy_gbs, batch, seq_len, nheads_k, dtype, args.block_size, reps)
+            torch.cuda.empty_cache()
+    if args.quick and not args.sweep:
+        quick_sweep(results, copy_gbs, dtype, args.block_size, reps)
+    if args.sweep:
+        sweep(results, copy_gbs, dtype, args.block_size, reps)
+    path = results.write()
+    print(f"rows appended to {path}")
+    png = plot(results.rows, copy_gbs, os.path.splitext(path)[0] + ".png")
+    if png:
+        print(f"plot: {png}")
+    print(targets_report(summary, copy_gbs))
+
+
+def targets_report(summary, copy_gbs):
+    lines = [f"targets (copy bandwidth {copy_gbs:.0f} GB/s):"]
+    for key in TARGETS:
+        r = summary.get(key)
+        if r is None:
+            continue
+        frac = r["ours_gbs"] / copy_gbs
+        ok = frac >= 0.85 and r["ours_ms"] <= r["sdpa_ms"] * 1.0 + 1e-9
+        lines.append(f"  B{key[0]} S{key[1]} Hk{key[2]}: {r['ours_gbs']:.0f} GB/s = {frac:.1%} "
+                     f"of copy (>= 85%), {r['ours_ms'] * 1e3:.1f} us vs SDPA {r['sdpa']} "
+                     f"{r['sdpa_ms'] * 1e3:.1f} us: {'PASS' if ok else 'FAIL'}")
+    for key in LONG_TARGETS:
+        r = summary.get(key)
+        if r is None:
+            continue
+        frac = r["ours_gbs"] / copy_gbs
+        lines.append(f"  B{key[0]} S{key[1]} Hk{key[2]}: {r['ours_gbs']:.0f} GB/s = {frac:.1%} "
+                     f"of copy (>= 70%): {'PASS' if frac >= 0.70 else 'FAIL'}"
+                     + ("" if math.isnan(r["sdpa_ms"]) else
+                        f" (SDPA {r['sdpa']} {r['sdpa_ms'] * 1e3:.1f} us, ours "
+                        f"{r['ours_ms'] * 1e3:.1f} us)"))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

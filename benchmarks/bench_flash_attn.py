@@ -1,0 +1,286 @@
+"""FlashAttention forward on the GPU, side by side with torch SDPA's FlashAttention-2 and cuDNN
+backends (same process, same data, same stream).
+
+    python benchmarks/bench_flash_attn.py [--quick] [--dtype float16|bfloat16] [--sweep]
+
+TFLOP/s = 4 * batch * nheads * seqlen_q * seqlen_k * headdim / time, halved for causal (per
+sequence for varlen). SDPA gets (batch, heads, seq, dim) transposed views of our
+(batch, seq, heads, dim) tensors. Rows go to ``flash_attn.csv`` (``$OUT`` or
+``benchmarks/results/``), with a PNG beside it; ``--sweep`` also times every Tensor Core
+configuration in ``SWEEP_CONFIGS`` on the headline shapes (to pick ``TC_CONFIGS``).
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import Results, time_gpu
+
+from llmspeed_numba.ops.flash_attn import flash_attn, flash_attn_varlen
+
+#: (batch, nheads, nheads_k, seqlen, headdim)
+SHAPES = [(4, 32, 32, 4096, 128), (8, 32, 32, 2048, 64), (1, 32, 32, 16384, 128)]
+GQA_SHAPE = (4, 32, 8, 4096, 128)
+#: varlen: sequence lengths (mixed, ~32K tokens), heads, headdim
+VARLEN_LENGTHS = [4096, 512, 3000, 1024, 2048, 8192, 333, 4000, 1500, 2700, 777, 3500]
+VARLEN_HEADS, VARLEN_HEADDIM = 32, 128
+#: Tensor Core configurations (warps, m16 tiles per warp, keys per block, min blocks per SM)
+#: tried by --sweep (see TC_CONFIGS in llmspeed_numba/ops/flash_attn.py)
+SWEEP_CONFIGS = [(4, 1, 64, 3), (4, 1, 64, 0), (4, 2, 64, 0), (4, 2, 32, 0), (8, 1, 64, 0),
+                 (4, 1, 128, 0), (4, 1, 32, 4)]
+BACKENDS = ("sdpa-flash2", "sdpa-cudnn")
+
+
+def flops(batch, nheads, seqlen_q, seqlen_k, headdim, causal):
+    f = 4.0 * batch * nheads * seqlen_q * seqlen_k * headdim
+    return f / 2 if causal else f
+
+
+def tflops(f, timing):
+    return f / (timing["median"] * 1e-3) / 1e12
+
+
+def _sdpa(backend, q, k, v, causal, gqa):
+    """SDPA on (B, H, S, D) views with one backend; None when that backend refuses."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    kwargs = {"is_causal": causal}
+    note = ""
+    if gqa:
+        kwargs["enable_gqa"] = True
+
+    def call():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(qt, kt, vt, **kwargs)
+
+    try:
+        call()
+    except RuntimeError:
+        if not gqa:
+            return None, ""
+        group = q.shape[2] // k.shape[2]
+        kt = kt.repeat_interleave(group, dim=1)
+        vt = vt.repeat_interleave(group, dim=1)
+        kwargs.pop("enable_gqa")
+        note = "baseline with K/V repeated to all heads (no GQA support)"
+        try:
+            call()
+        except RuntimeError:
+            return None, ""
+    torch.cuda.synchronize()
+    return call, note
+
+
+def _sdpa_varlen(backend, q, k, v, cu, causal):
+    """SDPA on a jagged nested tensor (the backend's varlen path); None when refused."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    offsets = cu.to(torch.int64)
+    try:
+        qn, kn, vn = (torch.nested.nested_tensor_from_jagged(x, offsets).transpose(1, 2)
+                      for x in (q, k, v))
+
+        def call():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qn, kn, vn, is_causal=causal)
+
+        call()
+        torch.cuda.synchronize()
+        return call
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
+        return None
+
+
+def _random(shape, dtype):
+    import torch
+
+    return torch.randn(shape, dtype=dtype, device="cuda")
+
+
+def _max_diff(a, b):
+    return float((a.float() - b.float()).abs().max())
+
+
+def _backends(names):
+    from torch.nn.attention import SDPBackend
+
+    table = {"sdpa-flash2": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION}
+    return [(name, table[name]) for name in names]
+
+
+def bench_batched(results, batch, nheads, nheads_k, seqlen, headdim, causal, dtype, reps,
+                  config=None, label=None, backends=BACKENDS):
+    q = _random((batch, seqlen, nheads, headdim), dtype)
+    k = _random((batch, seqlen, nheads_k, headdim), dtype)
+    v = _random((batch, seqlen, nheads_k, headdim), dtype)
+
+    def ours():
+        return flash_attn(q, k, v, causal=causal, _config=config)
+
+    out = ours()
+    ours_t = time_gpu(ours, rep=reps)
+    f = flops(batch, nheads, seqlen, seqlen, headdim, causal)
+    case = label or ("causal" if causal else "non-causal")
+    shape = f"B{batch} H{nheads}/{nheads_k} S{seqlen} D{headdim}"
+    dname = str(dtype).replace("torch.", "")
+    for name, backend in _backends(backends):
+        call, note = _sdpa(backend, q, k, v, causal, nheads != nheads_k)
+        if call is None:
+            results.add("flash_attn", case, shape, dname, ours_t, name + " (unavailable)", None,
+                        "TFLOP/s", tflops(f, ours_t), None, note=f"config {config}")
+            continue
+        diff = _max_diff(out, call().transpose(1, 2))
+        base_t = time_gpu(call, rep=reps)
+        results.add("flash_attn", case, shape, dname, ours_t, name, base_t, "TFLOP/s",
+                    tflops(f, ours_t), tflops(f, base_t),
+                    note=f"config {config}; max |ours - sdpa| {diff:.2e}" + (
+                        f"; {note}" if note else ""))
+
+
+def bench_varlen(results, lengths, nheads, headdim, causal, dtype, reps):
+    import torch
+
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32,
+                      device="cuda")
+    total, longest = int(sum(lengths)), int(max(lengths))
+    q, k, v = (_random((total, nheads, headdim), dtype) for _ in range(3))
+
+    def ours():
+        return flash_attn_varlen(q, k, v, cu, cu, longest, longest, causal=causal)
+
+    out = ours()
+    ours_t = time_gpu(ours, rep=reps)
+    f = sum(flops(1, nheads, n, n, headdim, causal) for n in lengths)
+    case = f"varlen {'causal' if causal else 'non-causal'}"
+    shape = f"{len(lengths)} seqs {total} tok H{nheads} D{headdim}"
+    dname = str(dtype).replace("torch.", "")
+    for name, backend in _backends(BACKENDS):
+        call = _sdpa_varlen(backend, q, k, v, cu, causal)
+        if call is None:
+            results.add("flash_attn_varlen", case, shape, dname, ours_t,
+                        name + " (unavailable)", None, "TFLOP/s", tflops(f, ours_t), None,
+                        note="SDPA refused the jagged layout")
+            continue
+        ref = call().transpose(1, 2).values()
+        diff = _max_diff(out, ref)
+        base_t = time_gpu(call, rep=reps)
+        results.add("flash_attn_varlen", case, shape, dname, ours_t, name, base_t, "TFLOP/s",
+                    tflops(f, ours_t), tflops(f, base_t),
+                    note=f"max |ours - sdpa| {diff:.2e}; includes the host check of cu_seqlens")
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no PNG")
+        return None
+    labels, ours, fa2, cudnn = [], [], [], []
+    by_case = {}
+    for row in results.rows:
+        if row["case"].startswith("sweep"):
+            continue
+        key = (row["shape"], row["case"], row["note"].split(";")[0])
+        entry = by_case.setdefault(key, {"ours": float(row["ours_value"])})
+        if row["baseline_value"]:
+            entry[row["baseline"]] = float(row["baseline_value"])
+    for (shape, case, _), entry in by_case.items():
+        labels.append(f"{shape}\n{case}")
+        ours.append(entry["ours"])
+        fa2.append(entry.get("sdpa-flash2", 0.0))
+        cudnn.append(entry.get("sdpa-cudnn", 0.0))
+    x = np.arange(len(labels))
+    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(labels)), 5))
+    ax.bar(x - 0.27, ours, 0.27, label="llmspeed_numba")
+    ax.bar(x, fa2, 0.27, label="SDPA FlashAttention-2")
+    ax.bar(x + 0.27, cudnn, 0.27, label="SDPA cuDNN")
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"FlashAttention forward, {results.gpu}, commit {results.commit}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def headline(results, sweep=False):
+    """Markdown rows for the README table: ours vs FA2 and cuDNN, per case (``sweep``: the
+    configuration sweep's rows instead)."""
+    lines = ["| shape | case | ours TFLOP/s | vs SDPA FA2 | vs SDPA cuDNN |",
+             "|---|---|---|---|---|"]
+    by_case = {}
+    for row in results.rows:
+        if row["case"].startswith("sweep") != sweep:
+            continue
+        key = (row["shape"], row["case"])
+        entry = by_case.setdefault(key, {"ours": row["ours_value"]})
+        entry[row["baseline"]] = row["ratio"]
+    def ratio(e, name):
+        return f"{e[name]}x" if name in e else "-"
+
+    for (shape, case), e in by_case.items():
+        lines.append(f"| {shape} | {case} | {e['ours']} | {ratio(e, 'sdpa-flash2')} | "
+                     f"{ratio(e, 'sdpa-cudnn')} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="headline shape only, fewer reps")
+    parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time every SWEEP_CONFIGS entry on the headline shapes")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    dtype = getattr(torch, args.dtype)
+    reps = 5 if args.quick else 20
+    results = Results("flash_attn")
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    for batch, nheads, nheads_k, seqlen, headdim in shapes:
+        for causal in (False, True):
+            bench_batched(results, batch, nheads, nheads_k, seqlen, headdim, causal, dtype, reps)
+    batch, nheads, nheads_k, seqlen, headdim = GQA_SHAPE
+    for causal in ((True,) if args.quick else (False, True)):
+        bench_batched(results, batch, nheads, nheads_k, seqlen, headdim, causal, dtype, reps,
+                      label=f"GQA {'causal' if causal else 'non-causal'}")
+    for causal in ((True,) if args.quick else (False, True)):
+        bench_varlen(results, VARLEN_LENGTHS, VARLEN_HEADS, VARLEN_HEADDIM, causal, dtype, reps)
+    if args.sweep:
+        for batch, nheads, nheads_k, seqlen, headdim in SHAPES[:2]:
+            for config in SWEEP_CONFIGS:
+                for causal in (False, True):
+                    try:
+                        bench_batched(results, batch, nheads, nheads_k, seqlen, headdim, causal,
+                                      dtype, reps, config=config,
+                                      label=f"sweep {config}{' causal' if causal else ''}",
+                                      backends=("sdpa-flash2",))
+                    except Exception as exc:  # a config that does not fit: report, go on
+                        print(f"config {config} D{headdim}: {type(exc).__name__}: {exc}")
+    path = results.write()
+    print(f"rows appended to {path}")
+    png = plot(results, os.path.splitext(path)[0] + ".png")
+    if png:
+        print(f"plot: {png}")
+    print(headline(results))
+    if args.sweep:
+        print(headline(results, sweep=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,439 @@
+"""Fused inference ops on the GPU, side by side with the torch eager composition of the same op
+and with the device-to-device copy bandwidth measured in the same run.
+
+    python benchmarks/bench_fused.py [--quick] [--eager] [--dtypes bfloat16,float16]
+
+Cases (tokens 8192; hidden 4096 and 14336; ``--quick``: hidden 4096, bf16 only):
+- ``rms_norm`` without and with the residual (torch: add_, float, pow, mean, rsqrt, mul, cast);
+- ``layer_norm`` with the residual (torch: add_ + F.layer_norm);
+- ``rotary_embedding`` neox, q (tokens, hidden / 128, 128) and k (tokens, 8, 128), from a
+  cos_sin_cache in the data's dtype (torch: index_select, chunk, mul/sub/add, cat, copy_ back)
+  and from ``base`` (cos / sin computed in the kernel);
+- ``silu_and_mul`` and ``gelu_and_mul`` (tanh) on (tokens, 2 * hidden), ``gelu`` (erf) on
+  (tokens, hidden);
+- ``softmax`` (temperature 0.7: torch ``(x / T).softmax(-1)``) and ``argmax`` on (64, 128256) in
+  fp32 and bf16.
+
+Bandwidth = bytes / time, the bytes counting each input read once and each output written once
+(the op's minimum traffic), the same formula for ours and torch. Each call is captured in a CUDA
+graph and the replay is timed with ``_harness.time_gpu`` (L2 flushed before each call, median of
+20), so Python launch overhead is excluded for both (``--eager`` times plain calls). Targets
+(issue 6): ours >= 85% of the copy bandwidth and faster than torch on every row; the table at the
+end and ``fused_headline.md`` say which rows meet them. Rows go to ``fused.csv`` (in ``$OUT`` or
+``benchmarks/results/``) with a PNG beside it.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import RESULTS_DIR, Results, copy_bandwidth, time_gpu  # noqa: E402
+
+from llmspeed_numba.ops.activations import gelu, gelu_and_mul, silu_and_mul  # noqa: E402
+from llmspeed_numba.ops.layer_norm import layer_norm  # noqa: E402
+from llmspeed_numba.ops.rms_norm import rms_norm  # noqa: E402
+from llmspeed_numba.ops.rotary import rotary_embedding  # noqa: E402
+from llmspeed_numba.ops.softmax import argmax, softmax  # noqa: E402
+
+TOKENS = 8192
+HIDDENS = [4096, 14336]
+HEADDIM = 128
+KV_HEADS = 8
+VOCAB_ROWS, VOCAB = 64, 128256
+TEMPERATURE = 0.7
+TARGET_COPY_FRACTION = 0.85
+
+
+def graphed(fn):
+    """A CUDA graph replaying one call of ``fn`` (after a warm-up), or None if capture fails."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            fn()
+    except Exception as exc:  # noqa: BLE001  (cannot be captured: time eagerly)
+        torch.cuda.synchronize()
+        print(f"  (graph capture failed, timing eagerly: {type(exc).__name__}: {exc})")
+        return None
+    torch.cuda.synchronize()
+    g._keep = fn  # the closure's tensors must outlive the graph
+    return g.replay
+
+
+def timed(fn, eager):
+    replay = None if eager else graphed(fn)
+    if replay is None:
+        return time_gpu(fn), "eager"
+    return time_gpu(replay), "graph"
+
+
+def host_us(fn, calls=50):
+    """Host time per call in microseconds (launch overhead), after a warm-up."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+# ---- the cases: (ours, torch, bytes, check) ------------------------------------------------------
+
+def _rand(shape, dtype, scale=1.0):
+    import torch
+
+    return torch.randn(*shape, device="cuda", dtype=torch.float32).mul_(scale).to(dtype)
+
+
+def case_rms_norm(hidden, dtype, residual):
+    import torch
+
+    x = _rand((TOKENS, hidden), dtype)
+    w = _rand((hidden,), dtype)
+    r = _rand((TOKENS, hidden), dtype) if residual else None
+    r_torch = r.clone() if residual else None
+    out = torch.empty_like(x)
+    eps = 1e-6
+
+    def ours():
+        rms_norm(x, w, eps, residual=r, out=out)
+
+    def eager():
+        if residual:
+            r_torch.add_(x)
+            h = r_torch.float()
+        else:
+            h = x.float()
+        return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+    def check():
+        ours()  # residual: r becomes x + r, the stream both sides then normalise
+        h = (r if residual else x).float()
+        return out, w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+    n = TOKENS * hidden * x.element_size()
+    nbytes = (4 if residual else 2) * n + hidden * w.element_size()
+    return ours, eager, nbytes, check
+
+
+def case_layer_norm(hidden, dtype):
+    import torch
+    import torch.nn.functional as F
+
+    x = _rand((TOKENS, hidden), dtype)
+    w = _rand((hidden,), dtype)
+    b = _rand((hidden,), dtype)
+    r = _rand((TOKENS, hidden), dtype)
+    r_torch = r.clone()
+    out = torch.empty_like(x)
+
+    def ours():
+        layer_norm(x, w, b, 1e-5, residual=r, out=out)
+
+    def eager():
+        r_torch.add_(x)
+        return F.layer_norm(r_torch, (hidden,), w, b, 1e-5)
+
+    def check():
+        ours()
+        return out, F.layer_norm(r, (hidden,), w, b, 1e-5)
+
+    nbytes = 4 * TOKENS * hidden * x.element_size() + 2 * hidden * w.element_size()
+    return ours, eager, nbytes, check
+
+
+def _torch_rope(x, cos, sin):
+    """vLLM's ``forward_native`` neox rotation, written back in place."""
+    import torch
+
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    x.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+
+
+def case_rotary(hidden, dtype, cached):
+    import torch
+
+    heads = hidden // HEADDIM
+    q = _rand((TOKENS, heads, HEADDIM), dtype)
+    k = _rand((TOKENS, KV_HEADS, HEADDIM), dtype)
+    pos = torch.randint(0, 8192, (TOKENS,), device="cuda", dtype=torch.int64)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, HEADDIM, 2, device="cuda", dtype=torch.float64)
+                             / HEADDIM))
+    ang = torch.arange(8192, device="cuda", dtype=torch.float64)[:, None] * inv[None, :]
+    cache = torch.cat((ang.cos(), ang.sin()), dim=-1).to(dtype)
+    qt, kt = q.clone(), k.clone()
+
+    def ours():
+        rotary_embedding(q, k, pos, cos_sin_cache=cache if cached else None, check_bounds=False)
+
+    def eager():
+        cs = cache.index_select(0, pos)
+        cos, sin = cs.chunk(2, dim=-1)
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        _torch_rope(qt, cos, sin)
+        _torch_rope(kt, cos, sin)
+
+    def check():
+        q0, k0 = q.clone(), k.clone()
+        ours()
+        qt.copy_(q0)
+        kt.copy_(k0)
+        eager()
+        return torch.cat((q, k), 1), torch.cat((qt, kt), 1)
+
+    nbytes = 2 * TOKENS * (heads + KV_HEADS) * HEADDIM * q.element_size() + TOKENS * 8
+    if cached:
+        nbytes += TOKENS * HEADDIM * cache.element_size()  # one cache row (cos | sin) a token
+    return ours, eager, nbytes, check
+
+
+def case_gated(hidden, dtype, act):
+    import torch
+    import torch.nn.functional as F
+
+    x = _rand((TOKENS, 2 * hidden), dtype, 2.0)
+    out = torch.empty(TOKENS, hidden, device="cuda", dtype=dtype)
+
+    if act == "silu":
+        def ours():
+            silu_and_mul(x, out=out)
+
+        def eager():
+            return F.silu(x[:, :hidden]) * x[:, hidden:]
+    else:
+        def ours():
+            gelu_and_mul(x, approximate="tanh", out=out)
+
+        def eager():
+            return F.gelu(x[:, :hidden], approximate="tanh") * x[:, hidden:]
+
+    def check():
+        ours()
+        return out, eager()
+
+    return ours, eager, 3 * TOKENS * hidden * x.element_size(), check
+
+
+def case_gelu(hidden, dtype):
+    import torch
+    import torch.nn.functional as F
+
+    x = _rand((TOKENS, hidden), dtype, 2.0)
+    out = torch.empty_like(x)
+
+    def ours():
+        gelu(x, out=out)
+
+    def eager():
+        return F.gelu(x)
+
+    def check():
+        ours()
+        return out, eager()
+
+    return ours, eager, 2 * TOKENS * hidden * x.element_size(), check
+
+
+def case_softmax(dtype):
+    import torch
+
+    x = _rand((VOCAB_ROWS, VOCAB), dtype, 4.0)
+    out = torch.empty_like(x)
+
+    def ours():
+        softmax(x, temperature=TEMPERATURE, out=out)
+
+    def eager():
+        return (x / TEMPERATURE).softmax(-1)
+
+    def check():
+        ours()
+        return out, eager()
+
+    return ours, eager, 2 * VOCAB_ROWS * VOCAB * x.element_size(), check
+
+
+def case_argmax(dtype):
+    import torch
+
+    x = _rand((VOCAB_ROWS, VOCAB), dtype)
+    out = torch.empty(VOCAB_ROWS, device="cuda", dtype=torch.int64)
+
+    def ours():
+        argmax(x, out=out)
+
+    def eager():
+        return torch.argmax(x, dim=-1)
+
+    def check():
+        ours()
+        return out, eager()
+
+    return ours, eager, VOCAB_ROWS * VOCAB * x.element_size() + VOCAB_ROWS * 8, check
+
+
+def cases(args):
+    import torch
+
+    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    hiddens = HIDDENS[:1] if args.quick else HIDDENS
+    for dtype in dtypes:
+        for hidden in hiddens:
+            shape = f"tokens {TOKENS} hidden {hidden}"
+            yield "rms_norm", shape, dtype, lambda h=hidden, d=dtype: case_rms_norm(h, d, False)
+            yield ("rms_norm+residual", shape, dtype,
+                   lambda h=hidden, d=dtype: case_rms_norm(h, d, True))
+            yield ("layer_norm+residual", shape, dtype,
+                   lambda h=hidden, d=dtype: case_layer_norm(h, d))
+            yield ("rotary neox cache", shape, dtype,
+                   lambda h=hidden, d=dtype: case_rotary(h, d, True))
+            yield ("rotary neox computed", shape, dtype,
+                   lambda h=hidden, d=dtype: case_rotary(h, d, False))
+            yield ("silu_and_mul", shape, dtype,
+                   lambda h=hidden, d=dtype: case_gated(h, d, "silu"))
+            yield ("gelu_and_mul tanh", shape, dtype,
+                   lambda h=hidden, d=dtype: case_gated(h, d, "gelu_tanh"))
+            yield "gelu", shape, dtype, lambda h=hidden, d=dtype: case_gelu(h, d)
+    shape = f"{VOCAB_ROWS} x {VOCAB}"
+    for dtype in ([torch.bfloat16] if args.quick else [torch.float32, torch.bfloat16]):
+        yield "softmax", shape, dtype, lambda d=dtype: case_softmax(d)
+        yield "argmax", shape, dtype, lambda d=dtype: case_argmax(d)
+
+
+# ---- reporting -------------------------------------------------------------------------------
+
+def _png_fallback(path, rows):
+    """A bar chart PNG without matplotlib: per row, ours (blue) and torch (grey) as % of copy
+    bandwidth; the red line is the 85% target, the black line 100%."""
+    import struct
+    import zlib
+
+    import numpy as np
+
+    n = len(rows)
+    width, height, bar = max(200, 24 * n + 20), 300, 8
+    img = np.full((height, width, 3), 255, np.uint8)
+    top = 120.0  # percent at the top of the chart
+
+    def y(p):
+        return int(height - 10 - (height - 20) * min(p, top) / top)
+
+    for i, (ours, base) in enumerate(rows):
+        x0 = 10 + 24 * i
+        img[y(ours):height - 10, x0:x0 + bar] = (40, 90, 200)
+        if base == base:
+            img[y(base):height - 10, x0 + bar:x0 + 2 * bar] = (150, 150, 150)
+    img[y(100.0), :] = (0, 0, 0)
+    img[y(100.0 * TARGET_COPY_FRACTION), :] = (220, 30, 30)
+    raw = b"".join(b"\x00" + img[r].tobytes() for r in range(height))
+
+    def chunk(tag, data):
+        body = tag + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0,
+                                                            0, 0))
+           + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+    with open(path, "wb") as f:
+        f.write(png)
+    return path
+
+
+def plot(csv_path, fractions):
+    try:
+        import plot as plot_mod  # benchmarks/plot.py (matplotlib)
+
+        return plot_mod.plot(csv_path)
+    except Exception as exc:  # noqa: BLE001  (no matplotlib on the machine: a plain chart)
+        print(f"(plot.py unavailable: {type(exc).__name__}: {exc}; writing a plain bar chart)")
+        return _png_fallback(csv_path[:-4] + ".png", fractions)
+
+
+def main(argv=None):
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="hidden 4096 and bf16 only")
+    parser.add_argument("--eager", action="store_true", help="time plain calls, not graphs")
+    parser.add_argument("--dtypes", default=None, help="comma list (default bfloat16[,float16])")
+    args = parser.parse_args(argv)
+    if args.dtypes is None:
+        args.dtypes = "bfloat16" if args.quick else "bfloat16,float16"
+
+    t_start = time.perf_counter()
+    results = Results("fused")
+    copy = copy_bandwidth()
+    print(f"device-to-device copy: {copy:.1f} GB/s (read + write, 2 GiB)")
+    summary, fractions = [], []
+    for op, shape, dtype, make in cases(args):
+        name = str(dtype).replace("torch.", "")
+        t0 = time.perf_counter()
+        ours_fn, eager_fn, nbytes, check = make()
+        got, expected = check()
+        torch.cuda.synchronize()
+        if got.dtype == torch.int64:
+            err = float((got != expected).sum().item())
+            err_note = f"{int(err)} argmax mismatches"
+        else:
+            diff = (got.float() - expected.float()).abs().max().item()
+            scale = expected.float().abs().max().item() or 1.0
+            err_note = f"max |ours - torch| / max |torch| = {diff / scale:.2e}"
+        ours, how = timed(ours_fn, args.eager)
+        base, how_base = timed(eager_fn, args.eager)
+        gbs = nbytes / (ours["median"] * 1e-3) / 1e9
+        gbs_torch = nbytes / (base["median"] * 1e-3) / 1e9
+        launch = host_us(ours_fn)
+        note = (f"{how}/{how_base}; copy {copy:.0f} GB/s; ours {100 * gbs / copy:.1f}% of copy, "
+                f"torch {100 * gbs_torch / copy:.1f}%; {nbytes / 1e6:.1f} MB; host "
+                f"{launch:.0f} us/call; {err_note}")
+        results.add(op, shape, shape, name, ours, "torch eager", base, "GB/s", gbs, gbs_torch,
+                    note=note)
+        ok = gbs >= TARGET_COPY_FRACTION * copy and ours["median"] < base["median"]
+        summary.append((op, shape, name, 100 * gbs / copy, base["median"] / ours["median"],
+                        ours["median"] * 1e3, ok))
+        fractions.append((100 * gbs / copy, 100 * gbs_torch / copy))
+        print(f"    {op} {shape} {name}: {ours['median'] * 1e3:.1f} us ours, "
+              f"{base['median'] * 1e3:.1f} us torch, {err_note} "
+              f"({time.perf_counter() - t0:.1f} s)", flush=True)
+        del ours_fn, eager_fn, check, got, expected
+        torch.cuda.empty_cache()
+
+    path = results.write()
+    png = plot(path, fractions)
+    lines = ["| op | shape | dtype | ours us | % of copy | x torch | meets target |",
+             "|---|---|---|---|---|---|---|"]
+    for op, shape, name, frac, speedup, us, ok in summary:
+        lines.append(f"| {op} | {shape} | {name} | {us:.1f} | {frac:.1f}% | {speedup:.2f} | "
+                     f"{'yes' if ok else 'NO'} |")
+    table = "\n".join(lines)
+    head = (f"Fused ops on {results.gpu} @ {results.commit}: copy bandwidth {copy:.0f} GB/s; "
+            f"target >= {100 * TARGET_COPY_FRACTION:.0f}% of copy and faster than torch eager.\n\n")
+    out_dir = os.environ.get("OUT") or RESULTS_DIR
+    with open(os.path.join(out_dir, "fused_headline.md"), "w") as f:
+        f.write(head + table + "\n")
+    print("\n" + head + table)
+    print(f"\nCSV: {path}\nPNG: {png}\n{sum(s[-1] for s in summary)} of {len(summary)} rows meet "
+          f"the target; {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GEMM on the GPU machine: the GPU test suite, then the benchmark. Run from anywhere; logs, the
+# CSV, the PNG, the headline table and the autotune cache go to $OUT (default
+# benchmarks/results/).
+#   bash benchmarks/gpu_gemm.sh [all|tests|bench] [--quick] [--sweep] [--autotune] ...
+# (the first argument picks the part, default all; the rest go to the benchmark). The first run
+# compiles every kernel (numba's disk cache keeps them for later runs on the same machine).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=.
+export OUT="${OUT:-benchmarks/results}"
+export LLMSPEED_NUMBA_CACHE="${LLMSPEED_NUMBA_CACHE:-$OUT/autotune_cache}"
+mkdir -p "$OUT"
+part="${1:-all}"
+case "$part" in all|tests|bench) shift || true ;; *) part=all ;; esac
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee "$OUT/gemm_gpu.txt"
+start=$(date +%s)
+tests_rc=0
+bench_rc=0
+if [ "$part" != bench ]; then
+    python -m pytest -q -m gpu tests/test_gemm.py -x --durations=20 -p no:cacheprovider 2>&1 \
+        | tee "$OUT/gemm_tests.log"
+    tests_rc=${PIPESTATUS[0]}
+    echo "GPU tests: rc=$tests_rc after $(( $(date +%s) - start )) s" | tee -a "$OUT/gemm_tests.log"
+fi
+if [ "$part" != tests ]; then
+    python benchmarks/bench_gemm.py "$@" 2>&1 | tee "$OUT/gemm_bench.log"
+    bench_rc=${PIPESTATUS[0]}
+    echo "benchmark: rc=$bench_rc after $(( $(date +%s) - start )) s" | tee -a "$OUT/gemm_bench.log"
+fi
+exit $(( tests_rc != 0 || bench_rc != 0 ))

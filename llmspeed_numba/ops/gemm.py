@@ -1,0 +1,627 @@
+"""GEMM with a fused epilogue: ``out = activation(alpha * a @ b + beta * c + bias)``.
+
+``a`` is (M, K), ``b`` is (K, N), ``out`` is (M, N). Each operand may be row-major (its last
+dimension contiguous, e.g. a C-contiguous array) or column-major (its first dimension contiguous,
+e.g. the ``.T`` view of a C-contiguous array), with any leading-dimension stride at least the
+contiguous extent (a sliced sub-matrix works too): NN, NT, TN and TT all run without a copy.
+``c`` (M, N) may have any non-negative strides and is read only when ``beta != 0`` (BLAS
+convention); ``bias`` is a contiguous length-N vector; ``c`` and ``bias`` may be fp16, bf16 or fp32.
+
+Precision: fp16 / bf16 inputs run on Tensor Cores (``mma.sync.m16n8k16``) with fp32 accumulation
+(or on the SIMT kernel with ``backend="simt"``); fp32 inputs run on the SIMT kernel in fp32. The
+epilogue is computed in fp32 and rounded once to ``out_dtype`` (default: ``out``'s dtype when
+given, else the input dtype).
+
+Kernels (one module each): ``_gemm_tensor_core`` (cp.async multi-stage pipeline, swizzled shared
+tiles, ldmatrix, warp tiling, grouped rasterisation, fused epilogue), ``_gemm_simt`` (register
+blocked, double buffered). Shapes with few output tiles (decode-time M of 1-16, or small M x N
+with long K) split K across ``split_k`` blocks: each writes fp32 partial sums to a workspace and
+``_splitk_reduce_kernel`` adds them and applies the epilogue. The tile configuration comes from
+``config=``, else from the autotune cache (``llmspeed_numba.autotune``), else from ``_heuristic``.
+"""
+
+import dataclasses
+import functools
+import math
+import os
+
+import numpy as np
+from numba import types
+
+from .. import compile_check
+from .._arrays import STORAGE, empty, kernel_buffer, stream_handle
+from .._checks import choice, non_negative_strides, output, same_dtype, shape, tensor
+from .._env import SIMULATOR, cuda
+from .._launch import Kernel, array1d, jit, max_shared_per_block_optin, sm_count
+from ..autotune import enabled as _autotune_enabled
+from ..autotune import generation as _autotune_generation
+from ..autotune import lookup as _autotune_lookup
+from ..autotune import tune_gemm_problem as _tune_gemm_problem
+from . import _gemm_simt, _gemm_tensor_core
+from ._activations_device import ACTIVATIONS
+from ._epilogue import epilogue, vector_width
+
+# (autotune names are imported, not the module: the package may export a function ``autotune``)
+
+INPUT_DTYPES = ("float16", "bfloat16", "float32")
+OUTPUT_DTYPES = ("float16", "bfloat16", "float32")
+BACKENDS = ("auto", "tensor_core", "simt")
+
+
+def _cdiv(x, y):
+    return -(-x // y)
+
+
+# ---- tile configurations ----------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """One tile configuration.
+
+    Tensor Core: a ``block_m x block_n`` block tile stepping K by ``block_k``, ``warps_m x warps_n``
+    warps (each a ``block_m / warps_m x block_n / warps_n`` warp tile), ``stages`` cp.async
+    stages. SIMT: ``thread_m x thread_n`` accumulators per thread, two buffers. Both: ``split_k``
+    K splits (None: chosen by shape), rasterisation in groups of ``group_m`` block rows.
+    """
+    backend: str = "tensor_core"
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 32
+    warps_m: int = 2
+    warps_n: int = 2
+    stages: int = 4
+    thread_m: int = 8
+    thread_n: int = 8
+    split_k: int = None
+    group_m: int = 8
+
+    @property
+    def name(self):
+        tile = f"{self.block_m}x{self.block_n}x{self.block_k}"
+        if self.backend == "tensor_core":
+            body = f"tc_{tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}"
+        else:
+            body = f"simt_{tile}_t{self.thread_m}x{self.thread_n}"
+        return body + ("" if self.split_k is None else f"_k{self.split_k}")
+
+    @property
+    def threads(self):
+        if self.backend == "tensor_core":
+            return 32 * self.warps_m * self.warps_n
+        return _gemm_simt.threads(self.block_m, self.block_n, self.thread_m, self.thread_n)
+
+    def shared_bytes(self):
+        if self.backend == "tensor_core":
+            return _gemm_tensor_core.shared_bytes(self.block_m, self.block_n, self.block_k,
+                                                  self.stages)
+        return 0  # static shared memory only
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def check(self):
+        """``ValueError`` naming ``config`` when this configuration cannot run."""
+        def bad(why):
+            raise ValueError(f"config: {self.name}: {why}")
+
+        def pow2(x):
+            return x >= 1 and x & (x - 1) == 0
+
+        choice("config.backend", self.backend, ("tensor_core", "simt"))
+        if self.split_k is not None and (not isinstance(self.split_k, int) or self.split_k < 1):
+            bad(f"split_k must be None or an int >= 1, got {self.split_k!r}")
+        if self.group_m < 1:
+            bad("group_m must be >= 1")
+        if self.backend == "tensor_core":
+            if not all(pow2(x) for x in (self.block_m, self.block_n, self.block_k,
+                                         self.warps_m, self.warps_n)):
+                bad("block sizes and warp counts must be powers of 2")
+            if not 16 <= self.block_k <= 64 or self.block_m < 16 * self.warps_m or \
+                    self.block_n < 16 * self.warps_n:
+                bad("needs 16 <= block_k <= 64 and warp tiles of at least 16 x 16")
+            if max(self.block_m, self.block_n, self.block_k) // 8 > self.threads:
+                bad("a tile row has more 16-byte chunks than the block has threads")
+            if self.stages < 2:
+                bad("needs stages >= 2")
+            limit = max_shared_per_block_optin()
+            if self.shared_bytes() > limit:
+                bad(f"needs {self.shared_bytes()} bytes of shared memory, the device allows "
+                    f"{limit}")
+        else:
+            if self.block_m % self.thread_m or self.block_n % self.thread_n:
+                bad("block_m / block_n must be multiples of thread_m / thread_n")
+            t = self.threads
+            if t > 1024 or (self.block_m * self.block_k) % t or (self.block_n * self.block_k) % t:
+                bad(f"{t} threads must divide both tiles' elements (and be <= 1024)")
+            if 8 * self.block_k * (self.block_m + self.block_n + 8) > 48 * 1024:
+                bad("needs more than 48 KB of static shared memory")
+        return self
+
+
+#: Named configurations (``config="tc_128x128x32_w2x2_s4"``); the autotuner's candidates.
+CONFIGS = {c.name: c for c in (
+    # large tiles: 64 x 64 warp tiles, 2 blocks per SM (128x128) or one of 8 warps (128x256)
+    GemmConfig("tensor_core", 128, 128, 32, 2, 2, 4),
+    GemmConfig("tensor_core", 128, 128, 64, 2, 2, 3),
+    GemmConfig("tensor_core", 128, 256, 32, 2, 4, 3),
+    GemmConfig("tensor_core", 256, 128, 32, 4, 2, 3),
+    GemmConfig("tensor_core", 128, 256, 64, 2, 4, 3),
+    # medium: 64 x 32 warp tiles
+    GemmConfig("tensor_core", 64, 128, 64, 1, 4, 4),
+    GemmConfig("tensor_core", 64, 64, 64, 2, 2, 4),
+    # decode (M <= 32): one or two 16-row fragments per warp; memory-bound on B
+    GemmConfig("tensor_core", 16, 128, 64, 1, 4, 4),
+    GemmConfig("tensor_core", 16, 256, 64, 1, 8, 4),
+    GemmConfig("tensor_core", 32, 128, 64, 1, 4, 4),
+    GemmConfig("simt", 128, 128, 8, thread_m=8, thread_n=8),
+    GemmConfig("simt", 64, 64, 8, thread_m=4, thread_n=4),
+    # simulator: same kernels, tiles small enough for a few emulated warps
+    GemmConfig("tensor_core", 16, 16, 16, 1, 1, 2),
+    GemmConfig("tensor_core", 32, 32, 16, 2, 1, 3),
+    GemmConfig("simt", 16, 16, 8, thread_m=2, thread_n=2),
+)}
+
+_SIM_TC = CONFIGS["tc_16x16x16_w1x1_s2"]
+_SIM_SIMT = CONFIGS["simt_16x16x8_t2x2"]
+
+
+def resolve_config(config):
+    """A ``GemmConfig`` from a ``GemmConfig``, a name in ``CONFIGS`` or a dict of fields."""
+    if isinstance(config, GemmConfig):
+        return config.check()
+    if isinstance(config, str):
+        base, _, split = config.partition("_k")
+        if config in CONFIGS:
+            return CONFIGS[config]
+        if base in CONFIGS and split.isdigit():
+            return CONFIGS[base].replace(split_k=int(split)).check()
+        raise ValueError(f"config: unknown name {config!r}; known: {sorted(CONFIGS)}")
+    if isinstance(config, dict):
+        try:
+            return GemmConfig(**config).check()
+        except TypeError as exc:
+            raise ValueError(f"config: {exc}") from None
+    raise TypeError(f"config: expected None, a GemmConfig, a name or a dict, got "
+                    f"{type(config).__name__}")
+
+
+def _heuristic(backend, M, N, K):
+    """A reasonable configuration by shape, when nothing better is known."""
+    if SIMULATOR:
+        return _SIM_TC if backend == "tensor_core" else _SIM_SIMT
+    if backend == "simt":
+        return CONFIGS["simt_64x64x8_t4x4" if M * N <= 512 * 512 else "simt_128x128x8_t8x8"]
+    if M <= 16:
+        return CONFIGS["tc_16x128x64_w1x4_s4"]
+    if M <= 32:
+        return CONFIGS["tc_32x128x64_w1x4_s4"]
+    if M <= 64 or N <= 64:
+        return CONFIGS["tc_64x128x64_w1x4_s4"]
+    # the largest tile that still gives about a wave of blocks; else 128 x 128 with split-K
+    for name in ("tc_128x128x32_w2x2_s4", "tc_64x128x64_w1x4_s4"):
+        cfg = CONFIGS[name]
+        if _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n) >= 0.75 * sm_count():
+            return cfg
+    return CONFIGS["tc_128x128x32_w2x2_s4"]
+
+
+def split_count(cfg, M, N, K):
+    """K splits of ``cfg`` for this shape: ``cfg.split_k``, or enough blocks for two waves of
+    the GPU, bounded so each split keeps at least two K tiles and the fp32 workspace traffic
+    (written and read once) stays below the traffic of B."""
+    if cfg.split_k is not None:
+        return max(1, min(cfg.split_k, _cdiv(K, cfg.block_k)))
+    tiles = _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n)
+    want = (2 * sm_count()) // tiles
+    cap = min(K // (2 * cfg.block_k), max(1, K // (4 * M)), 32)
+    return max(1, min(want, cap))
+
+
+# ---- kernels -------------------------------------------------------------------------------
+
+def _storage(dtype):
+    return array1d(STORAGE[dtype])
+
+
+def _signature(in_dtype, out_dtype, c_dtype, bias_dtype):
+    i32, i64, f32 = types.int32, types.int64, types.float32
+    return (_storage(in_dtype), _storage(in_dtype), _storage(out_dtype),
+            _storage(c_dtype or out_dtype), _storage(bias_dtype or out_dtype),
+            i32, i32, i32, i64, i64, i64, i64, i64, i64, i64, f32, f32, i32, i32, i32, i32)
+
+
+def _kernel_fn(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_dtype,
+               bias_dtype, act):
+    if cfg.backend == "tensor_core":
+        return _gemm_tensor_core.make_kernel(
+            cfg.block_m, cfg.block_n, cfg.block_k, cfg.warps_m, cfg.warps_n, cfg.stages,
+            cfg.group_m, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype == "bfloat16",
+            out_dtype, c_dtype, bias_dtype, act)
+    return _gemm_simt.make_kernel(
+        cfg.block_m, cfg.block_n, cfg.block_k, cfg.thread_m, cfg.thread_n, cfg.group_m,
+        a_k_inner, b_k_inner, in_dtype, out_dtype, c_dtype, bias_dtype, act)
+
+
+@functools.lru_cache(maxsize=None)
+def _gemm_kernel(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_dtype,
+                 bias_dtype, act):
+    fn = _kernel_fn(cfg.replace(split_k=None), a_k_inner, b_k_inner, a_vec, b_vec, in_dtype,
+                    out_dtype, c_dtype, bias_dtype, act)
+    return Kernel(jit(fn), _signature(in_dtype, out_dtype, c_dtype, bias_dtype),
+                  f"gemm_{cfg.backend}")
+
+
+def _splitk_reduce_kernel_fn(out_dtype, c_dtype, bias_dtype, act):
+    apply_epilogue = epilogue(out_dtype, c_dtype, bias_dtype, act)
+
+    def splitk_reduce_kernel(ws, out, c, bias, M, N, splits, so_m, so_n, sc_m, sc_n, alpha,
+                             beta):
+        """``out[m, n] = epilogue(sum_z ws[z, m, n])``; ws is (splits, M, N) contiguous fp32.
+        With ``splits == 0`` it computes the K = 0 result ``act(beta * c + bias)``."""
+        mn = M * N
+        i = cuda.grid(1)
+        step = cuda.gridsize(1)
+        while i < mn:
+            m = i // N
+            n = i - m * N
+            s = np.float32(0.0)
+            for z in range(splits):
+                s += ws[z * mn + i]
+            apply_epilogue(s, n, out, m * so_m + n * so_n, c, m * sc_m + n * sc_n, bias, alpha,
+                           beta)
+            i += step
+
+    return splitk_reduce_kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _splitk_reduce_kernel(out_dtype, c_dtype, bias_dtype, act):
+    i32, i64, f32 = types.int32, types.int64, types.float32
+    sig = (array1d(np.float32), _storage(out_dtype), _storage(c_dtype or out_dtype),
+           _storage(bias_dtype or out_dtype), i64, i64, i32, i64, i64, i64, i64, f32, f32)
+    return Kernel(jit(_splitk_reduce_kernel_fn(out_dtype, c_dtype, bias_dtype, act)), sig,
+                  "gemm_splitk_reduce")
+
+
+_REDUCE_THREADS = 256
+
+
+# ---- validation helpers -------------------------------------------------------------------
+
+def _layout(t, name):
+    """(k_inner, leading stride) of a 2-D operand: which dimension is contiguous.
+
+    For ``a`` (M, K) ``k_inner`` means row-major; for ``b`` (K, N) it means column-major. A
+    dimension of size 1 has no meaningful stride and is ignored, and so are the strides of an
+    empty operand."""
+    rows, cols = t.shape
+    s_rows, s_cols = t.strides
+    is_a = name == "a"
+    if rows == 0 or cols == 0:  # no elements: any strides, never read
+        return is_a, max(cols, 1)
+    row_major = (cols == 1 or s_cols == 1) and (rows == 1 or s_rows >= cols)
+    col_major = (rows == 1 or s_rows == 1) and (cols == 1 or s_cols >= rows)
+    if not (row_major or col_major) or min(t.strides) < 0:
+        raise ValueError(
+            f"{name}: expected a row-major or column-major matrix (one dimension of stride 1, "
+            f"the other at least its extent), got shape {t.shape} with strides {t.strides}; "
+            "make it contiguous first")
+    if row_major and (not col_major or cols > 1):
+        ld = s_rows if rows > 1 else cols
+        return is_a, max(ld, 1)
+    ld = s_cols if cols > 1 else rows
+    return not is_a, max(ld, 1)
+
+
+def _vector_ok(t, ld):
+    """16-byte cp.async is allowed: aligned base pointer and leading stride."""
+    return t.ptr % 16 == 0 and ld % 8 == 0
+
+
+def _scalar(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: expected a finite number, got {value}")
+    return value
+
+
+def shape_class(M, N, K, dtype, out_dtype, a_k_inner, b_k_inner, aligned):
+    """Autotune key: shapes within a factor of two along each dimension share a winner."""
+    def bucket(x):
+        return 1 << max(0, (x - 1).bit_length())
+
+    layout = ("N" if a_k_inner else "T") + ("T" if b_k_inner else "N")
+    return (f"{dtype}->{out_dtype} {layout} M{bucket(M)} N{bucket(N)} K{bucket(K)}"
+            f"{'' if aligned else ' unaligned'}")
+
+
+@dataclasses.dataclass
+class _Problem:
+    """A validated call, ready to launch: everything but the tile configuration."""
+    ta: object
+    tb: object
+    to: object
+    tc: object
+    tbias: object
+    out: object
+    M: int
+    N: int
+    K: int
+    a_k_inner: bool
+    b_k_inner: bool
+    lda: int
+    ldb: int
+    a_vec: bool
+    b_vec: bool
+    alpha: float
+    beta: float
+    act: object
+    out_dtype: str
+    backend: str
+    stream: int
+
+    @property
+    def key(self):
+        return shape_class(self.M, self.N, self.K, self.ta.dtype, self.out_dtype,
+                           self.a_k_inner, self.b_k_inner, self.a_vec and self.b_vec)
+
+
+def _prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, stream):
+    # type and rank, shape agreement, dtype, strides, supported combinations (_checks order)
+    ta = tensor(a, "a", ndim=2)
+    tb = tensor(b, "b", ndim=2)
+    M, K = ta.shape
+    shape("b", tb, (K, None), "to match a's K")
+    N = tb.shape[1]
+    if ta.dtype not in INPUT_DTYPES:
+        raise TypeError(f"a: expected dtype in {INPUT_DTYPES}, got {ta.dtype}")
+    same_dtype("a", ta, b=tb)
+    tc = tensor(c, "c", ndim=2, dtypes=OUTPUT_DTYPES) if c is not None else None
+    if tc is not None:
+        shape("c", tc, (M, N), "(M, N)")
+        non_negative_strides("c", tc)
+    tbias = tensor(bias, "bias", ndim=1, dtypes=OUTPUT_DTYPES) if bias is not None else None
+    if tbias is not None:
+        shape("bias", tbias, (N,), "(N,)")
+        if N > 1 and tbias.strides[0] != 1:
+            raise ValueError(f"bias: expected a contiguous vector, got strides {tbias.strides}")
+    alpha = _scalar("alpha", alpha)
+    beta = _scalar("beta", beta)
+    choice("activation", activation, ACTIVATIONS)
+    choice("backend", backend, BACKENDS)
+    if out_dtype is None:  # out's dtype when given, else the input dtype
+        out_dtype = tensor(out, "out").dtype if out is not None else ta.dtype
+    out_dtype = _dtype_name(out_dtype)
+    if out_dtype not in OUTPUT_DTYPES:
+        raise TypeError(f"out_dtype: expected one of {OUTPUT_DTYPES}, got {out_dtype!r}")
+    a_k_inner, lda = _layout(ta, "a")
+    b_k_inner, ldb = _layout(tb, "b")
+    if backend == "auto":
+        backend = "simt" if ta.dtype == "float32" else "tensor_core"
+    if backend == "tensor_core" and ta.dtype == "float32":
+        raise NotImplementedError("backend='tensor_core' needs fp16 or bf16 inputs; fp32 inputs "
+                                  "run on backend='simt'")
+    to = output("out", out, (M, N), out_dtype, ta)
+    if to is None:
+        out = empty(ta, (M, N), out_dtype)
+        to = tensor(out, "out")
+    return _Problem(ta, tb, to, tc if beta != 0.0 else None, tbias, out, M, N, K, a_k_inner,
+                    b_k_inner, lda, ldb, _vector_ok(ta, lda), _vector_ok(tb, ldb), alpha, beta,
+                    activation, out_dtype, backend, stream_handle(stream, (ta, tb)))
+
+
+def _dtype_name(dtype):
+    """Library name of ``out_dtype``: a string, numpy / ml_dtypes dtype or torch dtype."""
+    if isinstance(dtype, str):
+        return dtype
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype).replace("torch.", "")
+
+
+# ---- launch --------------------------------------------------------------------------------
+
+def _address(buf):
+    """Device address of a kernel buffer (the host address of its numpy view in the
+    simulator, which checks alignment the same way)."""
+    return buf.ptr if hasattr(buf, "ptr") else buf.ctypes.data
+
+
+def _input(t):
+    """Kernel buffer of a read-only operand. The simulator copies every array argument in and
+    back out after the launch, so an input sharing memory with the output (``out=c``, or a
+    placeholder for an absent ``c``) would be written back over the result: give it a copy."""
+    buf = kernel_buffer(t)
+    return buf.copy() if SIMULATOR else buf
+
+
+def _launch_reduce(p, ws, splits):
+    c_dtype = p.tc.dtype if p.tc is not None else None
+    bias_dtype = p.tbias.dtype if p.tbias is not None else None
+    kernel = _splitk_reduce_kernel(p.out_dtype, c_dtype, bias_dtype, p.act)
+    out_buf = kernel_buffer(p.to)
+    total = p.M * p.N
+    if SIMULATOR:
+        ws = ws.copy()
+    blocks = max(1, min(_cdiv(total, _REDUCE_THREADS), 8 * sm_count()))
+    sc = p.tc.strides if p.tc is not None else (0, 0)
+    kernel(blocks, _REDUCE_THREADS,
+           (ws, out_buf, _input(p.tc if p.tc is not None else p.to),
+            _input(p.tbias if p.tbias is not None else p.to),
+            p.M, p.N, splits, p.to.strides[0], p.to.strides[1], sc[0], sc[1], p.alpha, p.beta),
+           p.stream)
+
+
+def _run(p, cfg):
+    """Launch ``cfg`` for problem ``p`` (M, N, K >= 1)."""
+    splits = split_count(cfg, p.M, p.N, p.K)
+    k_split = _cdiv(_cdiv(p.K, splits), cfg.block_k) * cfg.block_k  # whole K tiles per split
+    splits = _cdiv(p.K, k_split)
+    tiles_m = _cdiv(p.M, cfg.block_m)
+    tiles_n = _cdiv(p.N, cfg.block_n)
+    tc_path = cfg.backend == "tensor_core"
+    a_vec = p.a_vec and tc_path
+    b_vec = p.b_vec and tc_path
+    if splits == 1:
+        c_dtype = p.tc.dtype if p.tc is not None else None
+        bias_dtype = p.tbias.dtype if p.tbias is not None else None
+        kernel = _gemm_kernel(cfg, p.a_k_inner, p.b_k_inner, a_vec, b_vec, p.ta.dtype,
+                              p.out_dtype, c_dtype, bias_dtype, p.act)
+        out_buf = kernel_buffer(p.to)
+        c_buf = _input(p.tc if p.tc is not None else p.to)
+        bias_buf = _input(p.tbias if p.tbias is not None else p.to)
+        so_m, so_n = p.to.strides
+        sc = p.tc.strides if p.tc is not None else (0, 0)
+        alpha, beta = p.alpha, p.beta
+    else:
+        # partial sums: (splits, M, N) fp32, epilogue in the reduce kernel
+        kernel = _gemm_kernel(cfg, p.a_k_inner, p.b_k_inner, a_vec, b_vec, p.ta.dtype,
+                              "float32", None, None, None)
+        workspace = empty(p.ta, (splits * p.M * p.N,), "float32")
+        out_buf = kernel_buffer(tensor(workspace, "workspace"))
+        c_buf = bias_buf = _input(tensor(workspace, "workspace"))
+        so_m, so_n = p.N, 1
+        sc = (0, 0)
+        alpha, beta = 1.0, 0.0
+    width = vector_width("float32" if splits > 1 else p.out_dtype)
+    # 16-byte epilogue stores: unit column stride, 16-byte aligned rows (and split offsets,
+    # which are whole rows of the workspace)
+    out_vec = int(so_n == 1 and so_m % width == 0 and _address(out_buf) % 16 == 0)
+    kernel((tiles_m * tiles_n, splits), cfg.threads,
+           (_input(p.ta), _input(p.tb), out_buf, c_buf, bias_buf,
+            p.M, p.N, p.K, p.lda, p.ldb, so_m, so_n, p.M * p.N, sc[0], sc[1], alpha, beta,
+            k_split, tiles_m, tiles_n, out_vec),
+           p.stream, cfg.shared_bytes())
+    if splits > 1:
+        _launch_reduce(p, out_buf, splits)
+
+
+_CHOICES = {}  # memo of _choose by shape, layout, dtypes and autotune cache state
+
+
+def _choose(p, config):
+    """The configuration to run: ``config=``, else the cached autotune winner for the shape
+    class, else (when ``LLMSPEED_NUMBA_AUTOTUNE=1``) a fresh autotune, else the heuristic."""
+    if config is not None:
+        return config
+    memo = (p.M, p.N, p.K, p.ta.dtype, p.out_dtype, p.a_k_inner, p.b_k_inner,
+            p.a_vec and p.b_vec, p.backend, _autotune_generation(),
+            os.environ.get("LLMSPEED_NUMBA_CACHE"))
+    cfg = _CHOICES.get(memo)
+    if cfg is None:
+        found = _autotune_lookup("gemm", p.key)
+        if found is not None and found.get("backend") == p.backend:
+            cfg = GemmConfig(**found)
+        elif _autotune_enabled():
+            cfg = _tune_gemm_problem(p)
+        else:
+            cfg = _heuristic(p.backend, p.M, p.N, p.K)
+        if len(_CHOICES) > 4096:
+            _CHOICES.clear()
+        _CHOICES[memo] = cfg
+    return cfg
+
+
+def candidates(p):
+    """Configurations the autotuner times for problem ``p`` (``_Problem``)."""
+    if SIMULATOR:
+        pool = [_SIM_TC, CONFIGS["tc_32x32x16_w2x1_s3"]] if p.backend == "tensor_core" else [
+            _SIM_SIMT]
+    elif p.backend == "simt":
+        pool = [CONFIGS["simt_128x128x8_t8x8"], CONFIGS["simt_64x64x8_t4x4"]]
+    elif p.M <= 32:
+        pool = [CONFIGS[n] for n in ("tc_16x128x64_w1x4_s4", "tc_16x256x64_w1x8_s4",
+                                     "tc_32x128x64_w1x4_s4")]
+        if p.M > 16:
+            pool = pool[2:]
+    else:
+        pool = [CONFIGS[n] for n in ("tc_128x128x32_w2x2_s4", "tc_128x128x64_w2x2_s3",
+                                     "tc_128x256x32_w2x4_s3", "tc_256x128x32_w4x2_s3",
+                                     "tc_128x256x64_w2x4_s3", "tc_64x128x64_w1x4_s4",
+                                     "tc_64x64x64_w2x2_s4")]
+    out = []
+    for cfg in pool:
+        out.append(cfg)
+        tiles = _cdiv(p.M, cfg.block_m) * _cdiv(p.N, cfg.block_n)
+        if tiles < 2 * sm_count():  # few tiles: also try fixed splits around the heuristic's
+            k_tiles = _cdiv(p.K, cfg.block_k)
+            for split in (1, 2, 4, 8, 16):
+                if split <= max(1, k_tiles // 2):
+                    out.append(cfg.replace(split_k=split))
+    return out
+
+
+def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=None,
+         out_dtype=None, backend="auto", config=None, stream=None):
+    """``out = activation(alpha * a @ b + beta * c + bias)``.
+
+    a: (M, K), b: (K, N): fp16, bf16 (Tensor Cores, fp32 accumulation) or fp32 (SIMT), the same
+    dtype; row- or column-major each (strides decide; other strides raise ``ValueError``).
+    c: optional (M, N), read only when ``beta != 0``. bias: optional (N,). c and bias: fp16, bf16
+    or fp32. activation: None, "relu", "gelu" (tanh form) or "silu".
+    out: optional (M, N), any non-negative strides, may be ``c`` itself. out_dtype: fp16, bf16
+    or fp32; default: ``out``'s dtype when given, else the input dtype.
+    backend: "auto" (Tensor Cores for fp16 / bf16, SIMT for fp32),
+    "tensor_core" or "simt". config: a ``GemmConfig``, a name in ``CONFIGS`` or a dict; default:
+    the autotuned winner for this shape class if one is cached, else a heuristic.
+    stream: None (the caller's torch / CuPy current stream, else the default stream), an int
+    handle, or a numba / torch / CuPy / cuda.core stream.
+
+    Any M, N, K >= 0: M or N = 0 returns an empty result; K = 0 returns
+    ``activation(beta * c + bias)`` (the main kernel is not launched in either case).
+    Returns ``out`` (allocated in the kind of ``a`` when not given).
+    Raises ``TypeError`` for non-arrays, unsupported or mixed dtypes; ``ValueError`` for wrong
+    ranks, mismatched shapes, unsupported strides or a bad config; ``NotImplementedError`` for
+    fp32 inputs with ``backend="tensor_core"``.
+    """
+    if config is not None:
+        config = resolve_config(config)
+        if backend == "auto":
+            backend = config.backend
+        elif backend != config.backend:
+            raise ValueError(f"config: a {config.backend} configuration with "
+                             f"backend={backend!r}")
+    p = _prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, stream)
+    if p.M == 0 or p.N == 0:
+        return p.out
+    if p.K == 0:
+        _launch_reduce(p, kernel_buffer(p.to), 0)  # sums nothing: act(beta * c + bias)
+        return p.out
+    _run(p, _choose(p, config))
+    return p.out
+
+
+# ---- compile-only check ----------------------------------------------------------------------
+
+def _compile_target(cfg, a_k_inner, b_k_inner, in_dtype, out_dtype, c_dtype=None,
+                    bias_dtype=None, act=None, vec=True):
+    def build():
+        fn = _kernel_fn(cfg, a_k_inner, b_k_inner, vec, vec, in_dtype, out_dtype, c_dtype,
+                        bias_dtype, act)
+        return fn, _signature(in_dtype, out_dtype, c_dtype, bias_dtype)
+
+    return build
+
+
+_TC_PTX = ("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x4", "cp.async.cg.shared")
+_TC_SASS = ("HMMA", "LDSM", "LDGSTS")
+for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
+        ("gemm_tc_f16_nn", "tc_128x128x32_w2x2_s4", True, False, "float16", "float16", {}),
+        ("gemm_tc_bf16_nt", "tc_128x128x32_w2x2_s4", True, True, "bfloat16", "bfloat16", {}),
+        ("gemm_tc_f16_tn_epilogue", "tc_128x128x32_w2x2_s4", False, False, "float16", "float16",
+         dict(c_dtype="float16", bias_dtype="float16", act="gelu")),
+        ("gemm_tc_f16_tt", "tc_128x128x32_w2x2_s4", False, True, "float16", "float32", {}),
+        ("gemm_tc_f16_128x256", "tc_128x256x32_w2x4_s3", True, False, "float16", "float16", {}),
+        ("gemm_tc_f16_decode_nt", "tc_16x128x64_w1x4_s4", True, True, "float16", "float32", {}),
+        ("gemm_tc_f16_decode_nn", "tc_16x128x64_w1x4_s4", True, False, "float16", "float32", {}),
+):
+    compile_check.register(
+        _name, _compile_target(CONFIGS[_cfg], _a_k, _b_k, _in, _out, **_extra),
+        ptx_must_have=_TC_PTX, sass_must_have=_TC_SASS)
+compile_check.register(
+    "gemm_simt_f32_nn", _compile_target(CONFIGS["simt_128x128x8_t8x8"], True, False, "float32",
+                                        "float32", vec=False),
+    sass_must_have=("FFMA",))

@@ -1,0 +1,1098 @@
+"""Decode attention over a paged KV cache (flash-decoding with split-K), on Tensor Cores.
+
+    out[b, t, h, :] = sum_j P[b, h, t, j] v(b, j, h // group)
+    P[b, h, t, j]   = exp(scale * q[b, t, h] . k(b, j, h // group) - lse[b, h, t])   (attended j)
+    k(b, j, hk)     = k_cache[block_table[b, j // block_size], j % block_size, hk, :]   (v alike)
+
+Layout: ``k_cache``, ``v_cache`` (num_blocks, block_size, nheads_k, headdim); ``block_table`` int32
+(batch, max_blocks_per_seq); ``seq_lens`` int32 (batch,); q (batch, nheads, headdim) or
+(batch, q_len, nheads, headdim); ``group = nheads // nheads_k`` (GQA / MQA).
+
+Mask: ``seq_lens[b]`` *includes* the ``q_len`` new tokens (already appended, as in vLLM and
+FlashInfer). Query ``t`` (0-based among the new ones) sits at position ``p = seq_len - q_len + t``
+and attends cache positions ``j`` with ``p - window_left <= j <= p`` (bottom-right causal; no
+lower bound when ``window_left == -1``), i.e. FlashAttention 2's ``causal=True`` with
+``seqlen_k = seq_len``. A query with nothing to attend (``seq_len == 0``) gets 0 and lse ``-inf``.
+
+Kernel (one block per (batch, kv head, split, row tile), ``WARPS`` warps):
+
+- Rows. The ``group * q_len`` query rows that share a KV head are the M rows of one m16n8k16
+  ``mma`` tile (8 rows when they fit, else 16), so every K/V page is read once, and a GQA group
+  costs no more memory traffic than one head. More than 16 rows (e.g. group 8 x q_len 4) take
+  several row tiles, each of which reads the pages again (mostly from L2: they run together).
+- Keys. The block's key range (its split of the sequence, clipped to the causal window) is cut
+  into 16-key tiles; warp ``w`` takes tiles ``w, w + WARPS, ...`` and streams them through its own
+  ``STAGES``-deep ring of shared-memory buffers with 16-byte ``cp.async`` (L2 only), so
+  ``STAGES - 1`` tiles (8 KB each at headdim 128) per warp are in flight while it computes. Page
+  ids are read 32 tiles at a time, one per lane, a batch ahead, and handed out by a warp shuffle,
+  so no dependent page-table load stands between a tile's copies and the next tile's.
+- Math (per tile, FlashAttention-2 style): ``S = Q K^T`` with K read by ``ldmatrix.x4`` (K rows are
+  columns of K^T); masking only on tiles that cross a window edge or the sequence end; online
+  softmax in registers (running max and sum per row, two ``shfl.bfly`` per row); ``O += P V`` with
+  P's C fragments reused as A fragments and V read by ``ldmatrix.x4.trans``.
+- End. The warps' partial (max, sum, O) are merged through shared memory. With one split the
+  block writes ``out`` (and ``lse``) directly; with several, each block writes its normalised fp32
+  partial output and log2-sum-exp to a workspace and ``_reduce_kernel`` (one warp per output row,
+  8 splits' loads in flight at a time) merges the splits. Torch callers' workspace is kept per
+  (device, stream) and reused; repeated call signatures launch through a recorded fast path
+  (see "the launch fast path" below).
+
+Split count (``num_splits=None``): from batch, kv heads, row tiles and the longest possible
+sequence (``max_blocks_per_seq * block_size``: no device-to-host read), the count with the lowest
+modelled time, waves of resident blocks (SMs x blocks an SM holds) x keys a split, plus fixed
+costs (``choose_num_splits``): batch 32 x 8 KV heads is one wave unsplit, batch 1 x 8 KV heads at
+32K keys gets 33 splits. Each sequence is then divided evenly among the splits by its own
+length (tile-aligned), so shorter sequences get shorter splits. Pass a trimmed block_table
+(``PagedKVCache.tables`` does) so that its width tracks the real lengths.
+
+Bounds (``check_bounds``): the kernel is memory-safe for any block_table / seq_lens contents
+(lengths are clamped to ``[0, max_blocks_per_seq * block_size]``, page ids to
+``[0, num_blocks)``), but invalid contents give meaningless results. ``check_bounds=True`` reads
+block_table and seq_lens back to the host (a device synchronisation) and raises ``ValueError`` for
+a length outside ``[0, max_blocks_per_seq * block_size]`` or a used page id outside
+``[0, num_blocks)``. Default (``None``): checked when the arrays are host memory (the CUDA
+simulator), unchecked on the GPU.
+"""
+
+import ctypes
+import functools
+import math
+import threading
+
+import numpy as np
+from numba import types
+
+from .. import compile_check, ptx
+from .._arrays import Buffer, empty, kernel_buffer, stream_handle
+from .._checks import output, same_dtype, shape, tensor
+from .._env import SIMULATOR, cuda
+from .._launch import Kernel, array1d, jit, sm_count
+from ._attention_common import LOG2E, NEG_INF
+
+HALF_DTYPES = ("float16", "bfloat16")
+HEADDIMS = (16, 32, 64, 128, 256)
+BLOCK_SIZES = tuple(1 << s for s in range(3, 9))  # 8 .. 256
+
+#: Keys per tile: the n of two m16n8k16 score tiles and the k of one P V step.
+TILE = 16
+
+#: ``(warps, stages)`` by head dimension. A stage of a warp is K + V of 16 keys, 16 x (D + 8) x
+#: 2 x 2 B (8.5 KB at D 128); 8 warps x 3 stages is 102 KB a block at D 128 and, at 172-200
+#: registers a thread, one block (8 warps, 16-24 tiles = 128-192 KB in flight) per SM, the same
+#: warps per SM as 2 blocks of 4 but half the blocks' prologues and merges; on the H200 it was
+#: the faster of the two on all four target shapes (first sweep). D 256 takes 2 warps (109 KB
+#: with its Q tile) to keep 2 blocks, and 2 x 2 x 2 tiles in flight, per SM.
+CONFIGS = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (8, 3), 256: (2, 3)}
+
+#: Head dimensions from which Q's A fragments are read from shared memory (``ldmatrix``) for every
+#: tile instead of being kept in registers: at 256 the registers would spill.
+Q_IN_SHARED_FROM = 256
+
+#: Simulator configuration: two warps (so the cross-warp merge runs) and two stages.
+SIMULATOR_CONFIG = (2, 2)
+
+#: Split-count heuristic: a split shorter than this many tiles per warp is not worth its share of
+#: the merge; at most this many splits (the reduce kernel loops over them).
+MIN_TILES_PER_WARP = 2
+MAX_SPLITS = 128
+#: Fixed cost of a block (Q load, merge, partial write) and of the reduce pass, in keys.
+BLOCK_OVERHEAD_KEYS = 128
+REDUCE_OVERHEAD_KEYS = 128
+
+LN2 = math.log(2.0)
+_SM_REGISTERS = 65536
+_SM_SHARED = 233472      # bytes per SM on sm_90 (228 KB)
+_SM_THREADS = 2048
+_SM_BLOCKS = 32
+
+
+def _pitch(head_dim):
+    """Shared-memory row length (elements): the 16-byte pad spreads the 8 rows one ldmatrix
+    phase reads over 8 bank groups."""
+    return head_dim + 8
+
+
+def shared_bytes(head_dim, warps, stages, q_smem):
+    """Dynamic shared memory of a block: the warps' K/V rings (and the Q tile)."""
+    q_tile = 16 * _pitch(head_dim) if q_smem else 0
+    return (warps * stages * 2 * TILE * _pitch(head_dim) + q_tile) * 2
+
+
+# ---- kernels ------------------------------------------------------------------------------
+
+def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
+    """The decode kernel for one compile-time configuration.
+
+    ``m16``: 16 query rows a tile (else 8, and the mma's rows 8..15 are zero); ``page8``: block
+    size 8, so a 16-key tile spans two pages; ``q_smem``: Q's A fragments are re-read from a
+    shared-memory Q tile for every key tile instead of living in registers."""
+    D = head_dim
+    KSTEPS = D // 16           # k16 steps of Q K^T; also pairs of n8 tiles of P V
+    NT = D // 8                # n8 tiles of O
+    CPR = D // 8               # 16-byte chunks a row
+    TPJ = 32 // CPR            # rows one warp-wide round of cp.async covers
+    ROUNDS = TILE // TPJ       # rounds a tile (K and V each)
+    PITCH = _pitch(D)
+    TILE_ELEMS = TILE * PITCH
+    STAGE_ELEMS = 2 * TILE_ELEMS
+    WARP_ELEMS = stages * STAGE_ELEMS
+    WARP_F = WARP_ELEMS // 2   # the same region in float32 words (merge)
+    ROWS = 16 if m16 else 8
+    OC = 4 if m16 else 2       # accumulator values a lane keeps per n8 tile
+    QR = 4 if m16 else 2       # Q registers a lane keeps per k16 step
+    Q_SMEM = q_smem
+    Q_REGS = 1 if Q_SMEM else QR * KSTEPS
+    Q_BASE = warps * WARP_ELEMS  # the Q tile (Q_SMEM), after the rings
+    THREADS = 32 * warps
+    WAIT = stages - 1
+    LANE_PAGE = TPJ > 8        # 8-key pages and one copy round: the page depends on the lane
+    SWITCH_ROUND = 8 // TPJ if TPJ <= 8 else -1   # else: the round that starts the second page
+    mma = ptx.mma_bf16 if is_bf16 else ptx.mma_f16
+    pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
+    to_half = ptx.f32_to_bf16 if is_bf16 else ptx.f32_to_f16
+    zero_u32 = np.uint32(0)
+    zero_f = np.float32(0.0)
+    ln2 = np.float32(LN2)
+
+    def paged_decode_kernel(q, kc, vc, bt, sl, out, lse, part_o, part_lse,
+                            sqb, sqt, sqh, sqd, skb, skt, skh, svb, svt, svh, sbtb, sbts, ssl,
+                            sob, sot, soh, sod, slb, slh, slt,
+                            q_len, nheads, nheads_k, group, rows_total, row_tiles, max_slots,
+                            num_blocks, bs_shift, window_left, num_splits, scale_log2, want_lse):
+        smem = cuda.shared.array(0, np.uint16)
+        smem_f = cuda.shared.array(0, np.float32)
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        t4 = lane % 4
+
+        bid = cuda.blockIdx.x
+        split = bid % num_splits
+        rest = bid // num_splits
+        kvh = rest % nheads_k
+        rest = rest // nheads_k
+        rt = rest % row_tiles
+        b = rest // row_tiles
+
+        # ---- this block's rows and key range --------------------------------------------
+        capacity = max_slots << bs_shift
+        seq_len = min(max(np.int64(sl[b * ssl]), 0), capacity)
+        base_pos = seq_len - q_len           # position of query 0
+        row_first = rt * ROWS
+        row_last = min(row_first + ROWS, rows_total) - 1
+        tq_first = row_first // group
+        tq_last = row_last // group
+        hi = min(base_pos + tq_last + 1, seq_len)      # keys [lo, hi) may be attended
+        full_hi = base_pos + tq_first                  # keys <= full_hi: attended by all rows
+        lo = 0
+        full_lo = 0                                    # keys >= full_lo: attended by all rows
+        if window_left >= 0:
+            lo = max(base_pos + tq_first - window_left, 0)
+            full_lo = base_pos + tq_last - window_left
+        lo16 = lo - lo % TILE
+        n_tiles = 0
+        if hi > lo16:
+            n_tiles = (hi - lo16 + TILE - 1) // TILE
+        per_split = (n_tiles + num_splits - 1) // num_splits
+        tile_begin = split * per_split
+        tile_end = min(tile_begin + per_split, n_tiles)
+        end = min(lo16 + tile_end * TILE, hi)
+        my_count = 0
+        if tile_end - tile_begin > warp:
+            my_count = (tile_end - tile_begin - warp + warps - 1) // warps
+
+        # ---- query rows g and g + 8 of the tile: bounds and A fragments ------------------
+        r0 = row_first + g
+        lo_0 = 0
+        hi_0 = -1
+        if r0 < rows_total:
+            hi_0 = base_pos + r0 // group
+            if window_left >= 0:
+                lo_0 = hi_0 - window_left
+        lo_1 = 0
+        hi_1 = -1
+        r1 = r0 + 8
+        if m16 and r1 < rows_total:
+            hi_1 = base_pos + r1 // group
+            if window_left >= 0:
+                lo_1 = hi_1 - window_left
+
+        qa = cuda.local.array(Q_REGS, np.uint32)
+        q0 = 0
+        if r0 < rows_total:
+            tq = r0 // group
+            q0 = b * sqb + tq * sqt + (kvh * group + r0 - tq * group) * sqh
+        q1 = 0
+        if m16 and r1 < rows_total:
+            tq = r1 // group
+            q1 = b * sqb + tq * sqt + (kvh * group + r1 - tq * group) * sqh
+        if Q_SMEM:
+            # the block's Q tile, zero rows past rows_total
+            for e in range(tid, ROWS * D, THREADS):
+                r = e // D
+                d = e - r * D
+                value = np.uint16(0)
+                gr = row_first + r
+                if gr < rows_total:
+                    tq = gr // group
+                    value = q[b * sqb + tq * sqt + (kvh * group + gr - tq * group) * sqh
+                              + d * sqd]
+                smem[Q_BASE + r * PITCH + d] = value
+            cuda.syncthreads()
+        else:
+            for ks in range(KSTEPS):
+                for half in range(2):
+                    d = (16 * ks + 8 * half + 2 * t4) * sqd
+                    v0 = zero_u32
+                    if r0 < rows_total:
+                        v0 = np.uint32(q[q0 + d]) | (np.uint32(q[q0 + d + sqd]) << np.uint32(16))
+                    if m16:
+                        v1 = zero_u32
+                        if r1 < rows_total:
+                            v1 = np.uint32(q[q1 + d]) | (
+                                np.uint32(q[q1 + d + sqd]) << np.uint32(16))
+                        qa[QR * ks + 2 * half] = v0
+                        qa[QR * ks + 2 * half + 1] = v1
+                    else:
+                        qa[QR * ks + half] = v0
+        # ldmatrix row address of this lane in the Q tile (x4: rows 0-15; x2: rows 0-7)
+        q_ld = Q_BASE + (lane % ROWS) * PITCH + ((lane // ROWS) % 2) * 8
+
+        # ---- per-lane constants of the copies and the fragment loads ----------------------
+        cp_tok = lane // CPR                 # row of this lane's first chunk in a copy round
+        cp_col = (lane % CPR) * 8            # column of its chunks
+        cp_smem = cp_tok * PITCH + cp_col
+        k_head = kvh * skh + cp_col
+        v_head = kvh * svh + cp_col
+        step_k = TPJ * skt
+        step_v = TPJ * svt
+        k_ld = (((lane >> 4) << 3) + (lane & 7)) * PITCH + ((lane >> 3) & 1) * 8
+        v_ld = ((((lane >> 3) & 1) << 3) + (lane & 7)) * PITCH + (lane >> 4) * 8
+        wbase = warp * WARP_ELEMS
+        bt_row = b * sbtb
+        page_mask = (1 << bs_shift) - 1
+
+        o = cuda.local.array((NT, OC), np.float32)
+        for nt in range(NT):
+            for c in range(OC):
+                o[nt, c] = zero_f
+        m_0 = NEG_INF
+        l_0 = zero_f
+        m_1 = NEG_INF
+        l_1 = zero_f
+
+        # page ids: lane l holds those of the warp's tile 32 c + l of the current batch c (and,
+        # loaded a whole batch ahead, of batch c + 1); tile i takes them by a warp shuffle, so
+        # no page-table load sits between two tiles' copies. Clamped where used.
+        tile_step = warps * TILE
+        issue_pos = lo16 + (tile_begin + warp) * TILE
+        cur_a = np.int32(0)
+        cur_b = np.int32(0)
+        nxt_a = np.int32(0)
+        nxt_b = np.int32(0)
+        if lane < my_count:
+            slot = (issue_pos + lane * tile_step) >> bs_shift
+            if slot < max_slots:
+                cur_a = bt[bt_row + slot * sbts]
+            if page8 and slot + 1 < max_slots:
+                cur_b = bt[bt_row + (slot + 1) * sbts]
+        if lane + 32 < my_count:
+            slot = (issue_pos + (lane + 32) * tile_step) >> bs_shift
+            if slot < max_slots:
+                nxt_a = bt[bt_row + slot * sbts]
+            if page8 and slot + 1 < max_slots:
+                nxt_b = bt[bt_row + (slot + 1) * sbts]
+        compute_pos = issue_pos
+        issue_stage = 0
+        compute_stage = 0
+
+        for i in range(my_count + stages - 1):
+            # every lane is done with the buffer the next copies overwrite
+            ptx.syncwarp()
+            if i < my_count:
+                # ---- issue the copies of tile i (keys issue_pos ..) ------------------------
+                il = i % 32
+                if il == 0 and i > 0:  # the next batch of page ids, and the one after it
+                    cur_a = nxt_a
+                    cur_b = nxt_b
+                    if i + 32 + lane < my_count:
+                        slot = (issue_pos + (32 + lane) * tile_step) >> bs_shift
+                        if slot < max_slots:
+                            nxt_a = bt[bt_row + slot * sbts]
+                        if page8 and slot + 1 < max_slots:
+                            nxt_b = bt[bt_row + (slot + 1) * sbts]
+                pg_a = np.int64(min(max(ptx.shfl_idx_i32(cur_a, il), 0), num_blocks - 1))
+                pg_b = pg_a
+                if page8:
+                    pg_b = np.int64(min(max(ptx.shfl_idx_i32(cur_b, il), 0), num_blocks - 1))
+                sk = wbase + issue_stage * STAGE_ELEMS + cp_smem
+                in_page = issue_pos & page_mask   # 0 with 8-key pages (tiles start on one)
+                src_k = pg_a * skb + (in_page + cp_tok) * skt + k_head
+                src_v = pg_a * svb + (in_page + cp_tok) * svt + v_head
+                if page8 and LANE_PAGE and cp_tok >= 8:
+                    src_k = pg_b * skb + (cp_tok - 8) * skt + k_head
+                    src_v = pg_b * svb + (cp_tok - 8) * svt + v_head
+                rows_left = end - issue_pos - cp_tok   # round j is in range iff j * TPJ < it
+                for j in range(ROUNDS):
+                    if page8 and j == SWITCH_ROUND:     # keys 8..15: the tile's second page
+                        src_k = pg_b * skb + cp_tok * skt + k_head
+                        src_v = pg_b * svb + cp_tok * svt + v_head
+                    nbytes = 16
+                    ck = src_k
+                    cv = src_v
+                    if j * TPJ >= rows_left:
+                        nbytes = 0
+                        ck = 0
+                        cv = 0
+                    ptx.cp_async_16(smem, sk + j * TPJ * PITCH, kc, ck, nbytes)
+                    ptx.cp_async_16(smem, sk + j * TPJ * PITCH + TILE_ELEMS, vc, cv, nbytes)
+                    src_k += step_k
+                    src_v += step_v
+                issue_pos += tile_step
+                issue_stage += 1
+                if issue_stage == stages:
+                    issue_stage = 0
+            ptx.cp_async_commit()
+            if i >= stages - 1:
+                ptx.cp_async_wait(WAIT)
+                ptx.syncwarp()
+                # ---- compute the tile at compute_pos ---------------------------------------
+                kbase = wbase + compute_stage * STAGE_ELEMS
+                vbase = kbase + TILE_ELEMS
+                sa0 = zero_f
+                sa1 = zero_f
+                sa2 = zero_f
+                sa3 = zero_f
+                sb0 = zero_f
+                sb1 = zero_f
+                sb2 = zero_f
+                sb3 = zero_f
+                for ks in range(KSTEPS):
+                    b0, b1, b2, b3 = ptx.ldmatrix_x4(smem, kbase + k_ld + 16 * ks)
+                    if Q_SMEM:
+                        if m16:
+                            a0, a1, a2, a3 = ptx.ldmatrix_x4(smem, q_ld + 16 * ks)
+                        else:
+                            a0, a2 = ptx.ldmatrix_x2(smem, q_ld + 16 * ks)
+                            a1 = zero_u32
+                            a3 = zero_u32
+                    elif m16:
+                        a0 = qa[4 * ks]
+                        a1 = qa[4 * ks + 1]
+                        a2 = qa[4 * ks + 2]
+                        a3 = qa[4 * ks + 3]
+                    else:
+                        a0 = qa[2 * ks]
+                        a1 = zero_u32
+                        a2 = qa[2 * ks + 1]
+                        a3 = zero_u32
+                    sa0, sa1, sa2, sa3 = mma(a0, a1, a2, a3, b0, b1, sa0, sa1, sa2, sa3)
+                    sb0, sb1, sb2, sb3 = mma(a0, a1, a2, a3, b2, b3, sb0, sb1, sb2, sb3)
+                sa0 *= scale_log2
+                sa1 *= scale_log2
+                sb0 *= scale_log2
+                sb1 *= scale_log2
+                if m16:
+                    sa2 *= scale_log2
+                    sa3 *= scale_log2
+                    sb2 *= scale_log2
+                    sb3 *= scale_log2
+                if compute_pos < full_lo or compute_pos + TILE - 1 > full_hi:
+                    c0 = compute_pos + 2 * t4
+                    if c0 < lo_0 or c0 > hi_0:
+                        sa0 = NEG_INF
+                    if c0 + 1 < lo_0 or c0 + 1 > hi_0:
+                        sa1 = NEG_INF
+                    if c0 + 8 < lo_0 or c0 + 8 > hi_0:
+                        sb0 = NEG_INF
+                    if c0 + 9 < lo_0 or c0 + 9 > hi_0:
+                        sb1 = NEG_INF
+                    if m16:
+                        if c0 < lo_1 or c0 > hi_1:
+                            sa2 = NEG_INF
+                        if c0 + 1 < lo_1 or c0 + 1 > hi_1:
+                            sa3 = NEG_INF
+                        if c0 + 8 < lo_1 or c0 + 8 > hi_1:
+                            sb2 = NEG_INF
+                        if c0 + 9 < lo_1 or c0 + 9 > hi_1:
+                            sb3 = NEG_INF
+                # online softmax, row g (and g + 8)
+                mx = max(max(sa0, sa1), max(sb0, sb1))
+                mx = max(mx, ptx.shfl_xor_f32(mx, 1))
+                mx = max(mx, ptx.shfl_xor_f32(mx, 2))
+                m_new = max(m_0, mx)
+                base = m_new
+                if m_new == NEG_INF:
+                    base = zero_f
+                alpha_0 = ptx.ex2_approx(m_0 - base)
+                m_0 = m_new
+                sa0 = ptx.ex2_approx(sa0 - base)
+                sa1 = ptx.ex2_approx(sa1 - base)
+                sb0 = ptx.ex2_approx(sb0 - base)
+                sb1 = ptx.ex2_approx(sb1 - base)
+                l_0 = l_0 * alpha_0 + ((sa0 + sa1) + (sb0 + sb1))
+                alpha_1 = zero_f
+                if m16:
+                    mx = max(max(sa2, sa3), max(sb2, sb3))
+                    mx = max(mx, ptx.shfl_xor_f32(mx, 1))
+                    mx = max(mx, ptx.shfl_xor_f32(mx, 2))
+                    m_new = max(m_1, mx)
+                    base = m_new
+                    if m_new == NEG_INF:
+                        base = zero_f
+                    alpha_1 = ptx.ex2_approx(m_1 - base)
+                    m_1 = m_new
+                    sa2 = ptx.ex2_approx(sa2 - base)
+                    sa3 = ptx.ex2_approx(sa3 - base)
+                    sb2 = ptx.ex2_approx(sb2 - base)
+                    sb3 = ptx.ex2_approx(sb3 - base)
+                    l_1 = l_1 * alpha_1 + ((sa2 + sa3) + (sb2 + sb3))
+                # P's C fragments are the A fragment of the P V step
+                p0 = pack(sa0, sa1)
+                p2 = pack(sb0, sb1)
+                p1 = zero_u32
+                p3 = zero_u32
+                if m16:
+                    p1 = pack(sa2, sa3)
+                    p3 = pack(sb2, sb3)
+                for pair in range(KSTEPS):
+                    b0, b1, b2, b3 = ptx.ldmatrix_x4_trans(smem, vbase + v_ld + 16 * pair)
+                    n0 = 2 * pair
+                    n1 = n0 + 1
+                    if m16:
+                        o[n0, 0], o[n0, 1], o[n0, 2], o[n0, 3] = mma(
+                            p0, p1, p2, p3, b0, b1, o[n0, 0] * alpha_0, o[n0, 1] * alpha_0,
+                            o[n0, 2] * alpha_1, o[n0, 3] * alpha_1)
+                        o[n1, 0], o[n1, 1], o[n1, 2], o[n1, 3] = mma(
+                            p0, p1, p2, p3, b2, b3, o[n1, 0] * alpha_0, o[n1, 1] * alpha_0,
+                            o[n1, 2] * alpha_1, o[n1, 3] * alpha_1)
+                    else:
+                        o[n0, 0], o[n0, 1], _, _ = mma(
+                            p0, p1, p2, p3, b0, b1, o[n0, 0] * alpha_0, o[n0, 1] * alpha_0,
+                            zero_f, zero_f)
+                        o[n1, 0], o[n1, 1], _, _ = mma(
+                            p0, p1, p2, p3, b2, b3, o[n1, 0] * alpha_0, o[n1, 1] * alpha_0,
+                            zero_f, zero_f)
+                compute_pos += tile_step
+                compute_stage += 1
+                if compute_stage == stages:
+                    compute_stage = 0
+
+        # ---- merge the warps' partial results through shared memory ----------------------
+        l_0 += ptx.shfl_xor_f32(l_0, 1)
+        l_0 += ptx.shfl_xor_f32(l_0, 2)
+        if m16:
+            l_1 += ptx.shfl_xor_f32(l_1, 1)
+            l_1 += ptx.shfl_xor_f32(l_1, 2)
+        ptx.syncwarp()  # the warp's last fragment loads are done: its region is free
+        fb = warp * WARP_F
+        for nt in range(NT):
+            d = nt * 8 + 2 * t4
+            smem_f[fb + g * D + d] = o[nt, 0]
+            smem_f[fb + g * D + d + 1] = o[nt, 1]
+            if m16:
+                smem_f[fb + (g + 8) * D + d] = o[nt, 2]
+                smem_f[fb + (g + 8) * D + d + 1] = o[nt, 3]
+        if t4 == 0:
+            smem_f[fb + ROWS * D + g] = m_0
+            smem_f[fb + ROWS * D + ROWS + g] = l_0
+            if m16:
+                smem_f[fb + ROWS * D + g + 8] = m_1
+                smem_f[fb + ROWS * D + ROWS + g + 8] = l_1
+        cuda.syncthreads()
+
+        for e in range(tid, ROWS * D, THREADS):
+            r = e // D
+            d = e - r * D
+            gr = row_first + r
+            if gr < rows_total:
+                big = NEG_INF
+                for w in range(warps):
+                    big = max(big, smem_f[w * WARP_F + ROWS * D + r])
+                acc = zero_f
+                total = zero_f
+                if big != NEG_INF:
+                    for w in range(warps):
+                        f = ptx.ex2_approx(smem_f[w * WARP_F + ROWS * D + r] - big)
+                        total += smem_f[w * WARP_F + ROWS * D + ROWS + r] * f
+                        acc += smem_f[w * WARP_F + r * D + d] * f
+                lse2 = NEG_INF
+                if total > zero_f:
+                    acc = acc / total
+                    lse2 = big + math.log2(total)
+                tq = gr // group
+                head = kvh * group + gr - tq * group
+                if num_splits == 1:
+                    out[b * sob + tq * sot + head * soh + d * sod] = to_half(acc)
+                    if want_lse != 0 and d == 0:
+                        lse[b * slb + head * slh + tq * slt] = lse2 * ln2
+                else:
+                    row_id = (b * q_len + tq) * nheads + head
+                    part_o[(row_id * num_splits + split) * D + d] = acc
+                    if d == 0:
+                        part_lse[row_id * num_splits + split] = lse2
+
+    return paged_decode_kernel
+
+
+def _reduce_kernel_fn(head_dim, is_bf16):
+    """Merge of the splits: one warp per output row (batch, query, head)."""
+    D = head_dim
+    NDL = (D + 31) // 32
+    to_half = ptx.f32_to_bf16 if is_bf16 else ptx.f32_to_f16
+    zero_f = np.float32(0.0)
+    ln2 = np.float32(LN2)
+    REDUCE_UNROLL = 8 if D <= 128 else 4
+
+    def paged_decode_reduce_kernel(part_o, part_lse, out, lse, sob, sot, soh, sod, slb, slh,
+                                   slt, rows, q_len, nheads, num_splits, want_lse):
+        lane = cuda.threadIdx.x % 32
+        row = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32
+        if row < rows:  # warp-uniform
+            big = NEG_INF
+            for s in range(lane, num_splits, 32):
+                big = max(big, part_lse[row * num_splits + s])
+            for mask in (16, 8, 4, 2, 1):
+                big = max(big, ptx.shfl_xor_f32(big, mask))
+            base = big
+            if big == NEG_INF:
+                base = zero_f
+            acc = cuda.local.array(NDL, np.float32)
+            for i in range(NDL):
+                acc[i] = zero_f
+            total = zero_f
+            # REDUCE_UNROLL splits a step, loads first (clamped index, weight 0 past the end),
+            # so their latencies overlap instead of adding up split after split
+            last = num_splits - 1
+            for s0 in range(0, num_splits, REDUCE_UNROLL):
+                ws = cuda.local.array(REDUCE_UNROLL, np.float32)
+                vs = cuda.local.array((REDUCE_UNROLL, NDL), np.float32)
+                for u in range(REDUCE_UNROLL):
+                    sc = min(s0 + u, last)
+                    ws[u] = part_lse[row * num_splits + sc]
+                    src = (row * num_splits + sc) * D
+                    for i in range(NDL):
+                        vs[u, i] = part_o[src + min(i * 32 + lane, D - 1)]
+                for u in range(REDUCE_UNROLL):
+                    f = ptx.ex2_approx(ws[u] - base)
+                    if s0 + u > last:
+                        f = zero_f
+                    total += f
+                    for i in range(NDL):
+                        acc[i] += f * vs[u, i]
+            head = row % nheads
+            bt = row // nheads
+            tq = bt % q_len
+            b = bt // q_len
+            inv = zero_f
+            if total > zero_f:
+                inv = np.float32(1.0) / total
+            for i in range(NDL):
+                d = i * 32 + lane
+                if d < D:
+                    out[b * sob + tq * sot + head * soh + d * sod] = to_half(acc[i] * inv)
+            if want_lse != 0 and lane == 0:
+                value = NEG_INF
+                if total > zero_f:
+                    value = (big + math.log2(total)) * ln2
+                lse[b * slb + head * slh + tq * slt] = value
+
+    return paged_decode_reduce_kernel
+
+
+_DECODE_SIGNATURE = (
+    (array1d(np.uint16),) * 3 + (array1d(np.int32),) * 2
+    + (array1d(np.uint16),) + (array1d(np.float32),) * 3
+    + (types.int64,) * 20
+    + (types.int32,) * 11 + (types.float32, types.int32)
+)
+
+_REDUCE_SIGNATURE = (
+    (array1d(np.float32),) * 2 + (array1d(np.uint16), array1d(np.float32))
+    + (types.int64,) * 7 + (types.int32,) * 5
+)
+
+REDUCE_WARPS = 4
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_kernel(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
+    return Kernel(jit(_decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem)),
+                  _DECODE_SIGNATURE, "paged_decode_kernel")
+
+
+@functools.lru_cache(maxsize=None)
+def _reduce_kernel(head_dim, is_bf16):
+    return Kernel(jit(_reduce_kernel_fn(head_dim, is_bf16)), _REDUCE_SIGNATURE,
+                  "paged_decode_reduce_kernel")
+
+
+# ---- split count ----------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def resident_blocks_per_sm(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
+    """Blocks of the decode kernel one SM holds at once (registers, shared memory, threads)."""
+    if SIMULATOR:
+        return 1
+    kernel = _decode_kernel(head_dim, m16, page8, is_bf16, warps, stages, q_smem)
+    regs = max(kernel.resources()["registers"], 1)
+    warp_regs = -(-regs * 32 // 256) * 256
+    by_regs = _SM_REGISTERS // (warp_regs * warps)
+    by_smem = _SM_SHARED // (shared_bytes(head_dim, warps, stages, q_smem) + 1024)
+    by_threads = _SM_THREADS // (32 * warps)
+    return max(1, min(by_regs, by_smem, by_threads, _SM_BLOCKS))
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_num_splits(blocks, max_len, warps, slots):
+    """Split count for ``blocks`` (batch x kv heads x row tiles) blocks of at most ``max_len``
+    keys on ``slots`` resident blocks (SMs x blocks per SM).
+
+    Models the time as waves x (keys a split + a block's fixed cost), plus the reduce pass when
+    splitting, and takes the cheapest count (the smallest among equals); a split keeps at least
+    ``MIN_TILES_PER_WARP`` tiles per warp."""
+    tiles = -(-max(max_len, 1) // TILE)
+    limit = max(1, min(MAX_SPLITS, tiles // (MIN_TILES_PER_WARP * warps)))
+    best, best_cost = 1, None
+    for splits in range(1, limit + 1):
+        waves = -(-blocks * splits // slots)
+        keys = -(-tiles // splits) * TILE
+        cost = waves * (keys + BLOCK_OVERHEAD_KEYS) + (REDUCE_OVERHEAD_KEYS if splits > 1 else 0)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = splits, cost
+    return best
+
+
+# ---- launcher -------------------------------------------------------------------------------
+
+def _check_options(softmax_scale, window_size, headdim, num_splits):
+    if softmax_scale is None:
+        scale = 1.0 / math.sqrt(headdim)
+    else:
+        if isinstance(softmax_scale, bool) or not isinstance(
+                softmax_scale, (int, float, np.floating, np.integer)):
+            raise TypeError(f"softmax_scale: expected a float or None, got "
+                            f"{type(softmax_scale).__name__}")
+        scale = float(softmax_scale)
+        if not math.isfinite(scale):
+            raise ValueError(f"softmax_scale: expected a finite number, got {scale}")
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(f"window_size: expected a pair of ints (left, right), got "
+                        f"{window_size!r}") from None
+    for name, w in (("window_size[0]", left), ("window_size[1]", right)):
+        if isinstance(w, bool) or not isinstance(w, (int, np.integer)):
+            raise TypeError(f"{name}: expected an int, got {type(w).__name__}")
+        if w < -1:
+            raise ValueError(f"{name}: expected -1 (unbounded) or a value >= 0, got {w}")
+    if right > 0:
+        raise NotImplementedError(
+            f"window_size[1]: decode attention is causal among the new tokens (bottom-right "
+            f"aligned); expected -1 or 0, got {right}")
+    if num_splits is not None:
+        if isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)):
+            raise TypeError(f"num_splits: expected an int or None, got "
+                            f"{type(num_splits).__name__}")
+        if not 1 <= num_splits <= MAX_SPLITS:
+            raise ValueError(f"num_splits: expected 1 <= num_splits <= {MAX_SPLITS}, got "
+                             f"{num_splits}")
+    return scale, int(left)
+
+
+def _check_cache_layout(name, t):
+    if any(s < 0 for s in t.strides):
+        raise ValueError(f"{name}: negative strides are unsupported, got {t.strides}")
+    if t.strides[3] != 1:
+        raise ValueError(f"{name}: expected the last dimension to be contiguous (stride 1), got "
+                         f"strides {t.strides}")
+    if t.ptr % 16 or any(s % 8 for n, s in zip(t.shape[:3], t.strides[:3], strict=True) if n > 1):
+        raise ValueError(f"{name}: expected a 16-byte aligned pointer and strides that are "
+                         f"multiples of 8 elements (16-byte rows for cp.async), got strides "
+                         f"{t.strides}")
+
+
+def _host_int_array(t):
+    from ..testing import to_host
+
+    return np.asarray(to_host(t.obj)).astype(np.int64)
+
+
+def check_tables(block_table, seq_lens, num_blocks, block_size, q_len=None):
+    """Host check of block_table / seq_lens contents (both host int arrays); ``ValueError``."""
+    capacity = block_table.shape[1] * block_size
+    bad = np.flatnonzero((seq_lens < 0) | (seq_lens > capacity))
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(f"seq_lens: expected lengths in [0, {capacity}] (max_blocks_per_seq "
+                         f"{block_table.shape[1]} x block_size {block_size}), got "
+                         f"seq_lens[{b}] = {int(seq_lens[b])}")
+    for b, n in enumerate(seq_lens):
+        used = block_table[b, :-(-int(n) // block_size)]
+        wrong = np.flatnonzero((used < 0) | (used >= num_blocks))
+        if wrong.size:
+            j = int(wrong[0])
+            raise ValueError(f"block_table: expected page ids in [0, {num_blocks}) for the "
+                             f"{used.size} pages sequence {b} uses, got block_table[{b}, {j}] = "
+                             f"{int(used[j])}")
+
+
+_DUMMIES = {}
+
+
+def _dummy(dtype):
+    """A one-element buffer for a kernel parameter the launch does not use."""
+    if dtype not in _DUMMIES:
+        if SIMULATOR:
+            _DUMMIES[dtype] = np.zeros(1, dtype)
+        else:
+            _DUMMIES[dtype] = Buffer(0, 1, np.dtype(dtype))
+    return _DUMMIES[dtype]
+
+
+def _validate(q, k_cache, v_cache, block_table, seq_lens):
+    tq = tensor(q, "q", ndim=(3, 4), dtypes=HALF_DTYPES)
+    tk = tensor(k_cache, "k_cache", ndim=4)
+    tv = tensor(v_cache, "v_cache", ndim=4)
+    tbt = tensor(block_table, "block_table", ndim=2)
+    tsl = tensor(seq_lens, "seq_lens", ndim=1)
+    batch = tq.shape[0]
+    nheads, headdim = tq.shape[-2], tq.shape[-1]
+    num_blocks, block_size, nheads_k, _ = tk.shape
+    shape("k_cache", tk, (None, None, None, headdim), "to match q's headdim")
+    shape("v_cache", tv, tk.shape, "to match k_cache")
+    shape("block_table", tbt, (batch, None), "to match q's batch")
+    shape("seq_lens", tsl, (batch,), "to match q's batch")
+    same_dtype("q", tq, k_cache=tk, v_cache=tv)
+    for name, t in (("block_table", tbt), ("seq_lens", tsl)):
+        if t.dtype != "int32":
+            raise TypeError(f"{name}: expected dtype int32, got {t.dtype}")
+    if tq.ndim == 4 and tq.shape[1] == 0:
+        raise ValueError(f"q: expected at least one query token, got shape {tq.shape}")
+    if nheads_k == 0 or nheads % nheads_k:
+        raise ValueError(f"k_cache: expected nheads_k dividing q's nheads {nheads}, got "
+                         f"{nheads_k}")
+    if num_blocks == 0 or tbt.shape[1] == 0:
+        raise ValueError(f"k_cache / block_table: expected at least one page, got "
+                         f"{num_blocks} pages and {tbt.shape[1]} slots a sequence")
+    for name, t in (("q", tq), ("block_table", tbt), ("seq_lens", tsl)):
+        if any(s < 0 for s in t.strides):
+            raise ValueError(f"{name}: negative strides are unsupported, got {t.strides}")
+    _check_cache_layout("k_cache", tk)
+    _check_cache_layout("v_cache", tv)
+    if headdim not in HEADDIMS:
+        raise NotImplementedError(f"q: headdim {headdim} is not supported; expected one of "
+                                  f"{HEADDIMS}")
+    if block_size not in BLOCK_SIZES:
+        raise NotImplementedError(f"k_cache: block_size {block_size} is not supported; "
+                                  f"expected a power of two in [8, 256]")
+    return tq, tk, tv, tbt, tsl
+
+
+@functools.lru_cache(maxsize=4096)
+def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_per_seq,
+                dtype, num_splits=None, tuning=None):
+    """How ``paged_decode_attention`` runs these shapes: the kernel configuration
+    ``(headdim, m16, page8, is_bf16, warps, stages, q_smem)``, the split count, the query rows
+    a KV head has (``group * q_len``) and their row tiles, and the blocks a split."""
+    group = nheads // nheads_k
+    rows_total = group * q_len
+    m16 = rows_total > 8
+    row_tiles = -(-rows_total // (16 if m16 else 8))
+    warps, stages = SIMULATOR_CONFIG if SIMULATOR else CONFIGS[headdim]
+    q_smem = headdim >= Q_IN_SHARED_FROM
+    if tuning is not None:  # tests and benchmark sweeps: (warps, stages, q_smem)
+        warps, stages, q_smem = tuning
+    config = (headdim, m16, block_size == 8, dtype == "bfloat16", warps, stages, q_smem)
+    blocks = batch * nheads_k * row_tiles
+    if num_splits is None:
+        slots = sm_count() * resident_blocks_per_sm(*config)
+        num_splits = choose_num_splits(blocks, max_blocks_per_seq * block_size, warps, slots)
+    return {"config": config, "num_splits": int(num_splits), "group": group,
+            "rows_total": rows_total, "row_tiles": row_tiles, "blocks": blocks}
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, *, softmax_scale=None,
+                           window_size=(-1, -1), return_lse=False, out=None, stream=None,
+                           num_splits=None, check_bounds=None, _tuning=None):
+    """Attention of the newest tokens of each sequence over its paged KV cache.
+
+    q: (batch, nheads, headdim), or (batch, q_len, nheads, headdim) for ``q_len`` new tokens
+    (speculative decoding), fp16 or bf16. k_cache, v_cache: (num_blocks, block_size, nheads_k,
+    headdim), q's dtype, ``nheads_k`` dividing ``nheads``, ``block_size`` a power of two in
+    [8, 256], ``headdim`` in (16, 32, 64, 128, 256), rows contiguous and 16-byte aligned.
+    block_table: int32 (batch, max_blocks_per_seq), page ids of each sequence in order.
+    seq_lens: int32 (batch,), each sequence's length *including* the q_len new tokens, which
+    must already be in the cache (``paged_kv_append``).
+
+    Query ``t`` sits at position ``seq_len - q_len + t`` and attends the positions up to it
+    (bottom-right causal), and no further back than ``window_size[0]`` positions (-1: no limit);
+    ``window_size[1]`` must be -1 or 0 (both: causal). ``softmax_scale`` defaults to
+    ``1 / sqrt(headdim)``.
+
+    Returns ``out`` shaped like q (q's dtype, in q's array kind), and with ``return_lse`` also
+    ``lse`` float32 (batch, nheads) for 3-D q or (batch, nheads, q_len) for 4-D q (natural log;
+    ``-inf`` for a query with nothing to attend). ``num_splits``: split-K count (None: chosen
+    from the shapes, see the module docstring). ``check_bounds``: see the module docstring.
+
+    Errors: ``TypeError`` (not an array, dtype), ``ValueError`` (shapes, strides, alignment,
+    options; with checks on, seq_lens / block_table contents), ``NotImplementedError`` (headdim,
+    block_size, window_size[1] > 0).
+    """
+    key = _fast_key(q, k_cache, v_cache, block_table, seq_lens, out, softmax_scale, window_size,
+                    return_lse, stream, num_splits, check_bounds, _tuning)
+    if key is not None:
+        fast = _FAST.get(key)
+        if fast is not None:
+            result = fast(q, k_cache, v_cache, block_table, seq_lens, out, stream)
+            if result is not None:
+                return result
+    tq, tk, tv, tbt, tsl = _validate(q, k_cache, v_cache, block_table, seq_lens)
+    batch = tq.shape[0]
+    nheads, headdim = tq.shape[-2], tq.shape[-1]
+    num_blocks, block_size, nheads_k, _ = tk.shape
+    q_len = tq.shape[1] if tq.ndim == 4 else 1
+    scale, left = _check_options(softmax_scale, window_size, headdim, num_splits)
+    lse_shape = (batch, nheads, q_len) if tq.ndim == 4 else (batch, nheads)
+    out_given = out is not None
+    to = output("out", out, tq.shape, tq.dtype, tq)
+    if to is None:
+        out = empty(tq, tq.shape, tq.dtype)
+        to = tensor(out, "out")
+    lse = None
+    if return_lse:
+        lse = empty(tq, lse_shape, "float32")
+        tl = tensor(lse, "lse")
+    if check_bounds is None:
+        check_bounds = SIMULATOR or tbt.kind == "numpy"
+    if check_bounds:
+        check_tables(_host_int_array(tbt), _host_int_array(tsl), num_blocks, block_size)
+    if batch == 0 or nheads == 0:
+        return (out, lse) if return_lse else out
+
+    plan = launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, tbt.shape[1],
+                       tq.dtype, None if num_splits is None else int(num_splits),
+                       None if _tuning is None else tuple(_tuning))
+    config, num_splits = plan["config"], plan["num_splits"]
+    warps, stages, q_smem = config[4:]
+    group, rows_total, row_tiles = plan["group"], plan["rows_total"], plan["row_tiles"]
+    blocks, max_slots = plan["blocks"], tbt.shape[1]
+
+    # strides, with q (and out, lse) seen as 4-D / 3-D
+    if tq.ndim == 4:
+        sqb, sqt, sqh, sqd = tq.strides
+        sob, sot, soh, sod = to.strides
+    else:
+        (sqb, sqh, sqd), sqt = tq.strides, 0
+        (sob, soh, sod), sot = to.strides, 0
+    slb = slh = slt = 0
+    if return_lse:
+        if tq.ndim == 4:
+            slb, slh, slt = tl.strides
+        else:
+            slb, slh = tl.strides
+    handle = stream_handle(stream, (tq, tk))
+    split = num_splits > 1
+    rows = batch * q_len * nheads
+    if split:
+        po, pl = _workspace(tq, handle, rows * num_splits * headdim, rows * num_splits)
+    else:
+        po = pl = _dummy(np.float32)
+    lse_buf = kernel_buffer(tl) if return_lse else _dummy(np.float32)
+    kernel = _decode_kernel(*config)
+    main = (blocks * num_splits, 32 * warps,
+            (kernel_buffer(tq), kernel_buffer(tk), kernel_buffer(tv), kernel_buffer(tbt),
+             kernel_buffer(tsl), kernel_buffer(to), lse_buf, po, pl,
+             sqb, sqt, sqh, sqd, *tk.strides[:3], *tv.strides[:3], *tbt.strides,
+             tsl.strides[0], sob, sot, soh, sod, slb, slh, slt,
+             q_len, nheads, nheads_k, group, rows_total, row_tiles, max_slots, num_blocks,
+             block_size.bit_length() - 1, left, num_splits, scale * LOG2E, int(return_lse)),
+            shared_bytes(headdim, warps, stages, q_smem))
+    kernel(main[0], main[1], main[2], handle, main[3])
+    reduce = None
+    if split:
+        reduce = (-(-rows // REDUCE_WARPS), 32 * REDUCE_WARPS,
+                  (po, pl, kernel_buffer(to), lse_buf, sob, sot, soh, sod, slb, slh, slt,
+                   rows, q_len, nheads, num_splits, int(return_lse)), 0)
+        _reduce_kernel(headdim, config[3])(reduce[0], reduce[1], reduce[2], handle, reduce[3])
+    if key is not None and not check_bounds and len(_FAST) < _FAST_MAX:
+        _FAST[key] = _FastCall(
+            _decode_kernel(*config), main, _reduce_kernel(headdim, config[3]) if split else None,
+            reduce, out_given, tq, lse_shape if return_lse else None,
+            (rows * num_splits * headdim, rows * num_splits) if split else None)
+    return (out, lse) if return_lse else out
+
+
+# ---- the launch fast path --------------------------------------------------------------------
+#
+# A decode step is a few tens of microseconds of GPU time, as long as the generic launcher's
+# Python work (reading six arrays, validating, planning, packing ~40 parameters). So the first
+# call with torch tensors of a given signature (shapes, strides, dtypes, device, options)
+# records its launches with every parameter packed; later calls of the same signature only read
+# the buffers' pointers, patch them in and launch. Validation results depend only on the
+# signature, except for the caches' 16-byte alignment, which is checked on every call.
+
+#: Signatures kept (first come, first kept).
+_FAST_MAX = 256
+_FAST = {}
+#: (device, stream) -> (part_o, part_lse): the split workspace, kept and grown, never shrunk
+#: (kernels on one stream run in order, so one stream's launches can share it).
+_WORKSPACES = {}
+
+
+def _sig(x):
+    return (type(x), x.shape, x.stride(), x.dtype, x.get_device())
+
+
+def _fast_key(q, k_cache, v_cache, block_table, seq_lens, out, softmax_scale, window_size,
+              return_lse, stream, num_splits, check_bounds, tuning):
+    """The fast-path signature of a call with torch CUDA tensors, else None."""
+    if SIMULATOR or type(q).__module__ != "torch":
+        return None
+    try:
+        key = (_sig(q), _sig(k_cache), _sig(v_cache), _sig(block_table), _sig(seq_lens),
+               None if out is None else _sig(out), softmax_scale, type(softmax_scale),
+               tuple(window_size), tuple(map(type, window_size)), return_lse,
+               type(return_lse), stream is None, num_splits, type(num_splits), check_bounds,
+               None if tuning is None else tuple(tuning))
+        hash(key)
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return None
+    return key
+
+
+def _workspace(tq, stream, n_o, n_lse):
+    """Kernel buffers of at least n_o / n_lse float32 for split partials on ``stream``."""
+    if tq.kind != "torch":
+        po = empty(tq, (n_o,), "float32")
+        pl = empty(tq, (n_lse,), "float32")
+        return kernel_buffer(tensor(po, "workspace")), kernel_buffer(tensor(pl, "workspace"))
+    return _torch_workspace(tq.obj.device, stream, n_o, n_lse)
+
+
+def _torch_workspace(device, stream, n_o, n_lse):
+    import torch
+
+    ws = _WORKSPACES.get((device, stream))
+    if ws is None or ws[0].numel() < n_o or ws[1].numel() < n_lse:
+        old = (0, 0) if ws is None else (ws[0].numel(), ws[1].numel())
+        ws = (torch.empty(max(n_o, old[0]), dtype=torch.float32, device=device),
+              torch.empty(max(n_lse, old[1]), dtype=torch.float32, device=device))
+        _WORKSPACES[(device, stream)] = ws
+    return (Buffer(ws[0].data_ptr(), ws[0].numel(), np.dtype(np.float32), ws[0]),
+            Buffer(ws[1].data_ptr(), ws[1].numel(), np.dtype(np.float32), ws[1]))
+
+
+def _current_stream():
+    """torch's current stream on the current device (what ``stream_handle`` gives), cheaply."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    device = getattr(torch._C, "_cuda_getDevice", None)
+    if raw is not None and device is not None:
+        return raw(device())
+    return torch.cuda.current_stream().cuda_stream
+
+
+class _Prepacked:
+    """One kernel launch with every parameter but the buffer pointers packed once."""
+
+    def __init__(self, kernel, grid, block, args, shared):
+        from .._launch import _libcuda
+
+        kernel.handle()
+        if shared > kernel._shared_optin:
+            kernel._opt_in_shared(shared)
+        self.fn = _libcuda()
+        self.handle = kernel._raw_handle
+        self.grid, self.block, self.shared = int(grid), int(block), int(shared)
+        flat, self.ptr_words, word = [], [], 0
+        for i, arg in enumerate(args):
+            width = kernel._itemsizes.get(i)
+            if width is None:
+                flat.append(arg)
+                word += 1
+            else:
+                flat += (0, 0, arg.size, width, arg.ptr, arg.size, width)
+                self.ptr_words.append(word + 4)
+                word += 7
+        self.words = kernel._words
+        self.template = (ctypes.c_uint64 * self.words)()
+        kernel._struct.pack_into(self.template, 0, *flat)
+        self.local = threading.local()
+
+    def __call__(self, ptrs, stream):
+        from .._launch import _check_code, _ParamBlock
+
+        params = getattr(self.local, "params", None)
+        if params is None:
+            params = self.local.params = _ParamBlock(self.words)
+            ctypes.memmove(params.values, self.template, 8 * self.words)
+        values = params.values
+        for word, ptr in zip(self.ptr_words, ptrs):
+            values[word] = ptr
+        err = self.fn(self.handle, self.grid, 1, 1, self.block, 1, 1, self.shared, stream,
+                      ctypes.addressof(params.pointers), None)
+        if err:
+            _check_code(err, "launch of paged_decode")
+
+
+class _FastCall:
+    """The recorded launches of one call signature (see above)."""
+
+    def __init__(self, kernel, main, reduce_kernel, reduce, out_given, tq, lse_shape, work):
+        self.main = _Prepacked(kernel, *main)
+        self.reduce = None if reduce is None else _Prepacked(reduce_kernel, *reduce)
+        self.out_given = out_given
+        self.shape, self.dtype, self.device = tuple(tq.shape), tq.obj.dtype, tq.obj.device
+        self.lse_shape = lse_shape
+        self.work = work
+
+    def __call__(self, q, k_cache, v_cache, block_table, seq_lens, out, stream):
+        import torch
+
+        kp, vp = k_cache.data_ptr(), v_cache.data_ptr()
+        if (kp | vp) & 15:
+            return None  # the generic path raises
+        if not self.out_given:
+            out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        lse = None
+        lp = 0
+        if self.lse_shape is not None:
+            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+            lp = lse.data_ptr()
+        handle = _current_stream() if stream is None else stream_handle(stream, ())
+        op = out.data_ptr()
+        wo = wl = 0
+        if self.work is not None:
+            po, pl = _torch_workspace(self.device, handle, *self.work)
+            wo, wl = po.ptr, pl.ptr
+        self.main((q.data_ptr(), kp, vp, block_table.data_ptr(), seq_lens.data_ptr(), op, lp,
+                   wo, wl), handle)
+        if self.reduce is not None:
+            self.reduce((wo, wl, op, lp), handle)
+        return (out, lse) if self.lse_shape is not None else out
+
+
+# ---- compile-only check -------------------------------------------------------------------
+
+def _compile_target(*config):
+    return lambda: (_decode_kernel_fn(*config), _DECODE_SIGNATURE)
+
+
+for _dim, _m16, _page8, _bf16 in ((128, False, False, False), (128, True, False, True),
+                                  (128, False, True, False), (64, False, False, True),
+                                  (256, False, False, False), (256, True, False, True)):
+    _warps, _stages = CONFIGS[_dim]
+    compile_check.register(
+        f"paged_decode_d{_dim}_{'m16' if _m16 else 'm8'}{'_page8' if _page8 else ''}_"
+        f"{'bf16' if _bf16 else 'f16'}",
+        _compile_target(_dim, _m16, _page8, _bf16, _warps, _stages,
+                        _dim >= Q_IN_SHARED_FROM),
+        ptx_must_have=("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x4.shared",
+                       "ldmatrix.sync.aligned.m8n8.x4.trans", "cp.async.cg.shared.global"),
+        sass_must_have=("HMMA", "LDSM", "LDGSTS"))
+
+compile_check.register(
+    "paged_decode_reduce_d128", lambda: (_reduce_kernel_fn(128, False), _REDUCE_SIGNATURE))

@@ -1,0 +1,381 @@
+"""Rotary position embedding (RoPE), in place on q and k, in one pass over memory.
+
+For token ``t`` at position ``p = positions[t]`` and frequency ``j < rotary_dim / 2``, each head's
+pair ``(x1, x2)`` is rotated by the angle ``p * inv_freq[j]``:
+
+    x1' = x1 cos - x2 sin,   x2' = x2 cos + x1 sin
+
+``style="neox"`` (GPT-NeoX, Llama): the pair is ``(x[j], x[j + rotary_dim / 2])``;
+``style="gptj"`` (GPT-J, interleaved): ``(x[2j], x[2j + 1])``. Elements ``rotary_dim:headdim`` of
+each head are left untouched (partial rotary, e.g. GPT-NeoX's 25%, ChatGLM's 50%).
+
+cos / sin come from
+- ``cos_sin_cache`` (max_position, rotary_dim), vLLM's layout: ``cache[p, :rotary_dim/2]`` is
+  cos, ``cache[p, rotary_dim/2:]`` is sin (fp16 / bf16 / fp32); or
+- when it is None, ``base``: ``inv_freq[j] = base ** (-2j / rotary_dim)`` (computed in float64,
+  rounded to fp32, kept on the device per (base, rotary_dim)), the angle ``fp32(p) * inv_freq[j]``
+  in fp32 as torch / vLLM / HF build their caches, reduced to [-pi, pi] with a two-constant
+  Cody-Waite step and evaluated with the SFU's sin / cos (absolute error below 1e-6 beyond the
+  fp32 angle's own rounding; positions up to 2^22 * 2pi / inv_freq).
+
+Positions beyond the cache: with ``check_bounds=True`` (default) positions are checked against
+``[0, max_position)`` on the host, which reads their min and max back from the device (a
+synchronisation: pass ``check_bounds=False`` inside CUDA-graph capture and hot loops). Without the
+check, or if positions change afterwards, a token whose position is out of range is left
+unrotated: the kernel never reads outside the cache.
+
+Layout: ``q`` (tokens, nheads, headdim) and ``k`` (tokens, nheads_k, headdim) (or None), same
+dtype (fp16 / bf16 / fp32), last dimension contiguous, any token and head strides (slices of a
+packed qkv tensor work); ``positions`` (tokens,) int32 or int64. Arithmetic in fp32, one rounding
+per element.
+
+Kernel: one block per token; each thread owns a group of frequencies (computes or loads their
+cos / sin once) and walks the q heads, then the k heads, with 16-byte loads and stores of 8 halves
+/ 4 floats (neox: both halves of the rotary part; gptj: 4 / 2 interleaved pairs) when q and k are
+16-byte aligned with strides and the rotary halves multiples of 8 / 4 elements; one pair per
+thread step (scalar access) otherwise.
+"""
+
+import functools
+import math
+
+import numpy as np
+from numba import types
+
+from .. import compile_check, ptx
+from .._arrays import as_tensor, kernel_buffer, stream_handle
+from .._checks import choice, same_dtype, tensor
+from .._env import SIMULATOR, cuda
+from .._launch import Kernel, array1d, jit
+from . import _rowwise as rw
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32")
+STYLES = ("neox", "gptj")
+#: Most threads of a block (one token); each holds the cos / sin of its frequency group.
+MAX_BLOCK_THREADS = 128
+
+MODE_NEOX_VEC, MODE_GPTJ_VEC, MODE_NEOX_SCALAR, MODE_GPTJ_SCALAR = 0, 1, 2, 3
+
+_INV_2PI = np.float32(1.0 / (2.0 * math.pi))
+_TWO_PI_HI = np.float32(2.0 * math.pi)
+_TWO_PI_LO = np.float32(2.0 * math.pi - float(np.float32(2.0 * math.pi)))
+_ROUND_MAGIC = np.float32(1.5 * 2.0 ** 23)  # (x + M) - M rounds x to an integer, |x| < 2^22
+
+
+def _fused_multiply_add_twin(a, b, c):
+    """fp32 a * b + c rounded once (the simulator's ``cuda.fma`` rounds the product first,
+    which is exactly what the range reduction must not do). Products of two fp32 are exact in
+    float64."""
+    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+if SIMULATOR:
+    _fma = _fused_multiply_add_twin
+else:
+    @cuda.jit(device=True, inline="always")
+    def _fma(a, b, c):
+        return cuda.fma(a, b, c)
+
+
+def _pairs_per_group(mode, q_kind):
+    width = 4 if q_kind == rw.KIND_F32 else 8
+    return {MODE_NEOX_VEC: width, MODE_GPTJ_VEC: width // 2}.get(mode, 1)
+
+
+def _rotary_kernel_fn(q_kind, c_kind, mode, has_cache):
+    """Kernel for q/k storage ``q_kind``, cache storage ``c_kind`` (when ``has_cache``), access
+    ``mode`` (``MODE_*``); the positions' dtype is the signature's."""
+    pairs = _pairs_per_group(mode, q_kind)
+    vector = mode in (MODE_NEOX_VEC, MODE_GPTJ_VEC)
+    neox = mode in (MODE_NEOX_VEC, MODE_NEOX_SCALAR)
+    vec = 2 * pairs if mode == MODE_GPTJ_VEC else pairs   # elements per 16-byte access
+    load = rw.chunk_words_loader(q_kind, vec if vector else 1)
+    store = rw.chunk_words_storer(q_kind, vec if vector else 1)
+    unpack = rw.chunk_unpacker(q_kind, vec if vector else 1)
+    pack = rw.chunk_packer(q_kind, vec if vector else 1)
+    c_conv = rw.to_f32(c_kind)
+    elems = 2 * pairs
+
+    @cuda.jit(device=True, inline="always")
+    def rotate(buf, base, f0, half, cs, sn, w1, w2, a, b):
+        """Rotate the pairs of group ``f0`` of the head starting at ``buf[base]``."""
+        if neox:
+            o1 = base + f0
+            o2 = o1 + half
+            load(buf, o1, w1, 0)
+            load(buf, o2, w2, 0)
+            unpack(w1, 0, a)
+            unpack(w2, 0, b)
+            for i in range(pairs):
+                x1 = a[i]
+                x2 = b[i]
+                a[i] = x1 * cs[i] - x2 * sn[i]
+                b[i] = x2 * cs[i] + x1 * sn[i]
+            pack(a, w1, 0)
+            pack(b, w2, 0)
+            store(buf, o1, w1, 0)
+            store(buf, o2, w2, 0)
+        else:
+            o1 = base + 2 * f0
+            load(buf, o1, w1, 0)
+            if vector:
+                unpack(w1, 0, a)
+            else:
+                load(buf, o1 + 1, w2, 0)
+                unpack(w1, 0, a)
+                unpack(w2, 0, b)
+                a[1] = b[0]
+            for i in range(pairs):
+                x1 = a[2 * i]
+                x2 = a[2 * i + 1]
+                a[2 * i] = x1 * cs[i] - x2 * sn[i]
+                a[2 * i + 1] = x2 * cs[i] + x1 * sn[i]
+            if vector:
+                pack(a, w1, 0)
+                store(buf, o1, w1, 0)
+            else:
+                b[0] = a[1]
+                pack(a, w1, 0)
+                pack(b, w2, 0)
+                store(buf, o1, w1, 0)
+                store(buf, o1 + 1, w2, 0)
+
+    def rotary_kernel(q, k, positions, cache, inv_freq, nh_q, nh_k, half, groups, pos_stride,
+                      q_tok, q_head, k_tok, k_head, cache_stride, max_pos):
+        cs = cuda.local.array(pairs, np.float32)
+        sn = cuda.local.array(pairs, np.float32)
+        w1 = cuda.local.array(4, np.uint32)
+        w2 = cuda.local.array(4, np.uint32)
+        a = cuda.local.array(elems, np.float32)
+        b = cuda.local.array(elems, np.float32)
+        token = cuda.blockIdx.x
+        g = cuda.threadIdx.x % groups
+        slot = cuda.threadIdx.x // groups
+        slots = cuda.blockDim.x // groups
+        if slot >= slots:
+            return
+        pos = np.int64(positions[np.int64(token) * pos_stride])
+        if has_cache:
+            if pos < 0 or pos >= max_pos:
+                return  # out of the cache: leave the token unrotated, read nothing
+        f0 = g * pairs
+        for i in range(pairs):
+            f = f0 + i
+            if has_cache:
+                cs[i] = c_conv(cache[pos * cache_stride + f])
+                sn[i] = c_conv(cache[pos * cache_stride + half + f])
+            else:
+                angle = np.float32(pos) * inv_freq[f]
+                turns = (angle * _INV_2PI + _ROUND_MAGIC) - _ROUND_MAGIC
+                r = _fma(-turns, _TWO_PI_HI, angle)
+                r = _fma(-turns, _TWO_PI_LO, r)
+                cs[i] = ptx.cos_approx(r)
+                sn[i] = ptx.sin_approx(r)
+        # q heads, then k heads (separate loops: each sees one array, so loads stay LDG)
+        h = slot
+        while h < nh_q:
+            rotate(q, np.int64(token) * q_tok + np.int64(h) * q_head, f0, half, cs, sn, w1, w2,
+                   a, b)
+            h += slots
+        h -= nh_q
+        while h < nh_k:
+            rotate(k, np.int64(token) * k_tok + np.int64(h) * k_head, f0, half, cs, sn, w1, w2,
+                   a, b)
+            h += slots
+
+    return rotary_kernel
+
+
+def _signature(q_kind, c_kind, pos_int64):
+    qs = array1d(np.float32 if q_kind == rw.KIND_F32 else np.uint16)
+    cs = array1d(np.float32 if c_kind == rw.KIND_F32 else np.uint16)
+    ps = array1d(np.int64 if pos_int64 else np.int32)
+    return (qs, qs, ps, cs, array1d(np.float32), types.int32, types.int32, types.int32,
+            types.int32, types.int64, types.int64, types.int64, types.int64, types.int64,
+            types.int64, types.int64)
+
+
+@functools.lru_cache(maxsize=None)
+def _rotary_kernel(q_kind, c_kind, mode, has_cache, pos_int64):
+    fn = _rotary_kernel_fn(q_kind, c_kind, mode, has_cache)
+    return Kernel(jit(fn), _signature(q_kind, c_kind, pos_int64), "rotary_kernel")
+
+
+_INV_FREQ = {}
+
+
+def _inv_freq_table(base, rotary_dim):
+    """Device float32 ``base ** (-2j / rotary_dim)``, j < rotary_dim / 2, cached per device."""
+    device = 0 if SIMULATOR else cuda.get_current_device().id
+    key = (device, float(base), rotary_dim)
+    table = _INV_FREQ.get(key)
+    if table is None:
+        host = (1.0 / (float(base) ** (np.arange(0, rotary_dim, 2, dtype=np.float64)
+                                       / rotary_dim))).astype(np.float32)
+        table = host if SIMULATOR else cuda.to_device(host)
+        _INV_FREQ[key] = table
+    return table
+
+
+def _positions_range(tp):
+    """(min, max) of a positions tensor, read back to the host (synchronises)."""
+    obj = tp.obj
+    mod = type(obj).__module__
+    if tp.host is not None:
+        values = tp.host
+    elif mod.startswith("torch"):
+        return int(obj.min()), int(obj.max())
+    elif mod.startswith("cupy"):
+        return int(obj.min().get()), int(obj.max().get())
+    else:
+        values = cuda.as_cuda_array(obj).copy_to_host()
+    return int(np.min(values)), int(np.max(values))
+
+
+def _check_head_tensor(name, t, q_shape=None):
+    if t.ndim != 3:
+        raise ValueError(f"{name}: expected 3 dimensions (tokens, nheads, headdim), got shape "
+                         f"{t.shape}")
+    if q_shape is not None and (t.shape[0] != q_shape[0] or t.shape[2] != q_shape[2]):
+        raise ValueError(f"{name}: expected shape ({q_shape[0]}, *, {q_shape[2]}) to match q's "
+                         f"tokens and headdim, got {t.shape}")
+    if t.shape[2] > 1 and t.strides[2] != 1:
+        raise ValueError(f"{name}: expected the last dimension to be contiguous (stride 1), "
+                         f"got strides {t.strides}")
+    if any(s < 0 for s in t.strides):
+        raise ValueError(f"{name}: negative strides are unsupported, got {t.strides}")
+
+
+def _vector_ok(t, width):
+    if t is None:
+        return True
+    return t.ptr % 16 == 0 and t.strides[0] % width == 0 and t.strides[1] % width == 0
+
+
+def rotary_embedding(q, k, positions, *, base=10000.0, cos_sin_cache=None, style="neox",
+                     rotary_dim=None, check_bounds=True, stream=None):
+    """Rotate ``q`` and ``k`` in place by the rotary embedding of ``positions``.
+
+    Args:
+        q: (tokens, nheads, headdim) fp16 / bf16 / fp32, last dimension contiguous.
+        k: (tokens, nheads_k, headdim), q's dtype, or None.
+        positions: (tokens,) int32 or int64.
+        base: the RoPE base (``theta``), used when ``cos_sin_cache`` is None (float > 0).
+        cos_sin_cache: optional (max_position, rotary_dim) table, cos then sin in the last
+            dimension (vLLM's layout), fp16 / bf16 / fp32.
+        style: ``"neox"`` (rotate halves) or ``"gptj"`` (rotate interleaved pairs).
+        rotary_dim: leading elements of each head that rotate (even, <= headdim; default
+            headdim).
+        check_bounds: with a cache, check ``0 <= positions < max_position`` on the host (a
+            device-to-host read: synchronises). Out-of-range tokens are skipped when unchecked.
+        stream: CUDA stream (default: the caller's framework's current stream).
+
+    Returns:
+        ``(q, k)``, the same arrays, rotated in place.
+
+    Raises:
+        TypeError: non-arrays; q / k / cache not fp16, bf16 or fp32; k's dtype differs from q's;
+            positions not int32 / int64; base or rotary_dim of the wrong type.
+        ValueError: shapes that disagree; rotary_dim odd, < 2 or > headdim; a cache whose last
+            dimension is not rotary_dim; positions outside the cache (``check_bounds``);
+            base <= 0; an unknown style; a non-contiguous last dimension.
+    """
+    tq = tensor(q, "q", dtypes=FLOAT_DTYPES)
+    _check_head_tensor("q", tq)
+    tokens, nh_q, headdim = tq.shape
+    tk = None
+    if k is not None:
+        tk = tensor(k, "k", dtypes=FLOAT_DTYPES)
+        _check_head_tensor("k", tk, tq.shape)
+    tp = tensor(positions, "positions", ndim=1, dtypes=("int32", "int64"))
+    if tp.shape[0] != tokens:
+        raise ValueError(f"positions: expected shape ({tokens},) to match q's tokens, got "
+                         f"{tp.shape}")
+    same_dtype("q", tq, k=tk)
+    choice("style", style, STYLES)
+    if rotary_dim is None:
+        rotary_dim = headdim
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, (int, np.integer)):
+        raise TypeError(f"rotary_dim: expected an int, got {type(rotary_dim).__name__}")
+    rotary_dim = int(rotary_dim)
+    if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > headdim:
+        raise ValueError(f"rotary_dim: expected an even int in [2, headdim={headdim}], got "
+                         f"{rotary_dim}")
+    half = rotary_dim // 2
+    tc = None
+    if cos_sin_cache is not None:
+        tc = tensor(cos_sin_cache, "cos_sin_cache", ndim=2, dtypes=FLOAT_DTYPES)
+        if tc.shape[1] != rotary_dim:
+            raise ValueError(f"cos_sin_cache: expected shape (max_position, {rotary_dim}) "
+                             f"(cos | sin of rotary_dim={rotary_dim}), got {tc.shape}")
+        if rotary_dim > 1 and tc.strides[1] != 1:
+            raise ValueError(f"cos_sin_cache: expected the last dimension to be contiguous, got "
+                             f"strides {tc.strides}")
+        max_pos = tc.shape[0]
+        if check_bounds and tokens:
+            lo, hi = _positions_range(tp)
+            if lo < 0 or hi >= max_pos:
+                raise ValueError(f"positions: expected values in [0, {max_pos}) (the rows of "
+                                 f"cos_sin_cache), got min {lo}, max {hi}")
+    else:
+        if isinstance(base, bool) or not isinstance(base, (int, float, np.floating)):
+            raise TypeError(f"base: expected a float, got {type(base).__name__}")
+        if not (math.isfinite(base) and base > 0):
+            raise ValueError(f"base: expected a finite float > 0, got {base}")
+        max_pos = 0
+    if tokens == 0 or (nh_q == 0 and (tk is None or tk.shape[1] == 0)):
+        return q, k
+
+    q_kind = rw.kind(tq.dtype)
+    width = rw.vector_width(tq.dtype)
+    if style == "neox":
+        vector = half % width == 0 and _vector_ok(tq, width) and _vector_ok(tk, width)
+        mode = MODE_NEOX_VEC if vector else MODE_NEOX_SCALAR
+    else:
+        vector = rotary_dim % width == 0 and _vector_ok(tq, width) and _vector_ok(tk, width)
+        mode = MODE_GPTJ_VEC if vector else MODE_GPTJ_SCALAR
+    groups = half // _pairs_per_group(mode, q_kind)
+    nh_k = 0 if tk is None else tk.shape[1]
+    if groups > 1024:
+        raise NotImplementedError(f"rotary_dim: at most 2048 supported, got {rotary_dim}")
+    # enough threads for every (group, head) up to MAX_BLOCK_THREADS, and at least one per group
+    round32 = lambda n: -(-n // 32) * 32  # noqa: E731
+    threads = max(round32(groups),
+                  min(round32(groups * (nh_q + nh_k)), MAX_BLOCK_THREADS))
+
+    c_kind = rw.KIND_F32 if tc is None else rw.kind(tc.dtype)
+    kernel = _rotary_kernel(q_kind, c_kind, mode, tc is not None, tp.dtype == "int64")
+    qb = kernel_buffer(tq)
+    kb = qb if tk is None else kernel_buffer(tk)
+    if tc is None:
+        table = _inv_freq_table(base, rotary_dim)
+        fb = kernel_buffer(as_tensor(table, "inv_freq"))
+        cb = fb
+        cache_stride = 0
+    else:
+        cb = kernel_buffer(tc)
+        fb = kernel_buffer(as_tensor(_inv_freq_table(1.0, 2), "inv_freq"))  # unused
+        cache_stride = tc.strides[0]
+    k_tok, k_head = (0, 0) if tk is None else tk.strides[:2]
+    rw.launch(kernel, tokens, threads,
+              (qb, kb, kernel_buffer(tp), cb, fb, nh_q, nh_k, half, groups, tp.strides[0],
+               tq.strides[0], tq.strides[1], k_tok, k_head, cache_stride, max_pos),
+              stream_handle(stream, (tq,)))
+    return q, k
+
+
+def _register():
+    f16, bf16, f32 = rw.KIND_F16, rw.KIND_BF16, rw.KIND_F32
+    for name, (qk, ck, mode, cache, p64, vec) in {
+        "rotary_neox_f16_computed": (f16, f32, MODE_NEOX_VEC, False, True, True),
+        "rotary_neox_bf16_cache_f32": (bf16, f32, MODE_NEOX_VEC, True, True, True),
+        "rotary_gptj_f16_cache_f16": (f16, f16, MODE_GPTJ_VEC, True, False, True),
+        "rotary_gptj_bf16_scalar": (bf16, bf16, MODE_GPTJ_SCALAR, False, True, False),
+    }.items():
+        compile_check.register(
+            name, lambda qk=qk, ck=ck, mode=mode, cache=cache, p64=p64: (
+                _rotary_kernel_fn(qk, ck, mode, cache), _signature(qk, ck, p64)),
+            sass_must_have=("LDG.E.128", "STG.E.128") if vec else ())
+
+
+_register()

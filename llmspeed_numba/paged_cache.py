@@ -1,0 +1,242 @@
+"""A host-side page allocator for the paged KV cache.
+
+``PagedKVCache`` owns ``k_cache`` / ``v_cache`` (num_blocks, block_size, nheads_k, headdim) in the
+array kind the caller picks (numba device arrays by default, torch or CuPy tensors on request;
+host NumPy arrays under the CUDA simulator), hands pages to sequences as they grow, takes them back
+when a sequence is freed, and builds the ``block_table`` / ``seq_lens`` int32 arrays that
+``paged_kv_append`` and ``paged_decode_attention`` read. Running out of pages raises
+``OutOfPages`` (a ``RuntimeError``) and changes nothing.
+
+A decode step::
+
+    cache = PagedKVCache(num_blocks=4096, block_size=16, nheads_k=8, headdim=128,
+                         dtype="bfloat16", kind="torch")
+    seqs = [cache.add_sequence() for _ in range(batch)]
+    block_table, seq_lens = cache.append(seqs, k_new, v_new)   # (batch, n, nheads_k, headdim)
+    out = paged_decode_attention(q, cache.k_cache, cache.v_cache, block_table, seq_lens)
+    cache.free(seqs[0])                                          # a finished sequence
+
+All bookkeeping is on the host (Python lists): no device synchronisation. The tables are built
+on the host and copied to the device on each ``tables`` / ``append`` call.
+"""
+
+import numpy as np
+
+from ._arrays import numpy_dtype
+from ._env import SIMULATOR, cuda
+
+KINDS = ("numba", "torch", "cupy")
+
+#: ``block_table`` entry of a slot past a sequence's last page (never read for valid lengths).
+NO_PAGE = -1
+
+
+class OutOfPages(RuntimeError):
+    """The cache has fewer free pages than an allocation needs (nothing was allocated)."""
+
+
+class PagedKVCache:
+    """Paged K/V storage for many sequences plus their page tables.
+
+    ``num_blocks`` pages of ``block_size`` tokens (a power of two, 8..256 for decode), each token
+    holding ``nheads_k x headdim`` values of ``dtype`` ("float16" or "bfloat16"). ``kind``:
+    "numba", "torch" or "cupy" (bfloat16 needs "torch"). ``max_blocks_per_seq``: an optional
+    limit on one sequence's pages (``ValueError`` past it); it is also the minimum width of the
+    tables.
+    """
+
+    def __init__(self, num_blocks, block_size, nheads_k, headdim, dtype="float16", *,
+                 kind="numba", max_blocks_per_seq=None):
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
+                            ("nheads_k", nheads_k), ("headdim", headdim)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+            if value < 1:
+                raise ValueError(f"{name}: expected a positive int, got {value}")
+        if block_size & (block_size - 1):
+            raise ValueError(f"block_size: expected a power of two, got {block_size}")
+        if dtype not in ("float16", "bfloat16"):
+            raise TypeError(f"dtype: expected 'float16' or 'bfloat16', got {dtype!r}")
+        if kind not in KINDS:
+            raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
+        if not SIMULATOR and kind == "cupy" and dtype == "bfloat16":
+            raise TypeError("kind: CuPy has no bfloat16; use kind='torch'")
+        if not SIMULATOR and kind == "numba" and dtype == "bfloat16":
+            raise TypeError("kind: numba device arrays cannot hold bfloat16; use kind='torch'")
+        if max_blocks_per_seq is not None and (
+                isinstance(max_blocks_per_seq, bool) or max_blocks_per_seq < 1):
+            raise ValueError(f"max_blocks_per_seq: expected a positive int or None, got "
+                             f"{max_blocks_per_seq!r}")
+        self.num_blocks = int(num_blocks)
+        self.block_size = int(block_size)
+        self.nheads_k = int(nheads_k)
+        self.headdim = int(headdim)
+        self.dtype = dtype
+        self.kind = kind
+        self.max_blocks_per_seq = max_blocks_per_seq
+        shape = (self.num_blocks, self.block_size, self.nheads_k, self.headdim)
+        self.k_cache = self._zeros(shape, dtype)
+        self.v_cache = self._zeros(shape, dtype)
+        self._free = list(range(self.num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self._pages = {}
+        self._lengths = {}
+        self._next_id = 0
+
+    # ---- device arrays ---------------------------------------------------------------------
+    def _zeros(self, shape, dtype):
+        if SIMULATOR:
+            return np.zeros(shape, numpy_dtype(dtype))
+        if self.kind == "torch":
+            import torch
+
+            return torch.zeros(shape, dtype=getattr(torch, dtype), device="cuda")
+        if self.kind == "cupy":
+            import cupy
+
+            return cupy.zeros(shape, dtype=dtype)
+        from numba.cuda.cudadrv.driver import device_memset
+
+        out = cuda.device_array(shape, dtype=np.float16)
+        device_memset(out, 0, out.nbytes)
+        return out
+
+    def _to_device(self, host):
+        host = np.ascontiguousarray(host, dtype=np.int32)
+        if SIMULATOR:
+            return host
+        if self.kind == "torch":
+            import torch
+
+            return torch.from_numpy(host).cuda()
+        if self.kind == "cupy":
+            import cupy
+
+            return cupy.asarray(host)
+        return cuda.to_device(host)
+
+    # ---- bookkeeping -----------------------------------------------------------------------
+    @property
+    def num_free_pages(self):
+        return len(self._free)
+
+    @property
+    def sequences(self):
+        """Ids of the live sequences, oldest first."""
+        return list(self._lengths)
+
+    def length(self, seq_id):
+        return self._lengths[self._check_id(seq_id)]
+
+    def pages(self, seq_id):
+        """Page ids of a sequence, in order (a copy)."""
+        return list(self._pages[self._check_id(seq_id)])
+
+    def _check_id(self, seq_id):
+        if seq_id not in self._lengths:
+            raise KeyError(f"seq_id: no live sequence {seq_id!r} (freed, or never added)")
+        return seq_id
+
+    def _pages_for(self, length):
+        return -(-length // self.block_size)
+
+    def _grow(self, plan):
+        """Give each (seq_id, new_length) of ``plan`` its pages: all or nothing."""
+        need = {}
+        for seq_id, new_length in plan:
+            pages = self._pages_for(new_length)
+            if self.max_blocks_per_seq is not None and pages > self.max_blocks_per_seq:
+                raise ValueError(
+                    f"sequence {seq_id}: length {new_length} needs {pages} pages, more than "
+                    f"max_blocks_per_seq {self.max_blocks_per_seq}")
+            need[seq_id] = max(0, pages - len(self._pages.get(seq_id, ())))
+        total = sum(need.values())
+        if total > len(self._free):
+            raise OutOfPages(
+                f"out of KV-cache pages: need {total} more page(s) of {self.block_size} tokens, "
+                f"{len(self._free)} of {self.num_blocks} are free; free finished sequences "
+                f"(PagedKVCache.free) or create the cache with more blocks")
+        for seq_id, new_length in plan:
+            owned = self._pages.setdefault(seq_id, [])
+            for _ in range(need[seq_id]):
+                owned.append(self._free.pop())
+            self._lengths[seq_id] = new_length
+
+    def add_sequence(self, length=0):
+        """Start a sequence of ``length`` tokens (its pages allocated); returns its id."""
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
+            raise ValueError(f"length: expected an int >= 0, got {length!r}")
+        seq_id = self._next_id
+        self._grow([(seq_id, int(length))])
+        self._next_id += 1
+        return seq_id
+
+    def extend(self, seq_ids, new_tokens):
+        """Grow each sequence of ``seq_ids`` (an id or a list of ids) by ``new_tokens`` tokens,
+        allocating pages as needed; all or nothing (``OutOfPages``)."""
+        ids = [seq_ids] if isinstance(seq_ids, (int, np.integer)) else list(seq_ids)
+        if isinstance(new_tokens, bool) or not isinstance(new_tokens, (int, np.integer)) or (
+                new_tokens < 0):
+            raise ValueError(f"new_tokens: expected an int >= 0, got {new_tokens!r}")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"seq_ids: expected distinct ids, got {ids}")
+        self._grow([(i, self.length(i) + int(new_tokens)) for i in ids])
+
+    def free(self, seq_id):
+        """Return a finished sequence's pages to the pool."""
+        self._check_id(seq_id)
+        self._free.extend(reversed(self._pages.pop(seq_id)))
+        del self._lengths[seq_id]
+
+    # ---- tables ----------------------------------------------------------------------------
+    def host_tables(self, seq_ids, *, lengths=None, width=None):
+        """NumPy int32 ``(block_table, seq_lens)`` of ``seq_ids`` in that order (the batch).
+
+        ``width`` (columns of block_table) defaults to the most pages any of them holds (at
+        least ``max_blocks_per_seq`` when set, and at least 1); unused slots hold ``NO_PAGE``.
+        ``lengths`` overrides the recorded lengths (``append`` passes the pre-append ones).
+        """
+        ids = [self._check_id(i) for i in seq_ids]
+        most = max([len(self._pages[i]) for i in ids] + [1, self.max_blocks_per_seq or 1])
+        width = most if width is None else int(width)
+        if width < most:
+            raise ValueError(f"width: expected at least {most} (the longest page list), got "
+                             f"{width}")
+        table = np.full((len(ids), width), NO_PAGE, np.int32)
+        for row, i in enumerate(ids):
+            table[row, :len(self._pages[i])] = self._pages[i]
+        lens = np.array([self._lengths[i] for i in ids] if lengths is None else lengths,
+                        np.int32)
+        return table, lens
+
+    def tables(self, seq_ids, *, width=None):
+        """Device int32 ``(block_table, seq_lens)`` of ``seq_ids`` (the decode batch, in order),
+        in the cache's array kind. See ``host_tables``."""
+        table, lens = self.host_tables(seq_ids, width=width)
+        return self._to_device(table), self._to_device(lens)
+
+    def append(self, seq_ids, k, v, *, stream=None, width=None):
+        """Append ``k``, ``v`` (batch, new_tokens, nheads_k, headdim) to the sequences
+        ``seq_ids`` (one per batch row): allocate their pages (all or nothing), write the tokens
+        with ``paged_kv_append``, and return the device ``(block_table, seq_lens)`` *after* the
+        append, ready for ``paged_decode_attention`` with ``q_len = new_tokens``."""
+        from ._arrays import as_tensor
+        from .ops.paged_kv_append import paged_kv_append
+
+        ids = list(seq_ids)
+        tk = as_tensor(k, "k")
+        if tk.ndim != 4 or tk.shape[0] != len(ids):
+            raise ValueError(f"k: expected shape ({len(ids)}, new_tokens, {self.nheads_k}, "
+                             f"{self.headdim}) for {len(ids)} sequences, got {tk.shape}")
+        before = [self.length(i) for i in ids]
+        self.extend(ids, tk.shape[1])
+        table, _ = self.host_tables(ids, width=width)
+        block_table = self._to_device(table)
+        paged_kv_append(k, v, self.k_cache, self.v_cache, block_table,
+                        self._to_device(np.array(before, np.int32)), stream=stream)
+        return block_table, self._to_device(np.array([self._lengths[i] for i in ids],
+                                                     np.int32))
+
+    def __repr__(self):
+        return (f"PagedKVCache({self.num_blocks} x {self.block_size} tokens, nheads_k "
+                f"{self.nheads_k}, headdim {self.headdim}, {self.dtype}, {self.kind}; "
+                f"{len(self._lengths)} sequences, {len(self._free)} free pages)")

@@ -1,0 +1,168 @@
+"""silu_and_mul, gelu_and_mul and gelu against float64 references."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from llmspeed_numba import SIMULATOR
+from llmspeed_numba.ops import activations as act_mod
+from llmspeed_numba.ops.activations import gelu, gelu_and_mul, silu_and_mul
+from llmspeed_numba.reference import fused as ref
+from llmspeed_numba.testing import derived_check, poison, random_array, to_device, to_host
+
+DTYPES = ["float16", "bfloat16", "float32"]
+KIND = "numpy" if SIMULATOR else "torch"
+OPS = ["silu", "gelu_none", "gelu_tanh"]
+
+
+def dev(host, offset=0):
+    if not offset:
+        return to_device(np.array(host, copy=True), KIND)
+    flat = np.concatenate([np.ones(offset, host.dtype), np.ascontiguousarray(host).ravel()])
+    return to_device(flat, KIND)[offset:].reshape(host.shape)
+
+
+def host(x):
+    return np.array(to_host(x))
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    if SIMULATOR:
+        monkeypatch.setattr(act_mod, "BLOCK_THREADS", 32)
+
+
+def _call(name, x, gated_op, **kw):
+    if gated_op:
+        if name == "silu":
+            return silu_and_mul(x, **kw)
+        return gelu_and_mul(x, approximate=name.split("_")[1], **kw)
+    assert name != "silu"
+    return gelu(x, approximate=name.split("_")[1], **kw)
+
+
+def _case(name, gated_op, shape, dtype, rng, offset=0, scale=2.0, in_place=False):
+    x_h = random_array(shape, dtype, rng, scale=scale)
+    x = dev(x_h, offset)
+    out_shape = shape[:-1] + (shape[-1] // 2,) if gated_op else shape
+    out = x if in_place else poison(dev(np.empty(out_shape, x_h.dtype), offset))
+    got = _call(name, x, gated_op, out=out)
+    assert got is out
+    if gated_op:
+        expected, plain = ref.gated(x_h, name), ref.gated_plain(x_h, name)
+    else:
+        expected, plain = ref.activation(x_h, name), ref.activation_plain(x_h, name)
+    derived_check(host(got), expected, plain, name=name)
+    if not in_place:
+        np.testing.assert_array_equal(host(x).view(np.uint8), x_h.view(np.uint8))
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_small(name, dtype, rng):
+    _case(name, True, (2, 48), dtype, rng)           # 16-byte chunks (d = 24)
+    _case(name, True, (3, 2 * 5), dtype, rng)        # d = 5: the scalar kernel
+
+
+@pytest.mark.parametrize("name", ["gelu_none", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_small(name, dtype, rng):
+    _case(name, False, (2, 37), dtype, rng)          # rows of 37: scalar (row stride 37)
+    _case(name, False, (1, 45), dtype, rng)          # one row: 16-byte chunks + scalar tail
+    _case(name, False, (2, 16), dtype, rng, offset=1)  # misaligned: scalar
+
+
+def test_gelu_in_place_and_leading_dims(rng):
+    _case("gelu_none", False, (2, 3, 16), "bfloat16", rng, in_place=True)
+    _case("silu", True, (2, 2, 16), "float16", rng)
+
+
+def test_activation_tails_of_the_range(rng):
+    # large |x|: exp overflow (silu -> -0, gelu -> 0 or x), and values near 0
+    x_h = np.array([[-100.0, -30.0, -8.0, -1e-3, 0.0, 1e-3, 8.0, 30.0, 100.0, 60000.0,
+                     -60000.0, 3.0, -3.0, 0.5, -0.5, 1.0]], np.float16)
+    for name in OPS:
+        for dtype in ("float16", "float32"):
+            xd = x_h.astype(dtype)
+            if dtype == "float32" and SIMULATOR:
+                # the fp32 path's libdevice-style helpers call math.exp, which raises
+                # OverflowError in the simulator (Python floats) instead of returning inf
+                xd = xd[:, np.abs(x_h[0]) < 1000]
+            got = host(_call(name, dev(xd), False) if name != "silu" else
+                       silu_and_mul(dev(np.concatenate([xd, np.ones_like(xd)], axis=1))))
+            exp = (ref.activation(xd, name) if name != "silu" else
+                   ref.gated(np.concatenate([xd, np.ones_like(xd)], axis=1), name))
+            assert np.all(np.isfinite(got))
+            plain = (ref.activation_plain(xd, name) if name != "silu" else
+                     ref.gated_plain(np.concatenate([xd, np.ones_like(xd)], axis=1), name))
+            # at most the error of torch's formulation, plus a rounding; results below the
+            # normal range may flush to zero
+            tol = (2 * np.abs(plain - exp) + np.abs(exp) * (1e-3 if dtype == "float16" else 1e-6)
+                   + np.finfo(dtype).tiny)
+            assert np.all(np.abs(got - exp) <= tol), (name, dtype, got, exp)
+
+
+@given(name=st.sampled_from(OPS), gated_op=st.booleans(), rows=st.integers(1, 3),
+       half=st.integers(1, 40), dtype=st.sampled_from(DTYPES), misaligned=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_activations_hypothesis_small(name, gated_op, rows, half, dtype, misaligned, seed):
+    if name == "silu":
+        gated_op = True
+    rng = np.random.default_rng(seed)
+    with pytest.MonkeyPatch.context() as mp:
+        if SIMULATOR:
+            mp.setattr(act_mod, "BLOCK_THREADS", 32)
+        _case(name, gated_op, (rows, 2 * half), dtype, rng, offset=int(misaligned))
+
+
+def test_activation_bad_inputs(rng):
+    x = dev(random_array((2, 16), "float16", rng))
+    with pytest.raises(TypeError, match="x: expected a CUDA array"):
+        silu_and_mul([1.0, 2.0])
+    with pytest.raises(TypeError, match="x: expected dtype in"):
+        silu_and_mul(dev(np.ones((2, 16), np.int32)))
+    with pytest.raises(ValueError, match="x: expected an even last dimension"):
+        silu_and_mul(dev(random_array((2, 15), "float16", rng)))
+    with pytest.raises(ValueError, match="x: expected an even last dimension"):
+        gelu_and_mul(dev(random_array((2, 15), "float16", rng)))
+    with pytest.raises(ValueError, match=r"out: expected shape \(2, 8\)"):
+        silu_and_mul(x, out=dev(random_array((2, 16), "float16", rng)))
+    with pytest.raises(TypeError, match="out: expected dtype float16"):
+        silu_and_mul(x, out=dev(random_array((2, 8), "float32", rng)))
+    with pytest.raises(ValueError, match="approximate: expected one of"):
+        gelu(x, approximate="erf")
+    with pytest.raises(ValueError, match="approximate: expected one of"):
+        gelu_and_mul(x, approximate=None)
+    with pytest.raises(ValueError, match="x: expected the last dimension to be contiguous"):
+        gelu(dev(random_array((16, 2), "float16", rng)).T)
+    assert host(silu_and_mul(dev(random_array((0, 16), "float16", rng)))).shape == (0, 8)
+
+
+# ---- GPU: real sizes ------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@settings(max_examples=20)  # each new shape may compile a kernel variant
+@given(name=st.sampled_from(OPS), gated_op=st.booleans(), rows=st.integers(1, 300),
+       half=st.one_of(st.integers(1, 6000), st.sampled_from([4096, 11008, 14336])),
+       dtype=st.sampled_from(DTYPES), misaligned=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_activations_gpu_hypothesis(name, gated_op, rows, half, dtype, misaligned, seed):
+    if name == "silu":
+        gated_op = True
+    _case(name, gated_op, (rows, 2 * half), dtype, np.random.default_rng(seed),
+          offset=int(misaligned))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_activations_gpu_benchmark_shapes(name, dtype, rng):
+    _case(name, True, (8192, 2 * 14336), dtype, rng)
+    if name != "silu":
+        _case(name, False, (8192, 4096), dtype, rng)
+
+
+@pytest.mark.gpu
+def test_activations_gpu_many_rows(rng):
+    # more row blocks than the grid's y dimension holds: the kernel loops over rows
+    _case("silu", True, (70000 * 8, 2 * 8), "float16", rng)

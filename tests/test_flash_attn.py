@@ -1,0 +1,442 @@
+"""FlashAttention forward against the float64 reference (``reference/attention.py``).
+
+Tolerance (derived, never guessed): the kernel's max error against the float64 reference is at
+most twice that of the plain same-precision attention (scores, probabilities and output rounded
+to fp16 / bf16) plus half an ulp at 1, for the output; the log-sum-exp likewise with a 1e-5
+relative allowance.
+
+Under the simulator the SIMT kernel takes the broad hypothesis coverage and the Tensor Core kernel
+(the same code as on the GPU, at a tiny configuration: 1-2 warps, 16-key blocks) a handful of
+named shapes; the GPU suite (``-m gpu``) runs the real configurations with many examples.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from llmspeed_numba import SIMULATOR
+from llmspeed_numba._checks import tensor
+from llmspeed_numba.ops.flash_attn import _pick_impl, flash_attn, flash_attn_varlen
+from llmspeed_numba.reference.attention import attention, attention_mask, attention_varlen
+from llmspeed_numba.testing import (derived_check, f64, poison, random_array,
+                                    to_device, to_host)
+
+DTYPES = ("float16", "bfloat16")
+KIND = "numba" if SIMULATOR else "torch"
+
+# Tiny Tensor Core configurations the simulator can afford: (warps, m16 tiles per warp, keys).
+TC_ONE_WARP = (1, 1, 16)
+TC_TWO_WARPS = (2, 1, 16)
+TC_TWO_TILES = (1, 2, 16)
+
+
+# ---- helpers --------------------------------------------------------------------------------
+
+def _qkv(rng, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype):
+    q = random_array((batch, seqlen_q, nheads, headdim), dtype, rng)
+    k = random_array((batch, seqlen_k, nheads_k, headdim), dtype, rng)
+    v = random_array((batch, seqlen_k, nheads_k, headdim), dtype, rng)
+    return q, k, v
+
+
+def _check(out, lse, q, k, v, dtype, reference=attention, lse_name="lse", **options):
+    """``out`` / ``lse`` against the float64 reference, with the derived tolerance."""
+    expected, expected_lse = reference(f64(q), f64(k), f64(v), **options)
+    plain, plain_lse = reference(f64(q), f64(k), f64(v), dtype=dtype, **options)
+    eps = float(np.finfo(np.float16).eps if dtype == "float16" else 2.0 ** -7)
+    derived_check(f64(out), expected, plain, allowance=eps / 2, name="out")
+    lse = f64(lse)
+    empty = np.isneginf(expected_lse)
+    assert np.array_equal(np.isneginf(lse), empty), f"{lse_name}: -inf exactly at empty rows"
+    derived_check(np.where(empty, 0.0, lse), np.where(empty, 0.0, expected_lse),
+                  np.where(empty, 0.0, plain_lse), allowance=1e-5, name=lse_name)
+    assert not np.isnan(f64(out)).any()
+
+
+def _run(q, k, v, impl=None, config=None, poisoned=True, **options):
+    qd, kd, vd = (to_device(x, KIND) for x in (q, k, v))
+    out = poison(to_device(np.empty(q.shape, q.dtype), KIND)) if poisoned else None
+    got, lse = flash_attn(qd, kd, vd, return_lse=True, out=out, _impl=impl, _config=config,
+                          **options)
+    return to_host(got), to_host(lse)
+
+
+windows = st.one_of(st.just(-1), st.integers(0, 12), st.integers(13, 300))
+
+
+@st.composite
+def attention_problems(draw, max_seqlen=40, headdims=(8, 16, 24, 40, 64), max_batch=2):
+    nheads_k = draw(st.integers(1, 2))
+    return dict(
+        batch=draw(st.integers(1, max_batch)),
+        seqlen_q=draw(st.integers(1, max_seqlen)),
+        seqlen_k=draw(st.integers(1, max_seqlen)),
+        nheads_k=nheads_k,
+        nheads=nheads_k * draw(st.sampled_from([1, 2, 3])),
+        headdim=draw(st.sampled_from(headdims)),
+        causal=draw(st.booleans()),
+        window_size=(draw(windows), draw(windows)),
+        dtype=draw(st.sampled_from(DTYPES)),
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+def _solve(problem, impl=None, config=None):
+    p = dict(problem)
+    rng = np.random.default_rng(p.pop("seed"))
+    dtype = p.pop("dtype")
+    options = {"causal": p.pop("causal"), "window_size": p.pop("window_size")}
+    q, k, v = _qkv(rng, p["batch"], p["seqlen_q"], p["seqlen_k"], p["nheads"], p["nheads_k"],
+                   p["headdim"], dtype)
+    out, lse = _run(q, k, v, impl=impl, config=config, **options)
+    _check(out, lse, q, k, v, dtype, **options)
+
+
+# ---- the reference itself ---------------------------------------------------------------------
+
+def test_reference_mask_semantics():
+    # bottom-right causal: seqlen_q 2, seqlen_k 4 -> row 0 sees keys 0..2, row 1 sees 0..3
+    assert attention_mask(2, 4, causal=True).tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    # seqlen_q > seqlen_k: the first rows see nothing
+    assert attention_mask(3, 1, causal=True).tolist() == [[0], [0], [1]]
+    # window (1, 0) on a square: the diagonal and one key to its left
+    assert attention_mask(3, 3, window_size=(1, 0)).tolist() == [[1, 0, 0], [1, 1, 0],
+                                                                 [0, 1, 1]]
+    # causal overrides window_right only
+    assert np.array_equal(attention_mask(5, 7, causal=True, window_size=(2, 3)),
+                          attention_mask(5, 7, window_size=(2, 0)))
+
+
+def test_reference_single_query_is_decode(rng):
+    q, k, v = _qkv(rng, 1, 1, 9, 4, 2, 16, "float16")
+    out, lse = attention(f64(q), f64(k), f64(v), causal=True)
+    scores = np.einsum("hd,khd->hk", f64(q)[0, 0], np.repeat(f64(k)[0], 2, axis=1)) / 4.0
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    expected = np.einsum("hk,khd->hd", probs, np.repeat(f64(v)[0], 2, axis=1))
+    assert np.allclose(out[0, 0], expected)
+    assert np.allclose(lse[0, :, 0], np.log(np.exp(scores).sum(-1)))
+
+
+def test_check_rejects_a_wrong_mask(rng):
+    """The derived check catches a top-left aligned causal mask (a classic off-by-offset)."""
+    q, k, v = _qkv(rng, 1, 6, 11, 2, 2, 16, "float16")
+    wrong = np.zeros((1, 6, 2, 16))
+    mask = np.tril(np.ones((6, 11), bool))
+    for h in range(2):
+        s = np.where(mask, f64(q)[0, :, h] @ f64(k)[0, :, h].T / 4.0, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        wrong[0, :, h] = (p / p.sum(-1, keepdims=True)) @ f64(v)[0, :, h]
+    expected, _ = attention(f64(q), f64(k), f64(v), causal=True)
+    plain, _ = attention(f64(q), f64(k), f64(v), causal=True, dtype="float16")
+    with pytest.raises(AssertionError):
+        derived_check(wrong, expected, plain, allowance=2.0 ** -11)
+
+
+# ---- SIMT kernel: broad coverage ---------------------------------------------------------------
+
+# every head dimension is a separate compile (~5 s on the GPU host): the SIMT code does not
+# depend on it, so the GPU suite samples two
+SIMT_HEADDIMS = (8, 16, 24, 40, 64) if SIMULATOR else (8, 64)
+
+
+@settings(max_examples=25 if SIMULATOR else 150)
+@given(problem=attention_problems(headdims=SIMT_HEADDIMS))
+def test_simt_matches_reference(problem):
+    _solve(problem, impl="simt")
+
+
+@pytest.mark.parametrize("headdim", [8, 256])
+def test_simt_headdim_extremes(rng, headdim):
+    q, k, v = _qkv(rng, 1, 3, 20, 2, 1, headdim, "bfloat16")
+    out, lse = _run(q, k, v, impl="simt", causal=True)
+    _check(out, lse, q, k, v, "bfloat16", causal=True)
+
+
+# ---- Tensor Core kernel: the GPU code at tiny configurations -----------------------------------
+
+TC_CASES = [
+    # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, causal, window, config)
+    (1, 5, 7, 2, 1, 16, "float16", False, (-1, -1), TC_ONE_WARP),          # GQA, ragged tile
+    (1, 17, 33, 1, 1, 24, "bfloat16", True, (-1, -1), TC_ONE_WARP),        # headdim padded to 32
+    (1, 9, 30, 1, 1, 32, "float16", False, (3, 2), TC_ONE_WARP),           # window
+    (2, 40, 20, 2, 2, 16, "bfloat16", True, (-1, -1), TC_TWO_WARPS),       # empty rows, 2 warps
+    (1, 20, 35, 3, 1, 16, "float16", True, (4, -1), TC_TWO_TILES),         # MQA, 2 m16 tiles
+    (1, 12, 21, 1, 1, 40, "float16", False, (-1, 6), TC_ONE_WARP),         # 6 chunks a row
+]
+
+
+@pytest.mark.parametrize("case", TC_CASES, ids=lambda c: "-".join(map(str, c[:8])))
+def test_tensor_core_kernel(case):
+    batch, sq, sk, h, hk, d, dtype, causal, window, config = case
+    rng = np.random.default_rng(sq * 1000 + sk)
+    q, k, v = _qkv(rng, batch, sq, sk, h, hk, d, dtype)
+    out, lse = _run(q, k, v, impl="tc", config=config, causal=causal, window_size=window)
+    _check(out, lse, q, k, v, dtype, causal=causal, window_size=window)
+
+
+# ---- masks, layouts, options ---------------------------------------------------------------
+
+@pytest.mark.parametrize("impl,config", [("simt", None), ("tc", TC_ONE_WARP)])
+def test_fully_masked_rows_are_zero_with_minus_inf_lse(rng, impl, config):
+    # causal with seqlen_q 21 > seqlen_k 4: rows 0..16 attend nothing (the first 16-row block has
+    # no key block at all); window (0, 0) leaves exactly one key for each remaining row
+    q, k, v = _qkv(rng, 1, 21, 4, 1, 1, 16, "float16")
+    out, lse = _run(q, k, v, impl=impl, config=config, causal=True, window_size=(0, 0))
+    assert np.all(f64(out)[0, :17] == 0.0)
+    assert np.all(np.isneginf(f64(lse)[0, :, :17]))
+    assert np.allclose(f64(out)[0, 17:], f64(v)[0], atol=1e-3)
+    _check(out, lse, q, k, v, "float16", causal=True, window_size=(0, 0))
+
+
+def test_window_excluding_everything(rng):
+    # seqlen_q 1 (decode), window left 0 right 0 with 5 keys: only the last key
+    q, k, v = _qkv(rng, 1, 1, 5, 2, 2, 8, "float16")
+    out, _ = _run(q, k, v, impl="simt", window_size=(0, 0))
+    assert np.array_equal(f64(out)[0, 0], f64(v)[0, 4])
+
+
+@pytest.mark.parametrize("impl,config", [("simt", None), ("tc", TC_ONE_WARP)])
+def test_packed_qkv_strides_without_copies(rng, impl, config):
+    qkv = random_array((2, 11, 3, 2, 16), "float16", rng)       # (batch, seq, 3, heads, dim)
+    q, k, v = (qkv[:, :, i] for i in range(3))
+    out, lse = _run(q, k, v, impl=impl, config=config, causal=True)
+    _check(out, lse, q, k, v, "float16", causal=True)
+
+
+def test_defaults_scale_and_output_kind(rng):
+    q, k, v = _qkv(rng, 1, 4, 6, 1, 1, 16, "float16")
+    qd, kd, vd = (to_device(x, KIND) for x in (q, k, v))
+    out = to_host(flash_attn(qd, kd, vd, softmax_scale=0.3))
+    assert out.shape == q.shape and out.dtype == q.dtype
+    expected, _ = attention(f64(q), f64(k), f64(v), softmax_scale=0.3)
+    plain, _ = attention(f64(q), f64(k), f64(v), softmax_scale=0.3, dtype="float16")
+    derived_check(f64(out), expected, plain, allowance=2.0 ** -11)
+
+
+def test_zero_length_inputs(rng):
+    q, k, v = _qkv(rng, 1, 3, 0, 1, 1, 8, "float16")
+    out, lse = flash_attn(*(to_device(x, KIND) for x in (q, k, v)), return_lse=True)
+    assert np.all(f64(out) == 0.0) and np.all(np.isneginf(f64(lse)))
+    q, k, v = _qkv(rng, 1, 0, 3, 1, 1, 8, "float16")
+    out = flash_attn(*(to_device(x, KIND) for x in (q, k, v)))
+    assert to_host(out).shape == (1, 0, 1, 8)
+
+
+# ---- varlen ---------------------------------------------------------------------------------
+
+def _varlen_problem(rng, lengths_q, lengths_k, nheads, nheads_k, headdim, dtype):
+    cu_q = np.concatenate([[0], np.cumsum(lengths_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lengths_k)]).astype(np.int32)
+    q = random_array((int(cu_q[-1]), nheads, headdim), dtype, rng)
+    k = random_array((int(cu_k[-1]), nheads_k, headdim), dtype, rng)
+    v = random_array((int(cu_k[-1]), nheads_k, headdim), dtype, rng)
+    return q, k, v, cu_q, cu_k
+
+
+def _run_varlen(q, k, v, cu_q, cu_k, impl=None, config=None, **options):
+    args = [to_device(x, KIND) for x in (q, k, v, cu_q, cu_k)]
+    out = poison(to_device(np.empty(q.shape, q.dtype), KIND))
+    max_q = int(np.diff(cu_q).max()) if len(cu_q) > 1 else 0
+    max_k = int(np.diff(cu_k).max()) if len(cu_k) > 1 else 0
+    got, lse = flash_attn_varlen(*args, max_q, max_k, return_lse=True, out=out, _impl=impl,
+                                 _config=config, **options)
+    return to_host(got), to_host(lse)
+
+
+@settings(max_examples=10 if SIMULATOR else 100)
+@given(lengths=st.lists(st.tuples(st.integers(0, 23), st.integers(0, 23)), min_size=1,
+                        max_size=4),
+       group=st.sampled_from([1, 2]), headdim=st.sampled_from(SIMT_HEADDIMS[:3]),
+       causal=st.booleans(), window=st.tuples(windows, windows),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1))
+def test_varlen_simt_matches_reference(lengths, group, headdim, causal, window, dtype, seed):
+    rng = np.random.default_rng(seed)
+    lengths_q = [a for a, _ in lengths]
+    if sum(lengths_q) == 0:
+        lengths_q[0] = 1
+    q, k, v, cu_q, cu_k = _varlen_problem(rng, lengths_q, [b for _, b in lengths], 2 * group,
+                                          2, headdim, dtype)
+    options = {"causal": causal, "window_size": window}
+    out, lse = _run_varlen(q, k, v, cu_q, cu_k, impl="simt", **options)
+    _check(out, lse, q, k, v, dtype, reference=lambda *a, **o: attention_varlen(
+        *a, cu_q, cu_k, **o), **options)
+
+
+def test_varlen_tensor_core_kernel(rng):
+    q, k, v, cu_q, cu_k = _varlen_problem(rng, [3, 0, 18], [20, 4, 17], 2, 1, 16, "bfloat16")
+    out, lse = _run_varlen(q, k, v, cu_q, cu_k, impl="tc", config=TC_ONE_WARP, causal=True)
+    _check(out, lse, q, k, v, "bfloat16", causal=True, reference=lambda *a, **o:
+           attention_varlen(*a, cu_q, cu_k, **o))
+
+
+# ---- bad input --------------------------------------------------------------------------------
+
+def _dev(shape, dtype, rng):
+    return to_device(random_array(shape, dtype, rng), KIND)
+
+
+def test_bad_inputs(rng):
+    q = _dev((1, 4, 4, 16), "float16", rng)
+    k = _dev((1, 6, 2, 16), "float16", rng)
+    v = _dev((1, 6, 2, 16), "float16", rng)
+    cases = [
+        (TypeError, "q: expected a CUDA array", ([[1.0]], k, v), {}),
+        (ValueError, "q: expected 4 dimensions", (_dev((4, 4, 16), "float16", rng), k, v), {}),
+        (ValueError, r"k: expected shape \(1, '?\*'?, '?\*'?, 16\)",
+         (q, _dev((2, 6, 2, 16), "float16", rng), v), {}),
+        (ValueError, r"k: expected shape \(1, '?\*'?, '?\*'?, 16\)",
+         (q, _dev((1, 6, 2, 8), "float16", rng), v), {}),
+        (ValueError, r"v: expected shape \(1, 6, 2, 16\)",
+         (q, k, _dev((1, 5, 2, 16), "float16", rng)), {}),
+        (ValueError, "nheads_k dividing", (q, _dev((1, 6, 3, 16), "float16", rng),
+                                           _dev((1, 6, 3, 16), "float16", rng)), {}),
+        (ValueError, "headdim a multiple of 8",
+         tuple(_dev((1, 4, 2, 12), "float16", rng) for _ in range(3)), {}),
+        (ValueError, "headdim a multiple of 8",
+         tuple(_dev((1, 2, 1, 264), "float16", rng) for _ in range(3)), {}),
+        (TypeError, "k: expected dtype float16", (q, _dev((1, 6, 2, 16), "bfloat16", rng), v),
+         {}),
+        (TypeError, "q: expected dtype in", (_dev((1, 4, 4, 16), "float32", rng), k, v), {}),
+        (ValueError, "window_size\\[0\\]: expected -1", (q, k, v), {"window_size": (-2, 0)}),
+        (ValueError, "window_size\\[1\\]: expected -1", (q, k, v), {"window_size": (0, -5)}),
+        (TypeError, "window_size: expected a pair", (q, k, v), {"window_size": 3}),
+        (TypeError, "window_size\\[0\\]: expected an int", (q, k, v), {"window_size": (1.5, 0)}),
+        (TypeError, "softmax_scale: expected a float", (q, k, v), {"softmax_scale": "0.1"}),
+        (ValueError, "softmax_scale: expected a finite number > 0", (q, k, v),
+         {"softmax_scale": 0.0}),
+        (ValueError, "softmax_scale: expected a finite number > 0", (q, k, v),
+         {"softmax_scale": float("inf")}),
+        (TypeError, "causal: expected a bool", (q, k, v), {"causal": 1}),
+        (ValueError, r"out: expected shape \(1, 4, 4, 16\)", (q, k, v),
+         {"out": _dev((1, 4, 4, 8), "float16", rng)}),
+        (TypeError, "out: expected dtype float16", (q, k, v),
+         {"out": _dev((1, 4, 4, 16), "bfloat16", rng)}),
+    ]
+    for error, match, args, kwargs in cases:
+        with pytest.raises(error, match=match):
+            flash_attn(*args, **kwargs)
+    # the last dimension must be contiguous (strides elsewhere are free)
+    host = random_array((1, 4, 4, 32), "float16", rng)
+    with pytest.raises(ValueError, match="q: expected the last dimension to be contiguous"):
+        flash_attn(to_device(host, KIND)[..., ::2], k, v)
+
+
+def test_bad_varlen_inputs(rng):
+    q = _dev((10, 2, 16), "float16", rng)
+    k = _dev((12, 1, 16), "float16", rng)
+    v = _dev((12, 1, 16), "float16", rng)
+    cu_q = to_device(np.array([0, 4, 10], np.int32), KIND)
+    cu_k = to_device(np.array([0, 5, 12], np.int32), KIND)
+    flash_attn_varlen(q, k, v, cu_q, cu_k, 6, 7)   # valid
+    cases = [
+        (TypeError, "cu_seqlens_q: expected dtype int32",
+         (q, k, v, to_device(np.array([0, 4, 10], np.int64), KIND), cu_k, 6, 7)),
+        (ValueError, "cu_seqlens_k: expected non-decreasing",
+         (q, k, v, cu_q, to_device(np.array([0, 7, 5], np.int32), KIND), 6, 7)),
+        (ValueError, r"cu_seqlens_k: expected shape \(3,\)",
+         (q, k, v, cu_q, to_device(np.array([0, 12], np.int32), KIND), 6, 7)),
+        (ValueError, "max_seqlen_q: expected at least the longest sequence",
+         (q, k, v, cu_q, cu_k, 5, 7)),
+        (ValueError, "cu_seqlens_q: last offset 11 exceeds",
+         (q, k, v, to_device(np.array([0, 4, 11], np.int32), KIND), cu_k, 7, 7)),
+        (ValueError, "q: expected 3 dimensions",
+         (_dev((1, 10, 2, 16), "float16", rng), k, v, cu_q, cu_k, 6, 7)),
+        (ValueError, "nheads_k dividing",
+         (_dev((10, 3, 16), "float16", rng), _dev((12, 2, 16), "float16", rng),
+          _dev((12, 2, 16), "float16", rng), cu_q, cu_k, 6, 7)),
+        (TypeError, "v: expected dtype float16",
+         (q, k, _dev((12, 1, 16), "bfloat16", rng), cu_q, cu_k, 6, 7)),
+        (TypeError, "max_seqlen_k: expected an int", (q, k, v, cu_q, cu_k, 6, 7.0)),
+    ]
+    for error, match, args in cases:
+        with pytest.raises(error, match=match):
+            flash_attn_varlen(*args)
+    with pytest.raises(ValueError, match="window_size\\[0\\]"):
+        flash_attn_varlen(q, k, v, cu_q, cu_k, 6, 7, window_size=(-3, 2))
+
+
+# ---- GPU suite: real configurations, many examples ---------------------------------------------
+
+@pytest.mark.gpu
+@settings(max_examples=80)
+@given(problem=attention_problems(max_seqlen=257, headdims=(40, 64, 128, 256),
+                                  max_batch=3))
+def test_gpu_matches_reference(problem):
+    _solve(problem)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("headdim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_fast_headdims(headdim, causal, dtype):
+    rng = np.random.default_rng(headdim + causal)
+    q, k, v = _qkv(rng, 2, 513, 1031, 4, 2, headdim, dtype)
+    out, lse = _run(q, k, v, causal=causal)
+    _check(out, lse, q, k, v, dtype, causal=causal)
+
+
+@pytest.mark.gpu
+def test_gpu_misaligned_input_takes_the_simt_fallback():
+    """A head stride that is not a multiple of 8 elements takes the SIMT fallback."""
+    import torch
+
+    headdim = 64
+    rng = np.random.default_rng(7)
+    q, k, v = _qkv(rng, 1, 70, 90, 2, 2, headdim, "float16")
+    base = torch.zeros((1, 70, 2, headdim + 4), dtype=torch.float16, device="cuda")
+    base[..., :headdim] = to_device(q, "torch")
+    qm = base[..., :headdim]
+    assert _pick_impl(None, {"q": tensor(qm, "q")}) == "simt"
+    options = {"causal": True, "window_size": (33, 5)}
+    got, lse = flash_attn(qm, to_device(k, "torch"), to_device(v, "torch"), return_lse=True,
+                          **options)
+    _check(to_host(got), to_host(lse), q, k, v, "float16", **options)
+
+
+@pytest.mark.gpu
+@settings(max_examples=40)
+@given(lengths=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 400)), min_size=1,
+                        max_size=5),
+       group=st.sampled_from([1, 4]), headdim=st.just(128),
+       causal=st.booleans(), window=st.tuples(windows, windows),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1))
+def test_gpu_varlen_matches_reference(lengths, group, headdim, causal, window, dtype, seed):
+    rng = np.random.default_rng(seed)
+    lengths_q = [a for a, _ in lengths]
+    if sum(lengths_q) == 0:
+        lengths_q[0] = 1
+    q, k, v, cu_q, cu_k = _varlen_problem(rng, lengths_q, [b for _, b in lengths], 2 * group,
+                                          2, headdim, dtype)
+    options = {"causal": causal, "window_size": window}
+    out, lse = _run_varlen(q, k, v, cu_q, cu_k, **options)
+    _check(out, lse, q, k, v, dtype, reference=lambda *a, **o: attention_varlen(
+        *a, cu_q, cu_k, **o), **options)
+
+
+@pytest.mark.gpu
+def test_gpu_packed_qkv_tensor_core(rng):
+    import torch
+
+    qkv = to_device(random_array((2, 300, 3, 8, 128), "bfloat16", rng), "torch")
+    q, k, v = qkv.unbind(2)
+    got, lse = flash_attn(q, k, v, causal=True, return_lse=True)
+    _check(to_host(got), to_host(lse), to_host(q.contiguous()), to_host(k.contiguous()),
+           to_host(v.contiguous()), "bfloat16", causal=True)
+    assert isinstance(got, torch.Tensor)
+
+
+@pytest.mark.gpu
+def test_gpu_matches_torch_sdpa(rng):
+    import torch.nn.functional as F
+
+    q, k, v = (to_device(x, "torch") for x in _qkv(rng, 2, 1024, 1024, 8, 8, 128, "float16"))
+    got = flash_attn(q, k, v, causal=True)
+    expected = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)),
+                                              is_causal=True).transpose(1, 2)
+    err = (got.float() - expected.float()).abs().max().item()
+    assert err < 4e-3, err
+    assert math.isfinite(err)

@@ -1,0 +1,541 @@
+"""gemm against its float64 reference: shapes, layouts, dtypes, the fused epilogue, split-K, the
+autotune cache, and every documented error.
+
+Under the simulator the kernels run with the small tile configurations of ``CONFIGS`` (same kernel
+code, tiles of 16); the GPU suite (``-m gpu``) runs the real configurations and many more
+hypothesis examples. Tolerances are derived from a plain fp32-accumulating NumPy implementation
+(``reference.gemm.gemm_plain``), never guessed.
+"""
+
+import importlib
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmspeed_numba import SIMULATOR
+from llmspeed_numba._arrays import numpy_dtype
+from llmspeed_numba.ops.gemm import CONFIGS, GemmConfig, gemm, resolve_config
+from llmspeed_numba.reference.gemm import gemm_plain, gemm_reference
+from llmspeed_numba.testing import derived_check, f64, poison, random_array, to_device
+
+SIM_TC = "tc_16x16x16_w1x1_s2"
+SIM_SIMT = "simt_16x16x8_t2x2"
+GPU_TC = [n for n, c in CONFIGS.items() if c.backend == "tensor_core"]
+GPU_SIMT = [n for n, c in CONFIGS.items() if c.backend == "simt"]
+# the module (the package may export the function ``autotune`` under the same name)
+autotune_mod = importlib.import_module("llmspeed_numba.autotune")
+LAYOUTS = ("NN", "NT", "TN", "TT")   # first letter: a, second: b; T = column-major
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+def place(host, col_major):
+    """The array the op receives: column-major means a transposed view (no copy)."""
+    if SIMULATOR:
+        return np.asfortranarray(host) if col_major else np.ascontiguousarray(host)
+    if col_major:
+        return to_device(np.ascontiguousarray(host.T), "torch").T
+    return to_device(host, "torch")
+
+
+def operands(rng, M, N, K, dtype, layout="NN"):
+    a = random_array((M, K), dtype, rng)
+    b = random_array((K, N), dtype, rng)
+    return a, b, place(a, layout[0] == "T"), place(b, layout[1] == "T")
+
+
+def host_or_none(x):
+    return None if x is None else np.asarray(x)
+
+
+def check(got, a, b, *, out_dtype, c=None, alpha=1.0, beta=0.0, bias=None, activation=None,
+          factor=2.0):
+    """Derived-tolerance check of ``got`` against the float64 reference (host inputs)."""
+    kw = dict(c=host_or_none(c), alpha=alpha, beta=beta, bias=host_or_none(bias),
+              activation=activation)
+    reference = gemm_reference(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                               **{k: (np.asarray(v, np.float64) if k in ("c", "bias") and
+                                      v is not None else v) for k, v in kw.items()})
+    plain = gemm_plain(a, b, out_dtype=numpy_dtype(out_dtype), **kw)
+    derived_check(f64(got), reference, np.asarray(plain, np.float64), factor=factor)
+
+
+def run_and_check(M, N, K, dtype, layout, config, rng, out_dtype=None, **epilogue):
+    a, b, da, db = operands(rng, M, N, K, dtype, layout)
+    out_dtype = out_dtype or dtype
+    out = poison(_empty((M, N), out_dtype))
+    host_epi = dict(epilogue)
+    dev_epi = dict(epilogue)
+    for name in ("c", "bias"):
+        if epilogue.get(name) is not None:
+            dev_epi[name] = place(epilogue[name], False)
+    got = gemm(da, db, out=out, out_dtype=out_dtype, config=config, **dev_epi)
+    assert got is out
+    check(got, a, b, out_dtype=out_dtype, **host_epi)
+
+
+def _empty(shape, dtype):
+    if SIMULATOR:
+        return np.empty(shape, numpy_dtype(dtype))
+    import torch
+
+    return torch.empty(shape, dtype=getattr(torch, dtype), device="cuda")
+
+
+# ---- named odd cases (simulator: small configs; GPU: every configuration) --------------------
+
+ODD_CASES = [  # (M, N, K): 1, primes, non-multiples of every tile size, K % 8 != 0
+    (1, 1, 1), (1, 24, 40), (17, 1, 16), (5, 7, 3), (13, 29, 37), (33, 20, 40), (16, 16, 16),
+]
+
+
+@pytest.mark.parametrize("M,N,K", ODD_CASES, ids=lambda v: str(v))
+def test_odd_shapes_tensor_core(M, N, K, rng):
+    run_and_check(M, N, K, "float16", "NN", SIM_TC, rng, out_dtype="float32")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layouts_tensor_core(layout, rng):
+    run_and_check(19, 24, 40, "bfloat16", layout, SIM_TC, rng)   # N = 24: 16-byte stores
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layouts_simt(layout, rng):
+    run_and_check(23, 18, 19, "float32", layout, SIM_SIMT, rng)
+
+
+def test_larger_simulator_tile(rng):
+    """Two warps, three stages, a 32 x 32 block: the multi-warp / multi-stage code paths."""
+    run_and_check(40, 36, 72, "float16", "TN", "tc_32x32x16_w2x1_s3", rng, out_dtype="bfloat16")
+
+
+@pytest.mark.parametrize("config", [SIM_TC + "_k3", SIM_SIMT + "_k2"])
+def test_split_k(config, rng):
+    run_and_check(9, 20, 70, "float16", "NT", config, rng, c=random_array((9, 20), "float32", rng),
+                  beta=0.5, bias=random_array((20,), "float16", rng), activation="silu")
+
+
+def test_unaligned_operands(rng):
+    """Views that start off a 16-byte boundary with padded leading dims: the predicated scalar
+    copy path of the Tensor Core kernel (no cp.async)."""
+    M, N, K = 18, 17, 24
+    a_big = random_array((M, K + 3), "float16", rng)
+    b_big = random_array((K + 1, N + 5), "float16", rng)
+    a_dev = place(a_big, False)[:, 1:K + 1]
+    b_dev = place(b_big, False)[1:, 2:N + 2]
+    got = gemm(a_dev, b_dev, config=SIM_TC, out_dtype="float32")
+    check(got, a_big[:, 1:K + 1], b_big[1:, 2:N + 2], out_dtype="float32")
+
+
+def test_padded_leading_dimension_vectorised(rng):
+    """Sub-matrices whose rows start 16-byte aligned (leading dim a multiple of 8) keep the
+    cp.async path; edges inside the parent array must still not be read."""
+    M, N, K = 20, 12, 24
+    a_big = random_array((M, 40), "float16", rng)
+    b_big = random_array((K, 32), "float16", rng)
+    got = gemm(place(a_big, False)[:, :K], place(b_big, False)[:, :N], config=SIM_TC,
+               out_dtype="float32")
+    check(got, a_big[:, :K], b_big[:, :N], out_dtype="float32")
+
+
+# ---- epilogue ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "silu"])
+def test_epilogue_simt(activation, rng):
+    M, N, K = 12, 20, 16
+    run_and_check(M, N, K, "float16", "NN", SIM_SIMT, rng, out_dtype="float16",
+                  c=random_array((M, N), "bfloat16", rng), alpha=0.75, beta=-1.25,
+                  bias=random_array((N,), "float32", rng), activation=activation)
+
+
+def test_epilogue_tensor_core(rng):
+    M, N, K = 20, 24, 32
+    run_and_check(M, N, K, "bfloat16", "TT", SIM_TC, rng, out_dtype="float32",
+                  c=random_array((M, N), "float16", rng), alpha=-2.0, beta=0.5,
+                  bias=random_array((N,), "bfloat16", rng), activation="gelu")
+
+
+def test_beta_zero_ignores_c(rng):
+    """BLAS convention: with beta == 0, c is not read (NaNs in it do not propagate)."""
+    a, b, da, db = operands(rng, 8, 8, 8, "float32")
+    c = place(np.full((8, 8), np.nan, np.float32), False)
+    got = gemm(da, db, c=c, beta=0.0, config=SIM_SIMT)
+    check(got, a, b, out_dtype="float32")
+
+
+def test_in_place_accumulate(rng):
+    """out may be c itself: out = a @ b + out."""
+    M, N, K = 10, 12, 8
+    a, b, da, db = operands(rng, M, N, K, "float32", "TN")
+    c_host = random_array((M, N), "float32", rng)
+    c = place(c_host.copy(), False)
+    got = gemm(da, db, c=c, beta=1.0, out=c, config=SIM_SIMT)
+    assert got is c
+    check(got, a, b, out_dtype="float32", c=c_host, beta=1.0)
+
+
+def test_strided_output(rng):
+    """out may be any strided view, e.g. the transpose of a contiguous array."""
+    M, N, K = 9, 14, 16
+    a, b, da, db = operands(rng, M, N, K, "float16")
+    out = place(np.zeros((N, M), np.float32), False).T
+    gemm(da, db, out=out, config=SIM_TC)
+    check(out, a, b, out_dtype="float32")
+
+
+# ---- degenerate sizes ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("M,N", [(0, 5), (4, 0), (0, 0)])
+def test_empty_output(M, N, rng):
+    da, db = operands(rng, M, N, 8, "float16")[2:]
+    got = gemm(da, db)
+    assert tuple(got.shape) == (M, N)
+
+
+def test_k_zero(rng):
+    """K = 0: out = activation(beta * c + bias), no main kernel."""
+    M, N = 6, 10
+    da, db = operands(rng, M, N, 0, "float16")[2:]
+    c_host = random_array((M, N), "float16", rng)
+    bias_host = random_array((N,), "float32", rng)
+    got = gemm(da, db, c=place(c_host, False), beta=2.0, bias=place(bias_host, False),
+               activation="relu", out_dtype="float32")
+    expected = np.maximum(2.0 * c_host.astype(np.float64) + bias_host[None, :], 0.0)
+    np.testing.assert_allclose(f64(got), expected, rtol=1e-6, atol=1e-6)
+    plain = gemm(da, db)
+    assert np.all(f64(plain) == 0.0)
+
+
+# ---- hypothesis ----------------------------------------------------------------------------
+
+_SIZE = 40 if SIMULATOR else 300
+
+
+@st.composite
+def problems(draw, dtypes, max_size=_SIZE):
+    M = draw(st.integers(1, max_size))
+    N = draw(st.integers(1, max_size))
+    K = draw(st.integers(1, max_size))
+    return dict(
+        M=M, N=N, K=K, dtype=draw(st.sampled_from(dtypes)),
+        layout=draw(st.sampled_from(LAYOUTS)),
+        out_dtype=draw(st.sampled_from([None, "float16", "bfloat16", "float32"])),
+        alpha=draw(st.sampled_from([1.0, 0.5, -1.5])),
+        beta=draw(st.sampled_from([0.0, 1.0, -0.25])),
+        bias=draw(st.booleans()),
+        activation=draw(st.sampled_from([None, "relu", "gelu", "silu"])),
+        seed=draw(st.integers(0, 2**31)))
+
+
+def _run_problem(pr, config):
+    rng = np.random.default_rng(pr["seed"])
+    M, N = pr["M"], pr["N"]
+    epi = dict(alpha=pr["alpha"], beta=pr["beta"], activation=pr["activation"])
+    if pr["beta"] != 0.0:
+        epi["c"] = random_array((M, N), "float32", rng)
+    if pr["bias"]:
+        epi["bias"] = random_array((N,), pr["dtype"], rng)
+    run_and_check(M, N, pr["K"], pr["dtype"], pr["layout"], config, rng,
+                  out_dtype=pr["out_dtype"], **epi)
+
+
+@settings(max_examples=6 if SIMULATOR else 20)
+@given(problems(("float16", "bfloat16", "float32"), max_size=24 if SIMULATOR else _SIZE))
+def test_hypothesis_simt(pr):
+    _run_problem(pr, SIM_SIMT if SIMULATOR else None if pr["dtype"] == "float32"
+                 else "simt_64x64x8_t4x4")
+
+
+@settings(max_examples=6 if SIMULATOR else 25)
+@given(problems(("float16", "bfloat16"), max_size=24 if SIMULATOR else _SIZE))
+def test_hypothesis_tensor_core(pr):
+    _run_problem(pr, SIM_TC if SIMULATOR else None)
+
+
+# ---- the check itself ----------------------------------------------------------------------
+
+def test_check_rejects_fp16_accumulation(rng):
+    """A deliberately wrong implementation (fp16 accumulation) fails the derived tolerance."""
+    M, N, K = 16, 16, 512
+    a = random_array((M, K), "float16", rng)
+    b = random_array((K, N), "float16", rng)
+    acc = np.zeros((M, N), np.float16)
+    for k in range(K):
+        acc = (acc + np.outer(a[:, k], b[k, :]).astype(np.float16)).astype(np.float16)
+    with pytest.raises(AssertionError):
+        check(acc.astype(np.float32), a, b, out_dtype="float32")
+
+
+def test_check_rejects_edge_off_by_one(rng):
+    """Dropping the last K element (an off-by-one K edge) fails the check."""
+    a = random_array((8, 9), "float16", rng)
+    b = random_array((9, 8), "float16", rng)
+    wrong = a[:, :8].astype(np.float32) @ b[:8].astype(np.float32)
+    with pytest.raises(AssertionError):
+        check(wrong, a, b, out_dtype="float32")
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+def _pair(rng, dtype="float16", M=4, N=5, K=6):
+    return operands(rng, M, N, K, dtype)[2:]
+
+
+def test_error_not_an_array(rng):
+    a, b = _pair(rng)
+    with pytest.raises(TypeError, match="a:"):
+        gemm([[1.0, 2.0]], b)
+    with pytest.raises(TypeError, match="b:"):
+        gemm(a, "b")
+
+
+def test_error_rank(rng):
+    a, b = _pair(rng)
+    with pytest.raises(ValueError, match="a: expected 2 dimensions"):
+        gemm(a[0], b)
+    with pytest.raises(ValueError, match="b: expected 2 dimensions"):
+        gemm(a, b[None])
+
+
+def test_error_mismatched_k(rng):
+    a, _ = _pair(rng)
+    _, b = _pair(rng, K=7)
+    with pytest.raises(ValueError, match="b: expected shape"):
+        gemm(a, b)
+
+
+def test_error_dtypes(rng):
+    a, _ = _pair(rng, "float16")
+    _, b32 = _pair(rng, "float32")
+    with pytest.raises(TypeError, match="b: expected dtype float16"):
+        gemm(a, b32)
+    ai = place(np.ones((4, 6), np.int32), False)
+    bi = place(np.ones((6, 5), np.int32), False)
+    with pytest.raises(TypeError, match="a: expected dtype"):
+        gemm(ai, bi)
+    _, b = _pair(rng)
+    with pytest.raises(TypeError, match="out_dtype"):
+        gemm(a, b, out_dtype="int8")
+
+
+def test_error_strides(rng):
+    big = place(random_array((8, 12), "float16", rng), False)
+    _, b = _pair(rng, K=6)
+    with pytest.raises(ValueError, match="a: expected a row-major or column-major"):
+        gemm(big[::2, ::2], b)   # (4, 6), neither dimension contiguous
+    a, _ = _pair(rng)
+    with pytest.raises(ValueError, match="b: expected a row-major or column-major"):
+        gemm(a, place(random_array((12, 10), "float16", rng), False)[::2, ::2])
+
+
+def test_error_epilogue_arguments(rng):
+    a, b = _pair(rng)
+    with pytest.raises(ValueError, match="c: expected shape"):
+        gemm(a, b, c=place(np.zeros((5, 4), np.float16), False), beta=1.0)
+    with pytest.raises(ValueError, match="bias: expected shape"):
+        gemm(a, b, bias=place(np.zeros(4, np.float16), False))
+    with pytest.raises(ValueError, match="bias: expected 1 dimensions"):
+        gemm(a, b, bias=place(np.zeros((1, 5), np.float16), False))
+    with pytest.raises(TypeError, match="bias: expected dtype"):
+        gemm(a, b, bias=place(np.zeros(5, np.int32), False))
+    with pytest.raises(ValueError, match="activation"):
+        gemm(a, b, activation="tanh")
+    with pytest.raises(TypeError, match="alpha"):
+        gemm(a, b, alpha="1")
+    with pytest.raises(ValueError, match="beta"):
+        gemm(a, b, beta=float("nan"))
+
+
+def test_error_out(rng):
+    a, b = _pair(rng)
+    with pytest.raises(ValueError, match="out: expected shape"):
+        gemm(a, b, out=_empty((5, 4), "float16"))
+    with pytest.raises(TypeError, match="out: expected dtype"):
+        gemm(a, b, out=_empty((4, 5), "float32"), out_dtype="float16")
+
+
+def test_error_backend_and_config(rng):
+    a, b = _pair(rng)
+    a32, b32 = _pair(rng, "float32")
+    with pytest.raises(ValueError, match="backend"):
+        gemm(a, b, backend="cublas")
+    with pytest.raises(NotImplementedError, match="tensor_core"):
+        gemm(a32, b32, backend="tensor_core")
+    with pytest.raises(NotImplementedError, match="tensor_core"):
+        gemm(a32, b32, config=SIM_TC)
+    with pytest.raises(ValueError, match="config: unknown name"):
+        gemm(a, b, config="fastest")
+    with pytest.raises(TypeError, match="config"):
+        gemm(a, b, config=3)
+    with pytest.raises(ValueError, match="config"):
+        gemm(a, b, config=dict(block_m=24))
+    with pytest.raises(ValueError, match="config: a simt configuration"):
+        gemm(a, b, config=SIM_SIMT, backend="tensor_core")
+
+
+# ---- configurations and autotune -----------------------------------------------------------
+
+def test_configs_are_valid():
+    for cfg in CONFIGS.values():
+        assert resolve_config(cfg.name) is cfg
+        cfg.check()
+    assert resolve_config(SIM_TC + "_k4").split_k == 4
+    assert resolve_config({"backend": "simt", "block_m": 16, "block_n": 16, "block_k": 8,
+                           "thread_m": 2, "thread_n": 2}) == CONFIGS[SIM_SIMT]
+
+
+def test_autotune_remembers_winner(tmp_path, monkeypatch, rng):
+    monkeypatch.setenv("LLMSPEED_NUMBA_CACHE", str(tmp_path))
+    autotune_mod.forget()
+    a, b, da, db = operands(rng, 8, 8, 16, "float16")
+    best = autotune_mod.autotune(da, db, candidates=[SIM_TC, SIM_TC + "_k1"], warmup=0, rep=1)
+    assert isinstance(best, GemmConfig)
+    assert os.path.exists(autotune_mod.cache_path())
+    autotune_mod.forget()  # read back from disk
+    from llmspeed_numba.ops.gemm import _prepare
+
+    p = _prepare(da, db, None, 1.0, 0.0, None, None, None, None, "auto", None)
+    assert GemmConfig(**autotune_mod.lookup("gemm", p.key)) == best
+    got = gemm(da, db, out_dtype="float32")   # runs the cached winner
+    check(got, a, b, out_dtype="float32")
+    autotune_mod.forget()
+
+
+# ---- compile-only check (offline sm_90a SASS) ----------------------------------------------
+
+_SASS_SCRIPT = """
+import json, sys
+import llmspeed_numba.ops.gemm  # registers the gemm kernels
+from llmspeed_numba.compile_check import run_all
+names = sys.argv[1:]
+reports = run_all(set(names))
+print(json.dumps({r.name: [r.registers, r.sass_found, r.problems] for r in reports}))
+missing = set(names) - {r.name for r in reports}
+sys.exit(1 if missing or any(r.problems for r in reports) else 0)
+"""
+
+
+def test_compile_check_tensor_core_sass():
+    """HMMA / LDSM / LDGSTS present and no local memory in the main Tensor Core kernels (offline
+    sm_90a compile, in a process without the simulator)."""
+    pytest.importorskip("cuda.bindings.nvjitlink")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    proc = subprocess.run([sys.executable, "-c", _SASS_SCRIPT, "gemm_tc_f16_nn",
+                           "gemm_tc_f16_decode_nt"],
+                          capture_output=True, text=True, env=env, timeout=900, check=False)
+    if proc.returncode and ("nvdisasm not found" in proc.stderr or "NVVM" in proc.stderr):
+        pytest.skip("CUDA toolchain unavailable: " + proc.stderr[-300:])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+# ---- GPU suite: real configurations ------------------------------------------------------
+# Every distinct (configuration, layout, dtypes, epilogue) is a kernel compile (seconds each):
+# the cases below are chosen to cover the code paths with a bounded number of them.
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [n for n in GPU_TC if CONFIGS[n].block_n >= 64])
+def test_gpu_every_tensor_core_config(config, rng):
+    """Each real configuration, no split: edges in M, N and K (K % 64 != 0), cp.async path."""
+    run_and_check(257, 200, 328, "float16", "NN", config + "_k1", rng, out_dtype="float32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_layouts_fused_epilogue(layout, rng):
+    M, N, K = 296, 264, 520
+    run_and_check(M, N, K, "bfloat16", layout, "tc_128x128x32_w2x2_s4_k1", rng,
+                  c=random_array((M, N), "bfloat16", rng), alpha=0.5, beta=0.75,
+                  bias=random_array((N,), "float32", rng), activation="gelu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NN", "TT"])
+def test_gpu_unaligned(layout, rng):
+    """Leading dimensions that are not multiples of 8: the predicated scalar copy path."""
+    run_and_check(131, 97, 77, "float16", layout, "tc_128x128x32_w2x2_s4_k1", rng,
+                  out_dtype="float32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", GPU_SIMT)
+def test_gpu_simt_configs(config, rng):
+    run_and_check(257, 193, 301, "float32", "NN", config + "_k1", rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_simt_layouts(layout, rng):
+    run_and_check(130, 250, 99, "float32", layout, "simt_128x128x8_t8x8_k1", rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 7, 16, 31, 128])
+@pytest.mark.parametrize("layout", ["NN", "NT"])
+def test_gpu_llm_shapes(M, layout, rng):
+    """Decode / prefill shapes through the heuristic (split-K for few output tiles)."""
+    run_and_check(M, 4096, 4096, "bfloat16", layout, None, rng, out_dtype="float32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K", [(1024, 1024, 1024), (2048, 1536, 1000), (1, 14336, 4096)])
+def test_gpu_large(M, N, K, rng):
+    run_and_check(M, N, K, "float16", "NN", None, rng, out_dtype="float32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [2, 5, 16])
+def test_gpu_split_k(split, rng):
+    run_and_check(48, 300, 2048, "float16", "TN", f"tc_16x128x64_w1x4_s4_k{split}", rng,
+                  c=random_array((48, 300), "float16", rng), beta=1.0, activation="relu")
+
+
+@pytest.mark.gpu
+def test_gpu_array_kinds_and_stream(rng):
+    """numba device arrays and CuPy arrays in, same kind out; an explicit stream."""
+    from numba import cuda
+
+    a = random_array((64, 48), "float16", rng)
+    b = random_array((48, 40), "float16", rng)
+    da, db = cuda.to_device(a), cuda.to_device(b)
+    s = cuda.stream()
+    got = gemm(da, db, out_dtype="float32", stream=s)
+    s.synchronize()
+    assert type(got).__module__.startswith("numba")
+    check(got, a, b, out_dtype="float32")
+    cupy = pytest.importorskip("cupy")
+    got = gemm(cupy.asarray(a), cupy.asarray(b))
+    assert isinstance(got, cupy.ndarray)
+    check(got, a, b, out_dtype="float16")
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture(rng):
+    """gemm (split-K: two kernels and a workspace) can be captured in a torch CUDA graph."""
+    import torch
+
+    a, b, da, db = operands(rng, 16, 512, 1024, "float16")
+    out = torch.empty(16, 512, dtype=torch.float16, device="cuda")
+    gemm(da, db, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemm(da, db, out=out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(out, a, b, out_dtype="float16")
+
+
+@pytest.mark.gpu
+@settings(max_examples=15)  # each new epilogue combination is a kernel compile
+@given(problems(("float16", "bfloat16"), max_size=300))
+def test_gpu_hypothesis_small_tiles_on_hardware(pr):
+    """The simulator's tile configuration on the hardware: ties the twins to the GPU."""
+    _run_problem(pr, SIM_TC)

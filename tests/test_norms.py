@@ -1,0 +1,248 @@
+"""rms_norm and layer_norm (with and without the fused residual add) against float64 references.
+
+Simulator tests run a small launch configuration (``small_plan``: blocks of 32 threads, 8..64
+threads per row) so every code path (rows per block > 1, multi-warp reductions, streaming rows,
+16-byte chunks with a scalar tail, the scalar kernel for misaligned rows) runs on rows of a few
+hundred elements. GPU tests cover real sizes.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from llmspeed_numba import SIMULATOR
+from llmspeed_numba.ops import _rowwise
+from llmspeed_numba.ops.layer_norm import layer_norm
+from llmspeed_numba.ops.rms_norm import rms_norm
+from llmspeed_numba.reference import fused as ref
+from llmspeed_numba.testing import derived_check, poison, random_array, to_device, to_host
+
+DTYPES = ["float16", "bfloat16", "float32"]
+KIND = "numpy" if SIMULATOR else "torch"
+
+
+def dev(host, offset=0):
+    """``host`` on the device; ``offset`` > 0 places it ``offset`` elements into a larger buffer
+    (so its start is not 16-byte aligned: the scalar kernel)."""
+    if not offset:
+        return to_device(np.array(host, copy=True), KIND)  # the simulator would share host
+    flat = np.concatenate([np.ones(offset, host.dtype), np.ascontiguousarray(host).ravel()])
+    return to_device(flat, KIND)[offset:].reshape(host.shape)
+
+
+def host(x):
+    return np.array(to_host(x))
+
+
+@pytest.fixture
+def small_plan(monkeypatch):
+    """Launch configurations small enough for the simulator."""
+    monkeypatch.setattr(_rowwise, "MIN_BLOCK_THREADS", 32)
+    monkeypatch.setattr(_rowwise, "TARGET_CHUNKS_PER_THREAD", 2)
+
+
+@pytest.fixture
+def streaming(monkeypatch):
+    """Force the streaming kernel (rows too long for registers) on short rows."""
+    monkeypatch.setattr(_rowwise, "MAX_CHUNKS_PER_THREAD", 0)
+
+
+def _norm_case(op, rng, shape, dtype, *, residual, weight_f32=False, offset=0, in_place=False,
+               bias=True):
+    hidden = shape[-1]
+    wdtype = "float32" if weight_f32 else dtype
+    x_h = random_array(shape, dtype, rng)
+    r_h = random_array(shape, dtype, rng) if residual else None
+    w_h = random_array((hidden,), wdtype, rng, scale=0.5)
+    b_h = random_array((hidden,), wdtype, rng) if (op == "layer_norm" and bias) else None
+    x = dev(x_h, offset)
+    r = dev(r_h, offset) if residual else None
+    w = dev(w_h)
+    b = None if b_h is None else dev(b_h)
+    out = x if in_place else poison(dev(np.empty(shape, x_h.dtype), offset))
+    eps = 1e-5
+    if op == "rms_norm":
+        got = rms_norm(x, w, eps, residual=r, out=out)
+        expected, r_after = ref.rms_norm(x_h, w_h, eps, r_h)
+        plain = ref.rms_norm_plain(x_h, w_h, eps, r_h)
+    else:
+        got = layer_norm(x, w, b, eps, residual=r, out=out)
+        expected, r_after = ref.layer_norm(x_h, w_h, b_h, eps, r_h)
+        plain = ref.layer_norm_plain(x_h, w_h, b_h, eps, r_h)
+    assert got is out
+    derived_check(host(got), expected, plain, name=op)
+    # in place: residual updated exactly; x (unless it is out) and weight untouched
+    if residual:
+        np.testing.assert_array_equal(host(r).view(np.uint8), r_after.view(np.uint8))
+    if not in_place:
+        np.testing.assert_array_equal(host(x).view(np.uint8), x_h.view(np.uint8))
+    np.testing.assert_array_equal(host(w).view(np.uint8), w_h.view(np.uint8))
+
+
+OPS = ["rms_norm", "layer_norm"]
+
+
+# ---- simulator: named odd cases, then hypothesis ------------------------------------------------
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("shape", [(1, 1), (2, 7), (3, 13), (1, 64), (2, 200), (1, 296)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_norm_odd_shapes(op, shape, small_plan, rng):
+    # 7: only a scalar tail; 13: one 16-byte chunk + tail (fp32), scalar (fp16: row stride 13);
+    # 64: 8 threads/row, 4 rows/block; 200: 16 threads/row; 296: 2 warps/row (fp32)
+    for dtype in ("float16", "float32"):
+        _norm_case(op, rng, shape, dtype, residual=shape[-1] % 2 == 1)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_norm_streaming_rows(op, small_plan, streaming, rng):
+    _norm_case(op, rng, (2, 152), "bfloat16", residual=True)
+    _norm_case(op, rng, (1, 37), "float32", residual=False, offset=1)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_norm_in_place_and_fp32_weight(op, small_plan, rng):
+    _norm_case(op, rng, (2, 48), "bfloat16", residual=True, weight_f32=True, in_place=True)
+    _norm_case(op, rng, (1, 24), "float16", residual=False, weight_f32=True, offset=3)
+
+
+def test_layer_norm_without_bias(small_plan, rng):
+    _norm_case("layer_norm", rng, (2, 40), "float16", residual=False, bias=False)
+
+
+def test_norm_leading_dims_and_row_stride(small_plan, rng):
+    # (2, 2, 24) rows, and every other row of a (4, 24) array (row stride 48)
+    x_h = random_array((2, 2, 24), "float16", rng)
+    w_h = random_array((24,), "float16", rng)
+    got = host(rms_norm(dev(x_h), dev(w_h)))
+    expected, _ = ref.rms_norm(x_h, w_h, 1e-6)
+    derived_check(got, expected, ref.rms_norm_plain(x_h, w_h, 1e-6))
+    big = random_array((4, 24), "float32", rng)
+    x = dev(big)[::2]
+    got = host(layer_norm(x, dev(w_h.astype(np.float32)), None))
+    expected, _ = ref.layer_norm(big[::2], w_h.astype(np.float32), None, 1e-5)
+    derived_check(got, expected, ref.layer_norm_plain(big[::2], w_h.astype(np.float32), None,
+                                                      1e-5))
+
+
+@given(op=st.sampled_from(OPS), rows=st.integers(1, 3), hidden=st.integers(1, 160),
+       dtype=st.sampled_from(DTYPES), residual=st.booleans(), misaligned=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_norm_hypothesis_small(op, rows, hidden, dtype, residual, misaligned, seed):
+    rng = np.random.default_rng(seed)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_rowwise, "MIN_BLOCK_THREADS", 32)
+        mp.setattr(_rowwise, "TARGET_CHUNKS_PER_THREAD", 2)
+        _norm_case(op, rng, (rows, hidden), dtype, residual=residual, offset=int(misaligned))
+
+
+# ---- bad inputs -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", OPS)
+def test_norm_bad_inputs(op, rng):
+    def call(x, w, **kw):
+        if op == "rms_norm":
+            return rms_norm(x, w, **kw)
+        return layer_norm(x, w, kw.pop("bias", None), **kw)
+
+    x = dev(random_array((2, 16), "float16", rng))
+    w = dev(random_array((16,), "float16", rng))
+    with pytest.raises(TypeError, match="x: expected a CUDA array"):
+        call([[1.0]], w)
+    with pytest.raises(TypeError, match="x: expected dtype in"):
+        call(dev(np.ones((2, 16), np.int32)), w)
+    with pytest.raises(ValueError, match=r"weight: expected shape \(16,\)"):
+        call(x, dev(random_array((15,), "float16", rng)))
+    with pytest.raises(ValueError, match="weight: expected 1 dimensions"):
+        call(x, dev(random_array((1, 16), "float16", rng)))
+    with pytest.raises(TypeError, match="weight: expected dtype float16"):
+        call(x, dev(random_array((16,), "bfloat16", rng)))
+    with pytest.raises(ValueError, match="residual: expected shape"):
+        call(x, w, residual=dev(random_array((2, 8), "float16", rng)))
+    with pytest.raises(TypeError, match="residual: expected dtype float16"):
+        call(x, w, residual=dev(random_array((2, 16), "float32", rng)))
+    with pytest.raises(ValueError, match="out: expected shape"):
+        call(x, w, out=dev(random_array((16, 2), "float16", rng)))
+    with pytest.raises(TypeError, match="out: expected dtype float16"):
+        call(x, w, out=dev(random_array((2, 16), "float32", rng)))
+    with pytest.raises(ValueError, match="x: expected the last dimension to be contiguous"):
+        call(dev(random_array((16, 2), "float16", rng)).T, w)
+    with pytest.raises(ValueError, match="non-empty last dimension"):
+        call(dev(random_array((2, 0), "float16", rng)), dev(random_array((0,), "float16", rng)))
+    with pytest.raises(ValueError, match="eps: expected a finite float >= 0"):
+        call(x, w, eps=-1.0)
+    with pytest.raises(TypeError, match="eps: expected a float"):
+        call(x, w, eps="1e-5")
+    big = dev(random_array((4, 3, 16), "float16", rng))
+    with pytest.raises(ValueError, match="do not collapse into one row stride"):
+        call(big[:, :2], w)
+    if op == "layer_norm":
+        with pytest.raises(ValueError, match=r"bias: expected shape \(16,\)"):
+            call(x, w, bias=dev(random_array((8,), "float16", rng)))
+        with pytest.raises(TypeError, match="bias: expected dtype float16 to match weight"):
+            call(x, w, bias=dev(random_array((16,), "float32", rng)))
+
+
+def test_norm_empty_rows(rng):
+    x = dev(random_array((0, 16), "float16", rng))
+    w = dev(random_array((16,), "float16", rng))
+    assert host(rms_norm(x, w)).shape == (0, 16)
+    assert host(layer_norm(x, w, None)).shape == (0, 16)
+
+
+def test_norm_check_rejects_wrong_implementations(rng):
+    # the derived tolerance catches an off-by-one mean square and an unbiased variance
+    x = random_array((4, 64), "float16", rng)
+    w = random_array((64,), "float16", rng)
+    x64 = x.astype(np.float64)
+    expected, _ = ref.rms_norm(x, w, 1e-6)
+    off_by_one = x64 / np.sqrt((x64 ** 2).sum(-1, keepdims=True) / 63 + 1e-6) * w
+    with pytest.raises(AssertionError):
+        derived_check(off_by_one, expected, ref.rms_norm_plain(x, w, 1e-6))
+    expected, _ = ref.layer_norm(x, w, None, 1e-5)
+    unbiased = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(
+        x64.var(-1, keepdims=True, ddof=1) + 1e-5) * w
+    with pytest.raises(AssertionError):
+        derived_check(unbiased, expected, ref.layer_norm_plain(x, w, None, 1e-5))
+
+
+# ---- GPU: real sizes ------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@settings(max_examples=20)  # each new shape may compile a kernel variant
+@given(op=st.sampled_from(OPS), rows=st.integers(1, 64),
+       hidden=st.one_of(st.integers(1, 9000), st.sampled_from([4096, 5120, 8192, 14336, 70001])),
+       dtype=st.sampled_from(DTYPES), residual=st.booleans(), weight_f32=st.booleans(),
+       misaligned=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_norm_gpu_hypothesis(op, rows, hidden, dtype, residual, weight_f32, misaligned, seed):
+    rng = np.random.default_rng(seed)
+    _norm_case(op, rng, (rows, hidden), dtype, residual=residual, weight_f32=weight_f32,
+               offset=int(misaligned))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("hidden", [4096, 14336])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_gpu_benchmark_shapes(op, hidden, dtype, rng):
+    _norm_case(op, rng, (8192, hidden), dtype, residual=True)
+
+
+@pytest.mark.gpu
+def test_norm_gpu_torch_stream_and_kinds(rng):
+    import torch
+    from numba import cuda
+
+    x_h = random_array((33, 1000), "float16", rng)
+    w_h = random_array((1000,), "float16", rng)
+    expected, _ = ref.rms_norm(x_h, w_h, 1e-6)
+    plain = ref.rms_norm_plain(x_h, w_h, 1e-6)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        got = rms_norm(to_device(x_h, "torch"), to_device(w_h, "torch"))
+    s.synchronize()
+    assert isinstance(got, torch.Tensor)
+    derived_check(host(got), expected, plain)
+    got = rms_norm(cuda.to_device(x_h), cuda.to_device(w_h), stream=cuda.stream())
+    cuda.synchronize()
+    derived_check(host(got), expected, plain)

@@ -1,0 +1,173 @@
+"""The host page allocator ``PagedKVCache`` (``llmspeed_numba/paged_cache.py``): bookkeeping,
+OutOfPages, tables, and append-then-decode round trips against attention over the original
+contiguous K/V."""
+
+import numpy as np
+import pytest
+
+from llmspeed_numba.ops.paged_decode import paged_decode_attention
+from llmspeed_numba.paged_cache import NO_PAGE, OutOfPages, PagedKVCache
+from llmspeed_numba.reference.attention import attention
+from llmspeed_numba.testing import derived_check, f64, random_array, to_device, to_host
+
+
+def test_pages_handed_out_and_reused():
+    cache = PagedKVCache(num_blocks=6, block_size=8, nheads_k=1, headdim=16)
+    a = cache.add_sequence(9)          # 2 pages
+    b = cache.add_sequence()           # 0 pages
+    assert cache.pages(a) == [0, 1] and cache.pages(b) == []
+    assert cache.num_free_pages == 4
+    cache.extend(b, 8)                 # exactly one page
+    cache.extend(a, 7)                 # 16 tokens: still 2 pages
+    assert cache.pages(b) == [2] and cache.pages(a) == [0, 1] and cache.length(a) == 16
+    cache.extend([a, b], 1)            # a: 17 -> 3 pages, b: 9 -> 2 pages
+    assert cache.num_free_pages == 1 and cache.length(b) == 9
+    cache.free(a)
+    assert cache.num_free_pages == 4 and cache.sequences == [b]
+    c = cache.add_sequence(24)         # reuses a's pages, first freed first
+    assert sorted(cache.pages(c)) == [0, 1, 3]
+    with pytest.raises(KeyError, match="no live sequence"):
+        cache.length(a)
+    with pytest.raises(KeyError):
+        cache.free(a)
+
+
+def test_out_of_pages_is_clear_and_atomic():
+    cache = PagedKVCache(num_blocks=4, block_size=16, nheads_k=2, headdim=16)
+    a = cache.add_sequence(30)
+    b = cache.add_sequence(10)
+    with pytest.raises(OutOfPages, match="need 3 more page.*1 of 4 are free.*free finished"):
+        cache.extend([a, b], 20)       # a needs 2 pages, b 1: 3 > 1 free
+    assert issubclass(OutOfPages, RuntimeError)
+    assert cache.length(a) == 30 and cache.length(b) == 10 and cache.num_free_pages == 1
+    with pytest.raises(OutOfPages):
+        cache.add_sequence(100)
+    assert cache.sequences == [a, b]
+    cache.extend(b, 22)                # 32 tokens: the last free page
+    assert cache.num_free_pages == 0
+
+
+def test_max_blocks_per_seq_and_bad_arguments():
+    cache = PagedKVCache(num_blocks=8, block_size=8, nheads_k=1, headdim=16,
+                         max_blocks_per_seq=2)
+    s = cache.add_sequence(16)
+    with pytest.raises(ValueError, match="max_blocks_per_seq 2"):
+        cache.extend(s, 1)
+    with pytest.raises(ValueError, match="new_tokens"):
+        cache.extend(s, -1)
+    with pytest.raises(ValueError, match="distinct"):
+        cache.extend([s, s], 0)
+    with pytest.raises(ValueError, match="block_size: expected a power of two"):
+        PagedKVCache(4, 12, 1, 16)
+    with pytest.raises(ValueError, match="num_blocks"):
+        PagedKVCache(0, 8, 1, 16)
+    with pytest.raises(TypeError, match="headdim"):
+        PagedKVCache(4, 8, 1, 16.0)
+    with pytest.raises(TypeError, match="dtype"):
+        PagedKVCache(4, 8, 1, 16, dtype="float32")
+    with pytest.raises(ValueError, match="kind"):
+        PagedKVCache(4, 8, 1, 16, kind="jax")
+
+
+def test_tables():
+    cache = PagedKVCache(num_blocks=10, block_size=8, nheads_k=1, headdim=16)
+    a = cache.add_sequence(3)
+    b = cache.add_sequence(20)
+    table, lens = cache.host_tables([b, a])
+    assert table.dtype == np.int32 and lens.dtype == np.int32
+    np.testing.assert_array_equal(table, [[1, 2, 3], [0, NO_PAGE, NO_PAGE]])
+    np.testing.assert_array_equal(lens, [20, 3])
+    table, _ = cache.host_tables([a], width=4)
+    assert table.shape == (1, 4)
+    with pytest.raises(ValueError, match="width: expected at least 3"):
+        cache.host_tables([a, b], width=2)
+    bt, sl = cache.tables([a, b])
+    np.testing.assert_array_equal(to_host(sl), [3, 20])
+    assert to_host(bt).shape == (2, 3)
+
+
+def _attention_over_history(q, history_k, history_v, dtype):
+    """Reference decode of q (batch, q_len, h, d) over the full contiguous K/V history."""
+    outs, plains = [], []
+    for b in range(q.shape[0]):
+        k = np.concatenate(history_k[b])[None]
+        v = np.concatenate(history_v[b])[None]
+        outs.append(attention(q[b:b + 1], k, v, causal=True)[0])
+        plains.append(attention(q[b:b + 1], k, v, causal=True, dtype=dtype)[0])
+    return np.concatenate(outs), np.concatenate(plains)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_prefill_append_decode_free_reuse(rng, dtype):
+    """Prefill two sequences of different lengths, decode a step for both, free one, start a
+    new sequence in its pages, decode again: each time equal to attention over the history."""
+    nheads_k, group, headdim, block_size = 1, 2, 16, 8
+    cache = PagedKVCache(num_blocks=8, block_size=block_size, nheads_k=nheads_k,
+                         headdim=headdim, dtype=dtype)
+    seqs = [cache.add_sequence(), cache.add_sequence()]
+    hist_k = {s: [] for s in seqs}
+    hist_v = {s: [] for s in seqs}
+
+    def step(ids, n):
+        k = random_array((len(ids), n, nheads_k, headdim), dtype, rng)
+        v = random_array((len(ids), n, nheads_k, headdim), dtype, rng)
+        for row, s in enumerate(ids):
+            hist_k[s].append(f64(k[row]))
+            hist_v[s].append(f64(v[row]))
+        bt, sl = cache.append(ids, to_device(k), to_device(v))
+        q = random_array((len(ids), n, nheads_k * group, headdim), dtype, rng)
+        out = paged_decode_attention(to_device(q), cache.k_cache, cache.v_cache, bt, sl)
+        want, plain = _attention_over_history(f64(q), [hist_k[s] for s in ids],
+                                              [hist_v[s] for s in ids], dtype)
+        derived_check(f64(out), want, plain)
+
+    # prefill: both sequences take 11 tokens (the lengths differ from the next step on)
+    step(seqs, 11)
+    step(seqs, 2)
+    assert [cache.length(s) for s in seqs] == [13, 13]
+    cache.free(seqs[0])
+    new = cache.add_sequence()
+    hist_k[new], hist_v[new] = [], []
+    step([seqs[1], new], 1)
+    assert cache.length(new) == 1 and cache.length(seqs[1]) == 14
+    with pytest.raises(OutOfPages):
+        cache.append([seqs[1], new], to_device(random_array((2, 40, 1, 16), dtype, rng)),
+                      to_device(random_array((2, 40, 1, 16), dtype, rng)))
+    assert cache.length(new) == 1 and cache.length(seqs[1]) == 14
+
+
+def test_append_shape_mismatch():
+    cache = PagedKVCache(num_blocks=4, block_size=8, nheads_k=1, headdim=16)
+    s = cache.add_sequence()
+    k = to_device(np.zeros((2, 1, 1, 16), np.float16))
+    with pytest.raises(ValueError, match="k: expected shape \\(1, new_tokens, 1, 16\\)"):
+        cache.append([s], k, k)
+    assert cache.length(s) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,dtype", [("numba", "float16"), ("torch", "bfloat16"),
+                                        ("torch", "float16"), ("cupy", "float16")])
+def test_gpu_cache_kinds_round_trip(kind, dtype):
+    pytest.importorskip("cupy" if kind == "cupy" else "torch")
+    rng = np.random.default_rng(11)
+    nheads_k, group, headdim = 8, 4, 128
+    cache = PagedKVCache(num_blocks=512, block_size=16, nheads_k=nheads_k, headdim=headdim,
+                         dtype=dtype, kind=kind)
+    seqs = [cache.add_sequence() for _ in range(3)]
+    hist_k = {s: [] for s in seqs}
+    hist_v = {s: [] for s in seqs}
+    for n in (700, 1, 3):
+        k = random_array((3, n, nheads_k, headdim), dtype, rng)
+        v = random_array((3, n, nheads_k, headdim), dtype, rng)
+        for row, s in enumerate(seqs):
+            hist_k[s].append(f64(k[row]))
+            hist_v[s].append(f64(v[row]))
+        bt, sl = cache.append(seqs, to_device(k, kind), to_device(v, kind))
+        q = random_array((3, n, nheads_k * group, headdim), dtype, rng)
+        if n > 8:
+            q = q[:, -2:]  # decode the last two tokens of the prefill chunk
+        out = paged_decode_attention(to_device(q, kind), cache.k_cache, cache.v_cache, bt, sl)
+        want, plain = _attention_over_history(f64(q), [hist_k[s] for s in seqs],
+                                              [hist_v[s] for s in seqs], dtype)
+        derived_check(f64(out), want, plain)
