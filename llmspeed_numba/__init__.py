@@ -10,8 +10,13 @@ from ._env import SIMULATOR, have_gpu
 from .autotune import autotune
 from .ops.flash_attn import flash_attn, flash_attn_varlen
 from .ops.gemm import GemmConfig, gemm
+from .ops.activations import gelu, gelu_and_mul, silu_and_mul
+from .ops.layer_norm import layer_norm
 from .ops.paged_decode import paged_decode_attention
 from .ops.paged_kv_append import paged_kv_append
+from .ops.rms_norm import rms_norm
+from .ops.rotary import rotary_embedding
+from .ops.softmax import argmax, softmax
 from .ops.warp_tile import warp_tile_matmul
 from .paged_cache import OutOfPages, PagedKVCache
 
@@ -21,6 +26,8 @@ __all__ = [
     "SIMULATOR", "have_gpu", "__version__",
     "gemm", "GemmConfig", "autotune",
     "flash_attn", "flash_attn_varlen",
+    "rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul", "gelu", "gelu_and_mul",
+    "softmax", "argmax",
     "paged_decode_attention", "paged_kv_append", "PagedKVCache", "OutOfPages",
     "warp_tile_matmul",
 ]

@@ -163,56 +163,87 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
     load_stage_edge = stage_loader(False)
     load_stage_full = stage_loader(True)
 
+    # ldmatrix addressing. The XOR swizzle of a row depends only on row % 8 (divisor * modulus
+    # = 8), which is lane % 8 for every fragment, so a lane's offsets are precomputed once: one
+    # per k16 step where the step moves along the swizzled (chunk) axis, one per fragment where
+    # the fragment does; the other index adds a compile-time constant (an LDSM immediate).
+    a_var = k_steps if a_k_inner else mf
+    b_var = k_steps if b_k_inner else n_pairs
+    a_imm = 16 * a_inner     # elements between fragments (k-inner) or k16 steps (m-inner)
+    b_imm = 16 * b_inner
+
     @cuda.jit(device=True, inline="always")
-    def mma_step(smem, a_s, b_s, ks, wm0, wn0, lane, acc, a_frag, b_frag):
-        """One k16 step of the warp tile: ldmatrix the A and B fragments of shared-memory
-        stage (a_s, b_s), then ``mf x nf`` mma into ``acc``."""
+    def lane_offsets(lane, wm0, wn0, a_off, b_off):
+        for x in range(a_var):
+            if a_k_inner:   # x = ks; rows m, chunks along k
+                r = np.int32(wm0 + lane % 16)
+                ch = np.int32(x * 2 + lane // 16)
+            else:           # x = i; rows k, chunks along m
+                r = np.int32(lane % 8 + 8 * (lane // 16))
+                ch = np.int32((wm0 + x * 16) // 8 + (lane // 8) % 2)
+            a_off[x] = np.int32(r * a_inner + ((ch ^ ((r // a_div) % a_mod)) * 8))
+        for x in range(b_var):
+            if b_k_inner:   # x = ks; rows n, chunks along k
+                r = np.int32(wn0 + lane % 8 + 8 * (lane // 16))
+                ch = np.int32(x * 2 + (lane // 8) % 2)
+            else:           # x = j; rows k, chunks along n
+                r = np.int32(lane % 8 + 8 * ((lane // 8) % 2))
+                ch = np.int32((wn0 + x * 16) // 8 + lane // 16)
+            b_off[x] = np.int32(r * b_inner + ((ch ^ ((r // b_div) % b_mod)) * 8))
+
+    @cuda.jit(device=True, inline="always")
+    def load_frags(smem, a_s, b_s, ks, a_off, b_off, a_frag, b_frag, buf):
+        """ldmatrix the A and B fragments of k16 step ``ks`` of stage (a_s, b_s) into fragment
+        buffer ``buf``."""
         for i in range(mf):
-            if a_k_inner:   # rows m, chunks along k
-                r = wm0 + i * 16 + lane % 16
-                ch = ks * 2 + lane // 16
-                f0, f1, f2, f3 = ptx.ldmatrix_x4(
-                    smem, a_s + r * a_inner + ((ch ^ ((r // a_div) % a_mod)) * 8))
-            else:           # rows k, chunks along m
-                r = ks * 16 + lane % 8 + 8 * (lane // 16)
-                ch = (wm0 + i * 16) // 8 + (lane // 8) % 2
-                f0, f1, f2, f3 = ptx.ldmatrix_x4_trans(
-                    smem, a_s + r * a_inner + ((ch ^ ((r // a_div) % a_mod)) * 8))
-            a_frag[i, 0] = f0
-            a_frag[i, 1] = f1
-            a_frag[i, 2] = f2
-            a_frag[i, 3] = f3
+            if a_k_inner:
+                f0, f1, f2, f3 = ptx.ldmatrix_x4(smem, np.int32(a_s + a_off[ks] + i * a_imm))
+            else:
+                f0, f1, f2, f3 = ptx.ldmatrix_x4_trans(smem,
+                                                       np.int32(a_s + a_off[i] + ks * a_imm))
+            a_frag[buf, i, 0] = f0
+            a_frag[buf, i, 1] = f1
+            a_frag[buf, i, 2] = f2
+            a_frag[buf, i, 3] = f3
         for j in range(n_pairs):
-            if b_k_inner:   # rows n, chunks along k
-                r = wn0 + j * 16 + lane % 8 + 8 * (lane // 16)
-                ch = ks * 2 + (lane // 8) % 2
-                f0, f1, f2, f3 = ptx.ldmatrix_x4(
-                    smem, b_s + r * b_inner + ((ch ^ ((r // b_div) % b_mod)) * 8))
-            else:           # rows k, chunks along n
-                r = ks * 16 + lane % 8 + 8 * ((lane // 8) % 2)
-                ch = (wn0 + j * 16) // 8 + lane // 16
-                f0, f1, f2, f3 = ptx.ldmatrix_x4_trans(
-                    smem, b_s + r * b_inner + ((ch ^ ((r // b_div) % b_mod)) * 8))
-            b_frag[2 * j, 0] = f0
-            b_frag[2 * j, 1] = f1
-            b_frag[2 * j + 1, 0] = f2
-            b_frag[2 * j + 1, 1] = f3
+            if b_k_inner:
+                f0, f1, f2, f3 = ptx.ldmatrix_x4(smem, np.int32(b_s + b_off[ks] + j * b_imm))
+            else:
+                f0, f1, f2, f3 = ptx.ldmatrix_x4_trans(smem,
+                                                       np.int32(b_s + b_off[j] + ks * b_imm))
+            b_frag[buf, 2 * j, 0] = f0
+            b_frag[buf, 2 * j, 1] = f1
+            b_frag[buf, 2 * j + 1, 0] = f2
+            b_frag[buf, 2 * j + 1, 1] = f3
+
+    @cuda.jit(device=True, inline="always")
+    def mma_frags(acc, a_frag, b_frag, buf):
+        """``mf x nf`` mma of fragment buffer ``buf`` into ``acc``."""
         for i in range(mf):
             for j in range(nf):
                 if is_bf16:  # (an @intrinsic in a closure would defeat numba's disk cache)
-                    d0, d1, d2, d3 = ptx.mma_bf16(a_frag[i, 0], a_frag[i, 1], a_frag[i, 2],
-                                                  a_frag[i, 3], b_frag[j, 0], b_frag[j, 1],
+                    d0, d1, d2, d3 = ptx.mma_bf16(a_frag[buf, i, 0], a_frag[buf, i, 1],
+                                                  a_frag[buf, i, 2], a_frag[buf, i, 3],
+                                                  b_frag[buf, j, 0], b_frag[buf, j, 1],
                                                   acc[i, j, 0], acc[i, j, 1], acc[i, j, 2],
                                                   acc[i, j, 3])
                 else:
-                    d0, d1, d2, d3 = ptx.mma_f16(a_frag[i, 0], a_frag[i, 1], a_frag[i, 2],
-                                                 a_frag[i, 3], b_frag[j, 0], b_frag[j, 1],
+                    d0, d1, d2, d3 = ptx.mma_f16(a_frag[buf, i, 0], a_frag[buf, i, 1],
+                                                 a_frag[buf, i, 2], a_frag[buf, i, 3],
+                                                 b_frag[buf, j, 0], b_frag[buf, j, 1],
                                                  acc[i, j, 0], acc[i, j, 1], acc[i, j, 2],
                                                  acc[i, j, 3])
                 acc[i, j, 0] = d0
                 acc[i, j, 1] = d1
                 acc[i, j, 2] = d2
                 acc[i, j, 3] = d3
+
+    @cuda.jit(device=True, inline="always")
+    def inner_step(smem, a_s, b_s, ks, a_off, b_off, a_frag, b_frag, acc):
+        """k16 step ``ks`` (not the tile's last): ldmatrix step ks + 1 into the other buffer,
+        then mma step ks, so the shared loads overlap the Tensor Core work."""
+        load_frags(smem, a_s, b_s, ks + 1, a_off, b_off, a_frag, b_frag, (ks + 1) % 2)
+        mma_frags(acc, a_frag, b_frag, ks % 2)
 
     def gemm_tensor_core_kernel(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, out_z,
                                 sc_m, sc_n, alpha, beta, k_split, tiles_m, tiles_n, out_vec):
@@ -236,8 +267,11 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
             for j in range(nf):
                 for q in range(4):
                     acc[i, j, q] = np.float32(0.0)
-        a_frag = cuda.local.array((mf, 4), np.uint32)
-        b_frag = cuda.local.array((nf, 2), np.uint32)
+        a_frag = cuda.local.array((2, mf, 4), np.uint32)   # two buffers: steps ks, ks + 1
+        b_frag = cuda.local.array((2, nf, 2), np.uint32)
+        a_off = cuda.local.array(a_var, np.int32)
+        b_off = cuda.local.array(b_var, np.int32)
+        lane_offsets(lane, wm0, wn0, a_off, b_off)
 
         # K tiles that need no predicate in a block that needs none along M and N
         interior = m0 + block_m <= M and n0 + block_n <= N
@@ -253,11 +287,21 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
                                     lda, ldb, tid)
             ptx.cp_async_commit()
 
+        # Fragments are double-buffered across k16 steps and across K tiles: the ldmatrix of
+        # step ks + 1 (of the next tile's step 0, after the barrier) is issued before the mma of
+        # step ks. One barrier per K tile, before the last step's mma: it publishes tile kt + 1
+        # and tells every warp that stage kt (now only in registers) may be refilled.
+        ptx.cp_async_wait(wait_pending)
+        cuda.syncthreads()
         read_stage = 0
         write_stage = stages - 1
+        a_s = np.int32(0)
+        b_s = np.int32(b_base)
+        load_frags(smem, a_s, b_s, 0, a_off, b_off, a_frag, b_frag, 0)
         for kt in range(k_tiles):
-            ptx.cp_async_wait(wait_pending)
-            cuda.syncthreads()  # tile kt is in shared memory; stage (kt - 1) is free to refill
+            if k_steps > 1:
+                load_frags(smem, a_s, b_s, 1, a_off, b_off, a_frag, b_frag, 1)
+            # tile kt + stages - 1 into the stage tile kt - 1 used (freed by the last barrier)
             nxt = kt + stages - 1
             if nxt < k_tiles:
                 if nxt < k_full:
@@ -268,18 +312,31 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
                                     m0, n0, M, N, lda, ldb, tid)
             ptx.cp_async_commit()
             write_stage = write_stage + 1 if write_stage < stages - 1 else 0
-            a_s = read_stage * a_stage
-            b_s = b_base + read_stage * b_stage
-            read_stage = read_stage + 1 if read_stage < stages - 1 else 0
-            # k16 steps written out (numba has no unroll pragma, and LLVM leaves this loop
-            # rolled for some layouts): ldmatrix of step ks + 1 overlaps the mma of step ks
-            mma_step(smem, a_s, b_s, 0, wm0, wn0, lane, acc, a_frag, b_frag)
             if k_steps > 1:
-                mma_step(smem, a_s, b_s, 1, wm0, wn0, lane, acc, a_frag, b_frag)
+                mma_frags(acc, a_frag, b_frag, 0)
+            # (k16 steps written out: numba has no unroll pragma)
             if k_steps > 2:
-                mma_step(smem, a_s, b_s, 2, wm0, wn0, lane, acc, a_frag, b_frag)
+                inner_step(smem, a_s, b_s, 1, a_off, b_off, a_frag, b_frag, acc)
             if k_steps > 3:
-                mma_step(smem, a_s, b_s, 3, wm0, wn0, lane, acc, a_frag, b_frag)
+                inner_step(smem, a_s, b_s, 2, a_off, b_off, a_frag, b_frag, acc)
+            # last step: tile kt + 1 landed and every warp is done reading stage kt
+            ptx.cp_async_wait(wait_pending)
+            cuda.syncthreads()
+            read_stage = read_stage + 1 if read_stage < stages - 1 else 0
+            a_s = np.int32(read_stage * a_stage)
+            b_s = np.int32(b_base + read_stage * b_stage)
+            if k_steps % 2 == 0:  # the last step used buffer 1
+                load_frags(smem, a_s, b_s, 0, a_off, b_off, a_frag, b_frag, 0)
+                mma_frags(acc, a_frag, b_frag, 1)
+            else:                 # k_steps == 1: one step per tile, buffer 0 each time
+                load_frags(smem, a_s, b_s, 0, a_off, b_off, a_frag, b_frag, 1)
+                mma_frags(acc, a_frag, b_frag, 0)
+                for i in range(mf):
+                    for q in range(4):
+                        a_frag[0, i, q] = a_frag[1, i, q]
+                for j in range(nf):
+                    for q in range(2):
+                        b_frag[0, j, q] = b_frag[1, j, q]
 
         # Epilogue through shared memory: the accumulators go to an fp32 block tile, then every
         # thread walks it row by row. Stores and c loads become coalesced, and the epilogue is

@@ -38,7 +38,7 @@ import functools
 import numpy as np
 
 from .. import ptx
-from .._env import SIMULATOR, cuda
+from .._env import cuda
 
 #: storage kinds inside kernels (compile-time constants)
 KIND_F32, KIND_F16, KIND_BF16 = 0, 1, 2
@@ -135,18 +135,6 @@ def row_plan(chunks, max_threads=None):
 
 
 # ---- launching -----------------------------------------------------------------------------------
-
-def launch(kernel, grid, block, args, stream=0, shared_bytes=0):
-    """``kernel(grid, block, args, stream, shared_bytes)``; under the simulator the host buffers
-    are first wrapped as simulated device arrays sharing their memory. (The simulator copies
-    plain NumPy arguments in and back out, so a buffer passed twice - an in-place output, a
-    placeholder for an absent optional array - would be overwritten by its stale copy.)"""
-    if SIMULATOR:
-        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
-        args = tuple(FakeCUDAArray(a) if isinstance(a, np.ndarray) else a for a in args)
-    kernel(grid, block, args, stream, shared_bytes)
-
 
 # ---- element access --------------------------------------------------------------------------
 

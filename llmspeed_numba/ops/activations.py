@@ -197,7 +197,7 @@ def _launch(x, out, stream, act_name, gated):
     grid = (max(1, -(-chunks // (tx_threads * unroll))),
             min(_MAX_GRID_Y, -(-rows // ty_threads)))
     kernel = _activation_kernel(rw.kind(tx.dtype), vec, act_name, gated, unroll)
-    rw.launch(kernel, grid, (tx_threads, ty_threads),
+    kernel(grid, (tx_threads, ty_threads),
               (kernel_buffer(tx), kernel_buffer(to), rows, d, x_stride, o_stride),
               stream_handle(stream, (tx,)))
     return out

@@ -240,7 +240,7 @@ def layer_norm(x, weight, bias, eps=1e-5, *, residual=None, out=None, stream=Non
     xb = kernel_buffer(tx)
     wb = kernel_buffer(tw)
     x_stride, r_stride, o_stride = p["strides"]
-    rw.launch(kernel, -(-p["rows"] // rpb), tpr * rpb,
+    kernel(-(-p["rows"] // rpb), tpr * rpb,
               (xb, xb if tr is None else kernel_buffer(tr), wb,
                wb if tb is None else kernel_buffer(tb), kernel_buffer(to), p["rows"], p["cols"],
                x_stride, r_stride, o_stride, eps), stream_handle(stream, (tx,)))

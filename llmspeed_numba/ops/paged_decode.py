@@ -54,19 +54,18 @@ a length outside ``[0, max_blocks_per_seq * block_size]`` or a used page id outs
 simulator), unchecked on the GPU.
 """
 
-import ctypes
 import functools
 import math
-import threading
 
 import numpy as np
 from numba import types
 
 from .. import compile_check, ptx
-from .._arrays import Buffer, empty, kernel_buffer, stream_handle
+from .._arrays import (Buffer, empty, kernel_buffer, stream_handle, torch_current_stream,
+                      torch_signature)
 from .._checks import output, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
-from .._launch import Kernel, array1d, jit, sm_count
+from .._launch import Kernel, PreparedLaunch, array1d, jit, sm_count
 from ._attention_common import LOG2E, NEG_INF
 
 HALF_DTYPES = ("float16", "bfloat16")
@@ -942,7 +941,7 @@ _WORKSPACES = {}
 
 
 def _sig(x):
-    return (type(x), x.shape, x.stride(), x.dtype, x.get_device())
+    return (type(x),) + torch_signature(x)
 
 
 def _fast_key(q, k_cache, v_cache, block_table, seq_lens, out, softmax_scale, window_size,
@@ -984,66 +983,12 @@ def _torch_workspace(device, stream, n_o, n_lse):
             Buffer(ws[1].data_ptr(), ws[1].numel(), np.dtype(np.float32), ws[1]))
 
 
-def _current_stream():
-    """torch's current stream on the current device (what ``stream_handle`` gives), cheaply."""
-    import torch
-
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    device = getattr(torch._C, "_cuda_getDevice", None)
-    if raw is not None and device is not None:
-        return raw(device())
-    return torch.cuda.current_stream().cuda_stream
-
-
-class _Prepacked:
-    """One kernel launch with every parameter but the buffer pointers packed once."""
-
-    def __init__(self, kernel, grid, block, args, shared):
-        from .._launch import _libcuda
-
-        kernel.handle()
-        if shared > kernel._shared_optin:
-            kernel._opt_in_shared(shared)
-        self.fn = _libcuda()
-        self.handle = kernel._raw_handle
-        self.grid, self.block, self.shared = int(grid), int(block), int(shared)
-        flat, self.ptr_words, word = [], [], 0
-        for i, arg in enumerate(args):
-            width = kernel._itemsizes.get(i)
-            if width is None:
-                flat.append(arg)
-                word += 1
-            else:
-                flat += (0, 0, arg.size, width, arg.ptr, arg.size, width)
-                self.ptr_words.append(word + 4)
-                word += 7
-        self.words = kernel._words
-        self.template = (ctypes.c_uint64 * self.words)()
-        kernel._struct.pack_into(self.template, 0, *flat)
-        self.local = threading.local()
-
-    def __call__(self, ptrs, stream):
-        from .._launch import _check_code, _ParamBlock
-
-        params = getattr(self.local, "params", None)
-        if params is None:
-            params = self.local.params = _ParamBlock(self.words)
-            ctypes.memmove(params.values, self.template, 8 * self.words)
-        values = params.values
-        for word, ptr in zip(self.ptr_words, ptrs):
-            values[word] = ptr
-        err = self.fn(self.handle, self.grid, 1, 1, self.block, 1, 1, self.shared, stream,
-                      ctypes.addressof(params.pointers), None)
-        if err:
-            _check_code(err, "launch of paged_decode")
-
-
 class _FastCall:
     """The recorded launches of one call signature (see above)."""
 
     def __init__(self, kernel, main, reduce_kernel, reduce, out_given, tq, lse_shape, work):
-        self.main = _Prepacked(kernel, *main)
-        self.reduce = None if reduce is None else _Prepacked(reduce_kernel, *reduce)
+        self.main = PreparedLaunch(kernel, *main)
+        self.reduce = None if reduce is None else PreparedLaunch(reduce_kernel, *reduce)
         self.out_given = out_given
         self.shape, self.dtype, self.device = tuple(tq.shape), tq.obj.dtype, tq.obj.device
         self.lse_shape = lse_shape
@@ -1062,7 +1007,7 @@ class _FastCall:
         if self.lse_shape is not None:
             lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
             lp = lse.data_ptr()
-        handle = _current_stream() if stream is None else stream_handle(stream, ())
+        handle = torch_current_stream() if stream is None else stream_handle(stream, ())
         op = out.data_ptr()
         wo = wl = 0
         if self.work is not None:

@@ -261,7 +261,7 @@ def rms_norm(x, weight, eps=1e-6, *, residual=None, out=None, stream=None):
     xb = kernel_buffer(tx)
     rb = xb if tr is None else kernel_buffer(tr)
     x_stride, r_stride, o_stride = p["strides"]
-    rw.launch(kernel, -(-p["rows"] // rpb), tpr * rpb,
+    kernel(-(-p["rows"] // rpb), tpr * rpb,
               (xb, rb, kernel_buffer(tw), kernel_buffer(to), p["rows"], p["cols"], x_stride,
                r_stride, o_stride, eps), stream_handle(stream, (tx,)))
     return p["out"]

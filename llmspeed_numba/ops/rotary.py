@@ -357,7 +357,7 @@ def rotary_embedding(q, k, positions, *, base=10000.0, cos_sin_cache=None, style
         fb = kernel_buffer(as_tensor(_inv_freq_table(1.0, 2), "inv_freq"))  # unused
         cache_stride = tc.strides[0]
     k_tok, k_head = (0, 0) if tk is None else tk.strides[:2]
-    rw.launch(kernel, tokens, threads,
+    kernel(tokens, threads,
               (qb, kb, kernel_buffer(tp), cb, fb, nh_q, nh_k, half, groups, tp.strides[0],
                tq.strides[0], tq.strides[1], k_tok, k_head, cache_stride, max_pos),
               stream_handle(stream, (tq,)))

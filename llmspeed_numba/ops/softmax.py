@@ -514,7 +514,7 @@ def softmax(x, *, temperature=1.0, dtype=None, out=None, stream=None):
     xb, ob = kernel_buffer(tx), kernel_buffer(to)
     if splits == 1 and cpt > 0:
         kernel = _softmax_fused_kernel(x_kind, o_kind, vec, tpr, rpb, cpt)
-        rw.launch(kernel, -(-rows // rpb), tpr * rpb,
+        kernel(-(-rows // rpb), tpr * rpb,
                   (xb, ob, rows, cols, x_stride, o_stride, scale), handle)
         return out
     span = -(-chunks // splits)
@@ -522,7 +522,7 @@ def softmax(x, *, temperature=1.0, dtype=None, out=None, stream=None):
     pl = _workspace(tx, handle, "softmax_sum", rows * splits, np.float32)
     for write in (False, True):
         kernel = _softmax_split_kernel(x_kind, o_kind, vec, SPLIT_THREADS, UNROLL, write)
-        rw.launch(kernel, (rows, splits), SPLIT_THREADS,
+        kernel((rows, splits), SPLIT_THREADS,
                   (xb, ob, pm, pl, cols, x_stride, o_stride, span, scale), handle)
     return out
 
@@ -563,7 +563,7 @@ def argmax(x, *, out=None, stream=None):
     keys = _workspace(tx, handle, "argmax_keys", rows, np.uint64)
     tickets = _workspace(tx, handle, "argmax_tickets", rows, np.uint32)
     kernel = _argmax_kernel(rw.kind(tx.dtype), vec, tpr, rpb, UNROLL, splits > 1)
-    rw.launch(kernel, (-(-rows // rpb), splits), tpr * rpb,
+    kernel((-(-rows // rpb), splits), tpr * rpb,
               (kernel_buffer(tx), kernel_buffer(to), keys, tickets, rows, cols, x_stride, span),
               handle)
     return out

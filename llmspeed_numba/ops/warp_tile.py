@@ -13,10 +13,11 @@ import numpy as np
 from numba import types
 
 from .. import compile_check, ptx
-from .._arrays import empty, kernel_buffer, stream_handle
+from .._arrays import (empty, kernel_buffer, stream_handle, torch_current_stream,
+                      torch_signature)
 from .._checks import contiguous, output, same_dtype, shape, tensor
-from .._env import cuda
-from .._launch import Kernel, array1d, jit
+from .._env import SIMULATOR, cuda
+from .._launch import Kernel, PreparedLaunch, array1d, jit
 
 TILE_M, TILE_N, TILE_K = 16, 8, 16
 _A_TILE = TILE_M * TILE_K          # uint16 elements of the A tile in shared memory
@@ -73,9 +74,41 @@ def _warp_tile_kernel(is_bf16):
     return Kernel(jit(_warp_tile_kernel_fn(is_bf16)), _SIGNATURE, "warp_tile_kernel")
 
 
+#: torch call signature -> (PreparedLaunch, allocate out?): repeated calls skip validation,
+#: which depends only on the signature, and replay the packed launch with new pointers.
+_PLANS = {}
+
+
+def _fast_call(a, b, out, stream):
+    """The recorded launch of this call's signature, or None (not torch, or not seen yet)."""
+    if SIMULATOR or type(a).__module__ != "torch" or type(b).__module__ != "torch":
+        return None
+    if out is not None and type(out).__module__ != "torch":
+        return None
+    key = (torch_signature(a), torch_signature(b),
+           None if out is None else torch_signature(out), stream is None)
+    plan = _PLANS.get(key)
+    if plan is None:
+        return key
+    launch, out_device = plan
+    a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
+    if (a_ptr | b_ptr) & 15:
+        return key  # cp.async needs 16-byte aligned rows: the checked path raises
+    if out is None:
+        import torch
+
+        out = torch.empty((TILE_M, TILE_N), dtype=torch.float32, device=out_device)
+    handle = torch_current_stream(out_device.index) if stream is None else stream_handle(stream)
+    launch((a_ptr, b_ptr, out.data_ptr()), handle)
+    return out
+
+
 def warp_tile_matmul(a, b, *, out=None, stream=None):
     """``out = a @ b`` (fp32) for ``a`` (16, K), ``b`` (K, 8): fp16 or bf16, row-major, contiguous,
     K >= 8 a multiple of 8. Returns ``out`` (16, 8) float32 in the kind of ``a``."""
+    fast = _fast_call(a, b, out, stream)
+    if fast is not None and not isinstance(fast, tuple):
+        return fast
     ta = tensor(a, "a", ndim=2, dtypes=("float16", "bfloat16"))
     tb = tensor(b, "b", ndim=2, dtypes=("float16", "bfloat16"))
     shape("a", ta, (TILE_M, None))
@@ -86,14 +119,20 @@ def warp_tile_matmul(a, b, *, out=None, stream=None):
     contiguous("b", tb)
     if k_total % 8 or k_total == 0:
         raise ValueError(f"a: expected K a positive multiple of 8, got {k_total}")
+    for name, t in (("a", ta), ("b", tb)):
+        if t.ptr % 16:
+            raise ValueError(f"{name}: expected a 16-byte aligned data pointer (cp.async), got "
+                             f"address {t.ptr:#x}")
     to = output("out", out, (TILE_M, TILE_N), "float32", ta)
     if to is None:
         out = empty(ta, (TILE_M, TILE_N), "float32")
         to = tensor(out, "out")
     contiguous("out", to)
     kernel = _warp_tile_kernel(ta.dtype == "bfloat16")
-    kernel(1, 32, (kernel_buffer(ta), kernel_buffer(tb), kernel_buffer(to), k_total),
-           stream_handle(stream, (ta, tb)), SHARED_BYTES)
+    args = (kernel_buffer(ta), kernel_buffer(tb), kernel_buffer(to), k_total)
+    kernel(1, 32, args, stream_handle(stream, (ta, tb)), SHARED_BYTES)
+    if fast is not None:  # first call of this torch signature: record it
+        _PLANS[fast] = (PreparedLaunch(kernel, 1, 32, args, SHARED_BYTES), to.obj.device)
     return out
 
 

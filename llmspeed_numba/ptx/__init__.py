@@ -42,4 +42,4 @@ else:
     if BACKEND == "linked":
         from ._linked import *  # noqa: F401,F403  (overrides mma, ldmatrix, cp.async)
 
-from ._intrinsics import __all__  # noqa: E402  the op list is the same for every backend
+from ._intrinsics import __all__  # noqa: E402,F401  the op list is the same for every backend
