@@ -120,10 +120,12 @@ def copy_bandwidth(nbytes=2 << 30):
 
 
 class Results:
-    """Collects benchmark rows and appends them to ``<results dir>/<name>.csv``."""
+    """Collects benchmark rows and appends each, as it is measured, to
+    ``<results dir>/<name>.csv`` (so a run cut short keeps what it measured)."""
 
-    def __init__(self, name):
+    def __init__(self, name, directory=None):
         self.name = name
+        self.directory = directory or os.environ.get("OUT") or RESULTS_DIR
         self.rows = []
         self.gpu = gpu_name()
         self.commit = commit()
@@ -145,19 +147,25 @@ class Results:
                "baseline_value": f"{baseline_value:.4g}" if baseline_value else "",
                "ratio": f"{ratio:.3f}", "versions": self.versions, "note": note}
         self.rows.append(row)
+        self._append([row])
         print(f"{op:>22} {case:>28} {dtype:>9} ours {ours_value:10.4g} {unit:8} "
               f"{baseline_name:>14} {baseline_value or float('nan'):10.4g}  ratio {ratio:6.3f}",
               flush=True)
         return row
 
-    def write(self, directory=None):
-        directory = directory or os.environ.get("OUT") or RESULTS_DIR
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"{self.name}.csv")
-        new = not os.path.exists(path)
-        with open(path, "a", newline="") as f:
+    @property
+    def path(self):
+        return os.path.join(self.directory, f"{self.name}.csv")
+
+    def _append(self, rows):
+        os.makedirs(self.directory, exist_ok=True)
+        new = not os.path.exists(self.path)
+        with open(self.path, "a", newline="") as f:
             w = csv.DictWriter(f, fieldnames=FIELDS)
             if new:
                 w.writeheader()
-            w.writerows(self.rows)
-        return path
+            w.writerows(rows)
+
+    def write(self, directory=None):
+        """The CSV's path (rows are already appended as they are added)."""
+        return self.path

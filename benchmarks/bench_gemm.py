@@ -8,7 +8,8 @@ same process, same data, same stream.
 - SIMT fp32 against torch fp32 with TF32 off.
 - The ``@intrinsic`` PTX backend against the linked backend (a child process with
   ``LLMSPEED_NUMBA_PTX_BACKEND=linked``; skipped when that backend is missing or fails).
-- ``--sweep``: every Tensor Core configuration in ``CONFIGS`` on a few headline shapes.
+- ``--sweep``: the autotuner's Tensor Core candidates (``LARGE_CANDIDATES`` /
+  ``SMALL_M_CANDIDATES``) on a few headline shapes (``--quick``: 4096^3 only).
 - ``--autotune``: autotune each shape first (slow: compiles every candidate), so the rows show
   the tuned winners; the winners stay in the autotune cache (``$LLMSPEED_NUMBA_CACHE``).
 
@@ -32,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _harness import Results, time_gpu
 
-from llmspeed_numba.ops.gemm import CONFIGS, gemm
+from llmspeed_numba.ops.gemm import LARGE_CANDIDATES, SMALL_M_CANDIDATES, gemm
 
 # the module (the package may export the function ``autotune`` under the same name)
 autotune_mod = importlib.import_module("llmspeed_numba.autotune")
@@ -187,11 +188,7 @@ def sweep(results, args):
 
     shapes = SWEEP_SHAPES[:1] if args.quick else SWEEP_SHAPES
     for M, N, K in shapes:
-        for name, cfg in CONFIGS.items():
-            if cfg.backend != "tensor_core" or cfg.block_m < 16 or cfg.block_n < 64:
-                continue
-            if M <= 32 and cfg.block_m > 64:
-                continue
+        for name in (SMALL_M_CANDIDATES if M <= 32 else LARGE_CANDIDATES):
             try:
                 bench_case(results, f"sweep {name}", M, N, K, torch.float16, args, config=name,
                            cupy_too=False)
@@ -216,7 +213,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="headline shapes only")
     parser.add_argument("--eager", action="store_true", help="time plain calls, no CUDA graph")
-    parser.add_argument("--sweep", action="store_true", help="time every TC configuration")
+    parser.add_argument("--sweep", action="store_true", help="time the TC autotune candidates")
     parser.add_argument("--autotune", action="store_true", help="autotune each shape first")
     parser.add_argument("--no-linked", action="store_true", help="skip the linked backend")
     parser.add_argument("--linked-worker", action="store_true", help=argparse.SUPPRESS)

@@ -6,6 +6,10 @@ raise real exceptions naming the argument with expected vs got:
 ``NotImplementedError`` for valid but unsupported combinations.
 """
 
+import math
+
+import numpy as np
+
 from ._arrays import as_tensor
 
 
@@ -87,3 +91,30 @@ def positive_int(name, value, minimum=1):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+
+
+def softmax_scale(value, headdim):
+    """Attention's softmax scale: ``1/sqrt(headdim)`` when None, else a finite number > 0."""
+    if value is None:
+        return 1.0 / math.sqrt(headdim)
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"softmax_scale: expected a float or None, got {type(value).__name__}")
+    scale = float(value)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"softmax_scale: expected a finite number > 0, got {scale}")
+    return scale
+
+
+def window_size(value):
+    """A FlashAttention sliding window ``(left, right)``: ints, -1 meaning unbounded."""
+    try:
+        left, right = value
+    except (TypeError, ValueError):
+        raise TypeError(f"window_size: expected a pair of ints (left, right), got "
+                        f"{value!r}") from None
+    for name, w in (("window_size[0]", left), ("window_size[1]", right)):
+        if isinstance(w, bool) or not isinstance(w, (int, np.integer)):
+            raise TypeError(f"{name}: expected an int, got {type(w).__name__}")
+        if w < -1:
+            raise ValueError(f"{name}: expected -1 (unbounded) or a value >= 0, got {w}")
+    return int(left), int(right)

@@ -46,6 +46,21 @@ def to_device(host, kind="numba"):
     return cuda.to_device(host)
 
 
+def to_device_copy(host, kind, offset=0):
+    """A fresh device copy of ``host`` as ``kind``; ``offset`` > 0 places it ``offset`` elements
+    into a larger buffer, so its start is not 16-byte aligned (exercises scalar/unaligned
+    kernel variants). Never shares memory with ``host``, also under the simulator."""
+    if not offset:
+        return to_device(np.array(host, copy=True), kind)
+    flat = np.concatenate([np.ones(offset, host.dtype), np.ascontiguousarray(host).ravel()])
+    return to_device(flat, kind)[offset:].reshape(host.shape)
+
+
+def host_copy(x):
+    """A host numpy copy of any supported array."""
+    return np.array(to_host(x))
+
+
 def to_host(x):
     """Any supported array -> host numpy array (bf16 as ml_dtypes bfloat16)."""
     if isinstance(x, np.ndarray):

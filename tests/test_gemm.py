@@ -114,6 +114,21 @@ def test_larger_simulator_tile(rng):
     run_and_check(40, 36, 72, "float16", "TN", "tc_32x32x16_w2x1_s3", rng, out_dtype="bfloat16")
 
 
+@pytest.mark.parametrize("layout", ["NN", "TT"])
+def test_two_k_steps_tensor_core(layout, rng):
+    """block_k = 32: fragments double-buffered across the two k16 steps and across K tiles;
+    16 x 16 is one interior block, so the unpredicated main loop runs before the edge tiles
+    (K = 80: two full tiles and a partial one)."""
+    run_and_check(16, 16, 80, "float16", layout, "tc_16x16x32_w1x1_s2", rng, out_dtype="float32")
+
+
+@pytest.mark.parametrize("layout", ["NN", "TT"])
+def test_interior_fast_path_simt(layout, rng):
+    """An interior block (16 x 16) with several full K tiles: the unpredicated loop, then a
+    partial last tile."""
+    run_and_check(16, 16, 28, "float32", layout, SIM_SIMT, rng)
+
+
 @pytest.mark.parametrize("config", [SIM_TC + "_k3", SIM_SIMT + "_k2"])
 def test_split_k(config, rng):
     run_and_check(9, 20, 70, "float16", "NT", config, rng, c=random_array((9, 20), "float32", rng),

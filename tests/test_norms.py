@@ -15,23 +15,18 @@ from llmspeed_numba.ops import _rowwise
 from llmspeed_numba.ops.layer_norm import layer_norm
 from llmspeed_numba.ops.rms_norm import rms_norm
 from llmspeed_numba.reference import fused as ref
-from llmspeed_numba.testing import derived_check, poison, random_array, to_device, to_host
+from llmspeed_numba.testing import (derived_check, host_copy, poison, random_array, to_device,
+                                    to_device_copy)
 
 DTYPES = ["float16", "bfloat16", "float32"]
 KIND = "numpy" if SIMULATOR else "torch"
 
 
-def dev(host, offset=0):
-    """``host`` on the device; ``offset`` > 0 places it ``offset`` elements into a larger buffer
-    (so its start is not 16-byte aligned: the scalar kernel)."""
-    if not offset:
-        return to_device(np.array(host, copy=True), KIND)  # the simulator would share host
-    flat = np.concatenate([np.ones(offset, host.dtype), np.ascontiguousarray(host).ravel()])
-    return to_device(flat, KIND)[offset:].reshape(host.shape)
+def dev(host_array, offset=0):
+    return to_device_copy(host_array, KIND, offset)
 
 
-def host(x):
-    return np.array(to_host(x))
+host = host_copy
 
 
 @pytest.fixture

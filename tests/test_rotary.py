@@ -10,19 +10,17 @@ from llmspeed_numba import SIMULATOR
 from llmspeed_numba.ops import rotary as rotary_mod
 from llmspeed_numba.ops.rotary import rotary_embedding
 from llmspeed_numba.reference import fused as ref
-from llmspeed_numba.testing import derived_check, random_array, to_device, to_host
+from llmspeed_numba.testing import derived_check, host_copy, random_array, to_device_copy
 
 DTYPES = ["float16", "bfloat16", "float32"]
 KIND = "numpy" if SIMULATOR else "torch"
 
 
-def dev(host, offset=0):
-    flat = np.concatenate([np.ones(offset, host.dtype), np.ascontiguousarray(host).ravel()])
-    return to_device(flat, KIND)[offset:].reshape(host.shape)
+def dev(host_array, offset=0):
+    return to_device_copy(host_array, KIND, offset)
 
 
-def host(x):
-    return np.array(to_host(x))
+host = host_copy
 
 
 @pytest.fixture(autouse=True)

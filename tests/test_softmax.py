@@ -10,19 +10,18 @@ from llmspeed_numba.ops import _rowwise
 from llmspeed_numba.ops import softmax as sm_mod
 from llmspeed_numba.ops.softmax import argmax, softmax
 from llmspeed_numba.reference import fused as ref
-from llmspeed_numba.testing import derived_check, poison, random_array, to_device, to_host
+from llmspeed_numba.testing import (derived_check, host_copy, poison, random_array,
+                                    to_device_copy)
 
 DTYPES = ["float16", "bfloat16", "float32"]
 KIND = "numpy" if SIMULATOR else "torch"
 
 
-def dev(host, offset=0):
-    flat = np.concatenate([np.ones(offset, host.dtype), np.ascontiguousarray(host).ravel()])
-    return to_device(flat, KIND)[offset:].reshape(host.shape)
+def dev(host_array, offset=0):
+    return to_device_copy(host_array, KIND, offset)
 
 
-def host(x):
-    return np.array(to_host(x))
+host = host_copy
 
 
 def _small(mp, split):

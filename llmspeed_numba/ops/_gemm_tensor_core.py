@@ -16,7 +16,9 @@ so the 8 row addresses of one ``ldmatrix`` matrix hit 8 different bank groups: c
 reads.
 
 Pipeline: ``STAGES - 1`` K tiles are in flight while one is computed; one ``__syncthreads`` per K
-tile. Edges: rows / columns past M, N and K elements past the split's end are zero-filled
+tile, placed before the tile's last k16 step so the next tile's first fragments are loaded while
+that step's mma run. Fragments are double-buffered: ldmatrix of step ks + 1 precedes the mma of
+step ks, within a tile and across tiles. Edges: rows / columns past M, N and K elements past the split's end are zero-filled
 (``src_bytes`` < 16, from an in-bounds address) or, when the operand is not 16-byte aligned
 (``a_vec`` / ``b_vec`` False), copied with predicated scalar loads. Nothing is read or written
 out of bounds.
@@ -32,9 +34,11 @@ asks for an fp32 output without ``c`` / bias / activation, ``out_z`` elements ap
 raw partial sums in a workspace, which the reduce kernel adds up.
 
 Hot-loop notes: all fragment loops have compile-time trip counts and are unrolled (the k16
-steps explicitly, see ``mma_step``), so the accumulators stay in registers (``compile_check``
-asserts no local memory); index math is int32 where it is known to fit; interior blocks copy full
-K tiles without predicates (``full`` loader).
+steps explicitly, see ``tile_step``), so the accumulators stay in registers (``compile_check``
+asserts no local memory); a lane's ldmatrix offsets (swizzle included) are computed once
+(``lane_offsets``); index math is int32 where it is known to fit; interior blocks run a separate
+copy of the K loop whose copies are unpredicated (``full`` loader), so the edge code is neither
+executed nor holding registers there.
 """
 
 import numpy as np
@@ -245,14 +249,70 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
         load_frags(smem, a_s, b_s, ks + 1, a_off, b_off, a_frag, b_frag, (ks + 1) % 2)
         mma_frags(acc, a_frag, b_frag, ks % 2)
 
+    def tile_step(full):
+        """One K tile ``kt`` of the main loop; returns the next (read_stage, write_stage).
+        ``full``: the tile it prefetches (kt + stages - 1) is a full interior tile (unpredicated
+        copies); two copies of the loop keep the edge code out of the hot one."""
+        load_stage = load_stage_full if full else load_stage_edge
+
+        @cuda.jit(device=True, inline="always")
+        def step(smem, kt, k_tiles, read_stage, write_stage, a, b, m0, n0, M, N, lda, ldb,
+                 k_begin, k_end, tid, a_off, b_off, a_frag, b_frag, acc):
+            a_s = np.int32(read_stage * a_stage)
+            b_s = np.int32(b_base + read_stage * b_stage)
+            if full and k_steps > 1:
+                load_frags(smem, a_s, b_s, 1, a_off, b_off, a_frag, b_frag, 1)
+            # tile kt + stages - 1 into the stage tile kt - 1 used (freed by the last barrier)
+            nxt = kt + stages - 1
+            if full or nxt < k_tiles:
+                load_stage(smem, write_stage, k_begin + nxt * block_k, k_end, a, b, m0, n0, M,
+                           N, lda, ldb, tid)
+            ptx.cp_async_commit()
+            # (edge tiles: ldmatrix after the predicated copies, whose address and predicate
+            # registers would otherwise coexist with both fragment buffers and spill)
+            if not full and k_steps > 1:
+                load_frags(smem, a_s, b_s, 1, a_off, b_off, a_frag, b_frag, 1)
+            if k_steps > 1:
+                mma_frags(acc, a_frag, b_frag, 0)
+            # (k16 steps written out: numba has no unroll pragma)
+            if k_steps > 2:
+                inner_step(smem, a_s, b_s, 1, a_off, b_off, a_frag, b_frag, acc)
+            if k_steps > 3:
+                inner_step(smem, a_s, b_s, 2, a_off, b_off, a_frag, b_frag, acc)
+            # last step: tile kt + 1 landed and every warp is done reading stage kt
+            ptx.cp_async_wait(wait_pending)
+            cuda.syncthreads()
+            read_stage = read_stage + 1 if read_stage < stages - 1 else 0
+            a_s = np.int32(read_stage * a_stage)
+            b_s = np.int32(b_base + read_stage * b_stage)
+            if k_steps % 2 == 0:  # the last step used buffer 1
+                load_frags(smem, a_s, b_s, 0, a_off, b_off, a_frag, b_frag, 0)
+                mma_frags(acc, a_frag, b_frag, 1)
+            else:                 # k_steps == 1: one step per tile, buffer 0 each time
+                load_frags(smem, a_s, b_s, 0, a_off, b_off, a_frag, b_frag, 1)
+                mma_frags(acc, a_frag, b_frag, 0)
+                for i in range(mf):
+                    for q in range(4):
+                        a_frag[0, i, q] = a_frag[1, i, q]
+                for j in range(nf):
+                    for q in range(2):
+                        b_frag[0, j, q] = b_frag[1, j, q]
+            return read_stage, write_stage + 1 if write_stage < stages - 1 else 0
+
+        return step
+
+    tile_full = tile_step(True)
+    tile_edge = tile_step(False)
+
     def gemm_tensor_core_kernel(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, out_z,
                                 sc_m, sc_n, alpha, beta, k_split, tiles_m, tiles_n, out_vec):
         smem = cuda.shared.array(0, np.uint16)
-        tid = cuda.threadIdx.x
-        lane = tid % 32
-        warp = tid // 32
-        wm0 = (warp // warps_n) * wm
-        wn0 = (warp % warps_n) * wn
+        # int32 thread / warp indices: int64 values live across the main loop cost registers
+        tid = np.int32(cuda.threadIdx.x)
+        lane = np.int32(tid & 31)
+        warp = np.int32(tid >> 5)
+        wm0 = np.int32((warp // warps_n) * wm)
+        wn0 = np.int32((warp % warps_n) * wn)
 
         pid_m, pid_n = grouped_tile(cuda.blockIdx.x, tiles_m, tiles_n, group_m)
         m0 = pid_m * block_m
@@ -293,50 +353,21 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
         # and tells every warp that stage kt (now only in registers) may be refilled.
         ptx.cp_async_wait(wait_pending)
         cuda.syncthreads()
+        load_frags(smem, np.int32(0), np.int32(b_base), 0, a_off, b_off, a_frag, b_frag, 0)
         read_stage = 0
         write_stage = stages - 1
-        a_s = np.int32(0)
-        b_s = np.int32(b_base)
-        load_frags(smem, a_s, b_s, 0, a_off, b_off, a_frag, b_frag, 0)
-        for kt in range(k_tiles):
-            if k_steps > 1:
-                load_frags(smem, a_s, b_s, 1, a_off, b_off, a_frag, b_frag, 1)
-            # tile kt + stages - 1 into the stage tile kt - 1 used (freed by the last barrier)
-            nxt = kt + stages - 1
-            if nxt < k_tiles:
-                if nxt < k_full:
-                    load_stage_full(smem, write_stage, k_begin + nxt * block_k, k_end, a, b,
-                                    m0, n0, M, N, lda, ldb, tid)
-                else:
-                    load_stage_edge(smem, write_stage, k_begin + nxt * block_k, k_end, a, b,
-                                    m0, n0, M, N, lda, ldb, tid)
-            ptx.cp_async_commit()
-            write_stage = write_stage + 1 if write_stage < stages - 1 else 0
-            if k_steps > 1:
-                mma_frags(acc, a_frag, b_frag, 0)
-            # (k16 steps written out: numba has no unroll pragma)
-            if k_steps > 2:
-                inner_step(smem, a_s, b_s, 1, a_off, b_off, a_frag, b_frag, acc)
-            if k_steps > 3:
-                inner_step(smem, a_s, b_s, 2, a_off, b_off, a_frag, b_frag, acc)
-            # last step: tile kt + 1 landed and every warp is done reading stage kt
-            ptx.cp_async_wait(wait_pending)
-            cuda.syncthreads()
-            read_stage = read_stage + 1 if read_stage < stages - 1 else 0
-            a_s = np.int32(read_stage * a_stage)
-            b_s = np.int32(b_base + read_stage * b_stage)
-            if k_steps % 2 == 0:  # the last step used buffer 1
-                load_frags(smem, a_s, b_s, 0, a_off, b_off, a_frag, b_frag, 0)
-                mma_frags(acc, a_frag, b_frag, 1)
-            else:                 # k_steps == 1: one step per tile, buffer 0 each time
-                load_frags(smem, a_s, b_s, 0, a_off, b_off, a_frag, b_frag, 1)
-                mma_frags(acc, a_frag, b_frag, 0)
-                for i in range(mf):
-                    for q in range(4):
-                        a_frag[0, i, q] = a_frag[1, i, q]
-                for j in range(nf):
-                    for q in range(2):
-                        b_frag[0, j, q] = b_frag[1, j, q]
+        kt = 0
+        main_tiles = min(k_tiles, k_full - (stages - 1))  # tiles prefetching a full tile
+        while kt < main_tiles:
+            read_stage, write_stage = tile_full(
+                smem, kt, k_tiles, read_stage, write_stage, a, b, m0, n0, M, N, lda, ldb,
+                k_begin, k_end, tid, a_off, b_off, a_frag, b_frag, acc)
+            kt += 1
+        while kt < k_tiles:
+            read_stage, write_stage = tile_edge(
+                smem, kt, k_tiles, read_stage, write_stage, a, b, m0, n0, M, N, lda, ldb,
+                k_begin, k_end, tid, a_off, b_off, a_frag, b_frag, acc)
+            kt += 1
 
         # Epilogue through shared memory: the accumulators go to an fp32 block tile, then every
         # thread walks it row by row. Stores and c loads become coalesced, and the epilogue is
@@ -344,11 +375,11 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
         ptx.cp_async_wait(0)
         cuda.syncthreads()  # every warp is done with the pipeline's buffers
         tile = cuda.shared.array(0, np.float32)
-        g = lane // 4
-        t2 = 2 * (lane % 4)
+        g = np.int32(lane >> 2)
+        t2 = np.int32(2 * (lane & 3))
         for i in range(mf):
             for j in range(nf):
-                idx = (wm0 + i * 16 + g) * tile_ld + wn0 + j * 8 + t2
+                idx = np.int32((wm0 + i * 16 + g) * tile_ld + wn0 + j * 8 + t2)
                 tile[idx] = acc[i, j, 0]
                 tile[idx + 1] = acc[i, j, 1]
                 tile[idx + 8 * tile_ld] = acc[i, j, 2]

@@ -24,12 +24,11 @@ The private keywords ``_impl`` ("tc" / "simt") and ``_config`` (a ``TC_CONFIGS``
 ``(block_m, block_n)`` for SIMT) force a kernel; tests and the benchmark's sweep use them.
 """
 
-import math
 
 import numpy as np
 from numba import types
 
-from .. import compile_check
+from .. import _checks, compile_check
 from .._arrays import Buffer, empty, kernel_buffer, stream_handle
 from .._checks import (aligned, contiguous, last_dim_contiguous, non_negative_strides, output,
                        same_dtype, shape, tensor)
@@ -94,27 +93,9 @@ def tc_config(headdim):
 def _check_options(causal, softmax_scale, window_size, headdim):
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
-    if softmax_scale is None:
-        scale = 1.0 / math.sqrt(headdim)
-    else:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float,
-                                                                            np.floating)):
-            raise TypeError(f"softmax_scale: expected a float or None, got "
-                            f"{type(softmax_scale).__name__}")
-        scale = float(softmax_scale)
-        if not (math.isfinite(scale) and scale > 0):
-            raise ValueError(f"softmax_scale: expected a finite number > 0, got {scale}")
-    try:
-        left, right = window_size
-    except (TypeError, ValueError):
-        raise TypeError(f"window_size: expected a pair of ints (left, right), got "
-                        f"{window_size!r}") from None
-    for name, w in (("window_size[0]", left), ("window_size[1]", right)):
-        if isinstance(w, bool) or not isinstance(w, (int, np.integer)):
-            raise TypeError(f"{name}: expected an int, got {type(w).__name__}")
-        if w < -1:
-            raise ValueError(f"{name}: expected -1 (unbounded) or a value >= 0, got {w}")
-    return scale, int(left), int(right)
+    scale = _checks.softmax_scale(softmax_scale, headdim)
+    left, right = _checks.window_size(window_size)
+    return scale, left, right
 
 
 def _check_headdim(headdim):

@@ -146,6 +146,7 @@ CONFIGS = {c.name: c for c in (
     GemmConfig("tensor_core", 128, 256, 32, 2, 4, 3),
     GemmConfig("tensor_core", 256, 128, 32, 4, 2, 3),
     GemmConfig("tensor_core", 128, 256, 64, 2, 4, 3),
+    GemmConfig("tensor_core", 256, 128, 64, 4, 2, 3),
     # medium: 64 x 32 warp tiles
     GemmConfig("tensor_core", 64, 128, 64, 1, 4, 4),
     GemmConfig("tensor_core", 64, 64, 64, 2, 2, 4),
@@ -158,8 +159,16 @@ CONFIGS = {c.name: c for c in (
     # simulator: same kernels, tiles small enough for a few emulated warps
     GemmConfig("tensor_core", 16, 16, 16, 1, 1, 2),
     GemmConfig("tensor_core", 32, 32, 16, 2, 1, 3),
+    GemmConfig("tensor_core", 16, 16, 32, 1, 1, 2),   # two k16 steps per K tile
     GemmConfig("simt", 16, 16, 8, thread_m=2, thread_n=2),
 )}
+
+#: The autotuner's (and the benchmark sweep's) candidates for M > 32, most promising first
+#: (H200, 4096^3 fp16: 128x128x64 s3 fastest, then 128x256x64; 256x128x64 is its transpose).
+LARGE_CANDIDATES = ("tc_128x128x64_w2x2_s3", "tc_128x256x64_w2x4_s3", "tc_256x128x64_w4x2_s3",
+                    "tc_128x128x32_w2x2_s4", "tc_64x128x64_w1x4_s4")
+#: Candidates for M <= 32 (decode): one or two 16-row fragments per warp.
+SMALL_M_CANDIDATES = ("tc_16x128x64_w1x4_s4", "tc_16x256x64_w1x8_s4", "tc_32x128x64_w1x4_s4")
 
 _SIM_TC = CONFIGS["tc_16x16x16_w1x1_s2"]
 _SIM_SIMT = CONFIGS["simt_16x16x8_t2x2"]
@@ -198,11 +207,12 @@ def _heuristic(backend, M, N, K):
     if M <= 64 or N <= 64:
         return CONFIGS["tc_64x128x64_w1x4_s4"]
     # the largest tile that still gives about a wave of blocks; else 128 x 128 with split-K
-    for name in ("tc_128x128x32_w2x2_s4", "tc_64x128x64_w1x4_s4"):
+    # (128x128x64, 3 stages: the fastest measured on H200 at 4096^3, two blocks per SM)
+    for name in ("tc_128x128x64_w2x2_s3", "tc_64x128x64_w1x4_s4"):
         cfg = CONFIGS[name]
         if _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n) >= 0.75 * sm_count():
             return cfg
-    return CONFIGS["tc_128x128x32_w2x2_s4"]
+    return CONFIGS["tc_128x128x64_w2x2_s3"]
 
 
 def split_count(cfg, M, N, K):
@@ -533,15 +543,11 @@ def candidates(p):
     elif p.backend == "simt":
         pool = [CONFIGS["simt_128x128x8_t8x8"], CONFIGS["simt_64x64x8_t4x4"]]
     elif p.M <= 32:
-        pool = [CONFIGS[n] for n in ("tc_16x128x64_w1x4_s4", "tc_16x256x64_w1x8_s4",
-                                     "tc_32x128x64_w1x4_s4")]
+        pool = [CONFIGS[n] for n in SMALL_M_CANDIDATES]
         if p.M > 16:
             pool = pool[2:]
     else:
-        pool = [CONFIGS[n] for n in ("tc_128x128x32_w2x2_s4", "tc_128x128x64_w2x2_s3",
-                                     "tc_128x256x32_w2x4_s3", "tc_256x128x32_w4x2_s3",
-                                     "tc_128x256x64_w2x4_s3", "tc_64x128x64_w1x4_s4",
-                                     "tc_64x64x64_w2x2_s4")]
+        pool = [CONFIGS[n] for n in LARGE_CANDIDATES]
     out = []
     for cfg in pool:
         out.append(cfg)
@@ -610,6 +616,9 @@ _TC_PTX = ("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x4", "cp.asy
 _TC_SASS = ("HMMA", "LDSM", "LDGSTS")
 for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
         ("gemm_tc_f16_nn", "tc_128x128x32_w2x2_s4", True, False, "float16", "float16", {}),
+        ("gemm_tc_f16_nn_default", "tc_128x128x64_w2x2_s3", True, False, "float16", "float16",
+         {}),
+        ("gemm_tc_f16_256x128", "tc_256x128x64_w4x2_s3", True, False, "float16", "float16", {}),
         ("gemm_tc_bf16_nt", "tc_128x128x32_w2x2_s4", True, True, "bfloat16", "bfloat16", {}),
         ("gemm_tc_f16_tn_epilogue", "tc_128x128x32_w2x2_s4", False, False, "float16", "float16",
          dict(c_dtype="float16", bias_dtype="float16", act="gelu")),

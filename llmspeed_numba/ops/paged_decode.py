@@ -60,7 +60,7 @@ import math
 import numpy as np
 from numba import types
 
-from .. import compile_check, ptx
+from .. import _checks, compile_check, ptx
 from .._arrays import (Buffer, empty, kernel_buffer, stream_handle, torch_current_stream,
                       torch_signature)
 from .._checks import output, same_dtype, shape, tensor
@@ -666,26 +666,8 @@ def choose_num_splits(blocks, max_len, warps, slots):
 # ---- launcher -------------------------------------------------------------------------------
 
 def _check_options(softmax_scale, window_size, headdim, num_splits):
-    if softmax_scale is None:
-        scale = 1.0 / math.sqrt(headdim)
-    else:
-        if isinstance(softmax_scale, bool) or not isinstance(
-                softmax_scale, (int, float, np.floating, np.integer)):
-            raise TypeError(f"softmax_scale: expected a float or None, got "
-                            f"{type(softmax_scale).__name__}")
-        scale = float(softmax_scale)
-        if not math.isfinite(scale):
-            raise ValueError(f"softmax_scale: expected a finite number, got {scale}")
-    try:
-        left, right = window_size
-    except (TypeError, ValueError):
-        raise TypeError(f"window_size: expected a pair of ints (left, right), got "
-                        f"{window_size!r}") from None
-    for name, w in (("window_size[0]", left), ("window_size[1]", right)):
-        if isinstance(w, bool) or not isinstance(w, (int, np.integer)):
-            raise TypeError(f"{name}: expected an int, got {type(w).__name__}")
-        if w < -1:
-            raise ValueError(f"{name}: expected -1 (unbounded) or a value >= 0, got {w}")
+    scale = _checks.softmax_scale(softmax_scale, headdim)
+    left, right = _checks.window_size(window_size)
     if right > 0:
         raise NotImplementedError(
             f"window_size[1]: decode attention is causal among the new tokens (bottom-right "
