@@ -169,3 +169,15 @@ class Results:
     def write(self, directory=None):
         """The CSV's path (rows are already appended as they are added)."""
         return self.path
+
+
+def plot_csv(path):
+    """PNG beside the CSV through ``benchmarks/plot.py`` (None, with a note, when matplotlib is
+    missing: the CSV is the result)."""
+    try:
+        from plot import plot
+
+        return plot(path)
+    except Exception as exc:  # noqa: BLE001
+        print(f"plot skipped: {type(exc).__name__}: {exc}")
+        return None

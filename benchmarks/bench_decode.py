@@ -27,12 +27,11 @@ import argparse
 import math
 import os
 import sys
-import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _harness import Results, copy_bandwidth, time_gpu  # noqa: E402
+from _harness import Results, copy_bandwidth, plot_csv, time_gpu  # noqa: E402
 
 from llmspeed_numba.ops import paged_decode as pd  # noqa: E402
 
@@ -278,67 +277,6 @@ def quick_sweep(results, copy_gbs, dtype, block_size, reps):
         torch.cuda.empty_cache()
 
 
-# ---- plot ---------------------------------------------------------------------------------
-
-def plot(rows, copy_gbs, path):
-    """Grouped bars (ours, SDPA) of GB/s per case with the copy bandwidth as a line; matplotlib
-    when available, else a bare PNG (bars and line only, no text) written with zlib."""
-    cases = [r for r in rows if r["op"] == "paged_decode"]
-    if not cases:
-        return None
-    ours = [float(r["ours_value"]) for r in cases]
-    base = [float(r["baseline_value"] or "nan") for r in cases]
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return _plain_png(ours, base, copy_gbs, path)
-    fig, ax = plt.subplots(figsize=(max(7, 0.55 * len(cases)), 4.5))
-    x = range(len(cases))
-    ax.bar([i - 0.2 for i in x], ours, 0.4, label="llmspeed_numba paged")
-    ax.bar([i + 0.2 for i in x], base, 0.4, label="torch SDPA contiguous (best backend)")
-    ax.axhline(copy_gbs, color="gray", ls="--", lw=1, label=f"D2D copy {copy_gbs:.0f} GB/s")
-    ax.axhline(0.85 * copy_gbs, color="gray", ls=":", lw=1, label="85 % of copy")
-    ax.set_xticks(list(x))
-    ax.set_xticklabels([r["case"] for r in cases], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("GB/s of K/V read")
-    ax.set_title(f"paged decode, {cases[0]['dtype']}, on {cases[0]['gpu']} @ {cases[0]['commit']}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _plain_png(ours, base, copy_gbs, path, height=300, bar=10, gap=8):
-    import numpy as np
-
-    top = max([copy_gbs] + [x for x in ours + base if x == x]) * 1.05
-    width = len(ours) * (2 * bar + gap) + gap
-    img = np.full((height, width, 3), 255, np.uint8)
-    for i, (a, b) in enumerate(zip(ours, base, strict=True)):
-        x0 = gap + i * (2 * bar + gap)
-        for value, color, x in ((a, (31, 119, 180), x0), (b, (255, 127, 14), x0 + bar)):
-            if value == value:
-                h = int(height * value / top)
-                img[height - h:, x:x + bar] = color
-    img[height - int(height * copy_gbs / top), :] = (120, 120, 120)
-    raw = b"".join(b"\x00" + img[r].tobytes() for r in range(height))
-
-    def chunk(tag, data):
-        body = tag + data
-        return (len(data).to_bytes(4, "big") + body
-                + (zlib.crc32(body) & 0xFFFFFFFF).to_bytes(4, "big"))
-
-    header = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
-    with open(path, "wb") as f:
-        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw))
-                + chunk(b"IEND", b""))
-    return path
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -372,7 +310,7 @@ def main(argv=None):
         sweep(results, copy_gbs, dtype, args.block_size, reps)
     path = results.write()
     print(f"rows appended to {path}")
-    png = plot(results.rows, copy_gbs, os.path.splitext(path)[0] + ".png")
+    png = plot_csv(path)
     if png:
         print(f"plot: {png}")
     print(targets_report(summary, copy_gbs))

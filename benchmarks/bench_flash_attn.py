@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _harness import Results, time_gpu
+from _harness import Results, plot_csv, time_gpu
 
 from llmspeed_numba.ops.flash_attn import flash_attn, flash_attn_varlen
 
@@ -179,44 +179,6 @@ def bench_varlen(results, lengths, nheads, headdim, causal, dtype, reps):
                     note=f"max |ours - sdpa| {diff:.2e}; includes the host check of cu_seqlens")
 
 
-def plot(results, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no PNG")
-        return None
-    labels, ours, fa2, cudnn = [], [], [], []
-    by_case = {}
-    for row in results.rows:
-        if row["case"].startswith("sweep"):
-            continue
-        key = (row["shape"], row["case"], row["note"].split(";")[0])
-        entry = by_case.setdefault(key, {"ours": float(row["ours_value"])})
-        if row["baseline_value"]:
-            entry[row["baseline"]] = float(row["baseline_value"])
-    for (shape, case, _), entry in by_case.items():
-        labels.append(f"{shape}\n{case}")
-        ours.append(entry["ours"])
-        fa2.append(entry.get("sdpa-flash2", 0.0))
-        cudnn.append(entry.get("sdpa-cudnn", 0.0))
-    x = np.arange(len(labels))
-    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(labels)), 5))
-    ax.bar(x - 0.27, ours, 0.27, label="llmspeed_numba")
-    ax.bar(x, fa2, 0.27, label="SDPA FlashAttention-2")
-    ax.bar(x + 0.27, cudnn, 0.27, label="SDPA cuDNN")
-    ax.set_xticks(x)
-    ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
-    ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"FlashAttention forward, {results.gpu}, commit {results.commit}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
-
-
 def headline(results, sweep=False):
     """Markdown rows for the README table: ours vs FA2 and cuDNN, per case (``sweep``: the
     configuration sweep's rows instead)."""
@@ -274,7 +236,7 @@ def main(argv=None):
                         print(f"config {config} D{headdim}: {type(exc).__name__}: {exc}")
     path = results.write()
     print(f"rows appended to {path}")
-    png = plot(results, os.path.splitext(path)[0] + ".png")
+    png = plot_csv(path)
     if png:
         print(f"plot: {png}")
     print(headline(results))

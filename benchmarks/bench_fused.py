@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _harness import RESULTS_DIR, Results, copy_bandwidth, time_gpu  # noqa: E402
+from _harness import RESULTS_DIR, Results, copy_bandwidth, plot_csv, time_gpu  # noqa: E402
 
 from llmspeed_numba.ops.activations import gelu, gelu_and_mul, silu_and_mul  # noqa: E402
 from llmspeed_numba.ops.layer_norm import layer_norm  # noqa: E402
@@ -320,53 +320,6 @@ def cases(args):
 
 # ---- reporting -------------------------------------------------------------------------------
 
-def _png_fallback(path, rows):
-    """A bar chart PNG without matplotlib: per row, ours (blue) and torch (grey) as % of copy
-    bandwidth; the red line is the 85% target, the black line 100%."""
-    import struct
-    import zlib
-
-    import numpy as np
-
-    n = len(rows)
-    width, height, bar = max(200, 24 * n + 20), 300, 8
-    img = np.full((height, width, 3), 255, np.uint8)
-    top = 120.0  # percent at the top of the chart
-
-    def y(p):
-        return int(height - 10 - (height - 20) * min(p, top) / top)
-
-    for i, (ours, base) in enumerate(rows):
-        x0 = 10 + 24 * i
-        img[y(ours):height - 10, x0:x0 + bar] = (40, 90, 200)
-        if base == base:
-            img[y(base):height - 10, x0 + bar:x0 + 2 * bar] = (150, 150, 150)
-    img[y(100.0), :] = (0, 0, 0)
-    img[y(100.0 * TARGET_COPY_FRACTION), :] = (220, 30, 30)
-    raw = b"".join(b"\x00" + img[r].tobytes() for r in range(height))
-
-    def chunk(tag, data):
-        body = tag + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
-
-    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0,
-                                                            0, 0))
-           + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
-    with open(path, "wb") as f:
-        f.write(png)
-    return path
-
-
-def plot(csv_path, fractions):
-    try:
-        import plot as plot_mod  # benchmarks/plot.py (matplotlib)
-
-        return plot_mod.plot(csv_path)
-    except Exception as exc:  # noqa: BLE001  (no matplotlib on the machine: a plain chart)
-        print(f"(plot.py unavailable: {type(exc).__name__}: {exc}; writing a plain bar chart)")
-        return _png_fallback(csv_path[:-4] + ".png", fractions)
-
-
 def main(argv=None):
     import torch
 
@@ -417,7 +370,7 @@ def main(argv=None):
         torch.cuda.empty_cache()
 
     path = results.write()
-    png = plot(path, fractions)
+    png = plot_csv(path)
     lines = ["| op | shape | dtype | ours us | % of copy | x torch | meets target |",
              "|---|---|---|---|---|---|---|"]
     for op, shape, name, frac, speedup, us, ok in summary:

@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _harness import Results, time_gpu
+from _harness import Results, plot_csv, time_gpu
 
 from llmspeed_numba.ops.gemm import LARGE_CANDIDATES, SMALL_M_CANDIDATES, gemm
 
@@ -256,12 +256,7 @@ def main():
     path = results.write()
     print(f"wrote {path} ({time.perf_counter() - start:.0f} s)")
     headline(results, os.path.join(os.path.dirname(path), "gemm_headline.md"))
-    try:
-        from plot import plot
-
-        print(f"plot: {plot(path)}")
-    except Exception as exc:  # noqa: BLE001  (matplotlib missing: the CSV is the result)
-        print(f"plot skipped: {type(exc).__name__}: {exc}")
+    print(f"plot: {plot_csv(path)}")
     return 0
 
 

@@ -24,6 +24,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "simulator" if SIMULA
 
 
 def pytest_collection_modifyitems(config, items):
+    # The compile check's child process starts at collection and compiles on the second core;
+    # its tests wait for it, so they run last, after the simulator tests.
+    items.sort(key=lambda item: item.module.__name__.endswith("test_compile_check"))
     if not SIMULATOR:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU: part of the GPU suite (pytest -m gpu)")

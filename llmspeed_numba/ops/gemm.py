@@ -440,27 +440,17 @@ def _address(buf):
     return buf.ptr if hasattr(buf, "ptr") else buf.ctypes.data
 
 
-def _input(t):
-    """Kernel buffer of a read-only operand. The simulator copies every array argument in and
-    back out after the launch, so an input sharing memory with the output (``out=c``, or a
-    placeholder for an absent ``c``) would be written back over the result: give it a copy."""
-    buf = kernel_buffer(t)
-    return buf.copy() if SIMULATOR else buf
-
-
 def _launch_reduce(p, ws, splits):
     c_dtype = p.tc.dtype if p.tc is not None else None
     bias_dtype = p.tbias.dtype if p.tbias is not None else None
     kernel = _splitk_reduce_kernel(p.out_dtype, c_dtype, bias_dtype, p.act)
     out_buf = kernel_buffer(p.to)
     total = p.M * p.N
-    if SIMULATOR:
-        ws = ws.copy()
     blocks = max(1, min(_cdiv(total, _REDUCE_THREADS), 8 * sm_count()))
     sc = p.tc.strides if p.tc is not None else (0, 0)
     kernel(blocks, _REDUCE_THREADS,
-           (ws, out_buf, _input(p.tc if p.tc is not None else p.to),
-            _input(p.tbias if p.tbias is not None else p.to),
+           (ws, out_buf, kernel_buffer(p.tc if p.tc is not None else p.to),
+            kernel_buffer(p.tbias if p.tbias is not None else p.to),
             p.M, p.N, splits, p.to.strides[0], p.to.strides[1], sc[0], sc[1], p.alpha, p.beta),
            p.stream)
 
@@ -481,8 +471,8 @@ def _run(p, cfg):
         kernel = _gemm_kernel(cfg, p.a_k_inner, p.b_k_inner, a_vec, b_vec, p.ta.dtype,
                               p.out_dtype, c_dtype, bias_dtype, p.act)
         out_buf = kernel_buffer(p.to)
-        c_buf = _input(p.tc if p.tc is not None else p.to)
-        bias_buf = _input(p.tbias if p.tbias is not None else p.to)
+        c_buf = kernel_buffer(p.tc if p.tc is not None else p.to)
+        bias_buf = kernel_buffer(p.tbias if p.tbias is not None else p.to)
         so_m, so_n = p.to.strides
         sc = p.tc.strides if p.tc is not None else (0, 0)
         alpha, beta = p.alpha, p.beta
@@ -492,7 +482,7 @@ def _run(p, cfg):
                               "float32", None, None, None)
         workspace = empty(p.ta, (splits * p.M * p.N,), "float32")
         out_buf = kernel_buffer(tensor(workspace, "workspace"))
-        c_buf = bias_buf = _input(tensor(workspace, "workspace"))
+        c_buf = bias_buf = kernel_buffer(tensor(workspace, "workspace"))
         so_m, so_n = p.N, 1
         sc = (0, 0)
         alpha, beta = 1.0, 0.0
@@ -501,7 +491,7 @@ def _run(p, cfg):
     # which are whole rows of the workspace)
     out_vec = int(so_n == 1 and so_m % width == 0 and _address(out_buf) % 16 == 0)
     kernel((tiles_m * tiles_n, splits), cfg.threads,
-           (_input(p.ta), _input(p.tb), out_buf, c_buf, bias_buf,
+           (kernel_buffer(p.ta), kernel_buffer(p.tb), out_buf, c_buf, bias_buf,
             p.M, p.N, p.K, p.lda, p.ldb, so_m, so_n, p.M * p.N, sc[0], sc[1], alpha, beta,
             k_split, tiles_m, tiles_n, out_vec),
            p.stream, cfg.shared_bytes())
