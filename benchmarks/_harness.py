@@ -109,6 +109,32 @@ def time_gpu(fn, warmup=3, rep=20, flush_l2=True, hide_host=True):
     return {"median": statistics.median(times), "p20": q(0.2), "p80": q(0.8)}
 
 
+def graphed(fn):
+    """A CUDA graph replaying one call of ``fn`` (after warm-ups, so workspaces and library
+    handles exist before capture), or None if ``fn`` cannot be captured (time it eagerly)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            fn()
+    except Exception as exc:  # noqa: BLE001
+        torch.cuda.synchronize()
+        print(f"  (graph capture failed, timing eagerly: {type(exc).__name__}: {exc})")
+        return None
+    torch.cuda.synchronize()
+    g._keep = fn  # the closure's tensors must outlive the graph
+    return g.replay
+
+
 def copy_bandwidth(nbytes=2 << 30):
     """Device-to-device copy GB/s (read + write bytes) of a ``nbytes`` fp16 buffer."""
     import torch

@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _harness import RESULTS_DIR, Results, copy_bandwidth, plot_csv, time_gpu  # noqa: E402
+from _harness import RESULTS_DIR, Results, copy_bandwidth, graphed, plot_csv, time_gpu  # noqa: E402
 
 from llmspeed_numba.ops.activations import gelu, gelu_and_mul, silu_and_mul  # noqa: E402
 from llmspeed_numba.ops.layer_norm import layer_norm  # noqa: E402
@@ -46,31 +46,6 @@ KV_HEADS = 8
 VOCAB_ROWS, VOCAB = 64, 128256
 TEMPERATURE = 0.7
 TARGET_COPY_FRACTION = 0.85
-
-
-def graphed(fn):
-    """A CUDA graph replaying one call of ``fn`` (after a warm-up), or None if capture fails."""
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    try:
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g):
-            fn()
-    except Exception as exc:  # noqa: BLE001  (cannot be captured: time eagerly)
-        torch.cuda.synchronize()
-        print(f"  (graph capture failed, timing eagerly: {type(exc).__name__}: {exc})")
-        return None
-    torch.cuda.synchronize()
-    g._keep = fn  # the closure's tensors must outlive the graph
-    return g.replay
 
 
 def timed(fn, eager):

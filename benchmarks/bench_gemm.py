@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _harness import Results, plot_csv, time_gpu
+from _harness import Results, graphed, plot_csv, time_gpu
 
 from llmspeed_numba.ops.gemm import LARGE_CANDIDATES, SMALL_M_CANDIDATES, gemm
 
@@ -49,30 +49,6 @@ SWEEP_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 4096, 4096), (128
 
 def tflops(M, N, K, timing):
     return 2.0 * M * N * K / (timing["median"] * 1e-3) / 1e12
-
-
-def graphed(fn):
-    """A CUDA graph replaying one call of ``fn`` (after a warm-up), or None if capture fails."""
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    try:
-        with torch.cuda.stream(s):
-            fn()  # warm-up on the capture stream (workspace allocations, cuBLAS handles)
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g):
-            fn()
-    except Exception as exc:  # noqa: BLE001  (a baseline that cannot be captured: time eagerly)
-        torch.cuda.synchronize()
-        print(f"  (graph capture failed, timing eagerly: {type(exc).__name__}: {exc})")
-        return None
-    torch.cuda.synchronize()
-    return g.replay
 
 
 def timed(fn, eager):
