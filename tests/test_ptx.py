@@ -308,3 +308,18 @@ def test_rcp_approx(rng):
     # rcp.approx.ftz.f32: max error 1 ulp (PTX ISA); subnormal results flush to 0
     assert np.all(np.abs(y[normal] - expected[normal]) <= 2.0 ** -22 * np.abs(expected[normal]))
     assert np.all(np.abs(y[~normal]) <= np.finfo(np.float32).tiny)
+
+
+@cuda.jit
+def _shfl_idx_kernel(x, src, y):
+    lane = cuda.threadIdx.x
+    y[lane] = ptx.shfl_idx_i32(x[lane], src[lane])
+
+
+def test_shfl_idx(rng):
+    x = rng.integers(-2**31, 2**31, size=64).astype(np.int32)
+    src = rng.integers(0, 32, size=64).astype(np.int32)  # each lane reads any lane of its warp
+    y = np.zeros_like(x)
+    _shfl_idx_kernel[1, 64](x, src, y)
+    warp_base = (np.arange(64) // 32) * 32
+    np.testing.assert_array_equal(y, x[warp_base + src])
