@@ -1,6 +1,14 @@
 """Command line: ``python -m llmspeed_numba {info,demo,compile-check}``."""
 
+import os
 import sys
+
+
+def _rerun_in_simulator(argv):
+    """numba picks the simulator at import, from the environment: on a machine without a GPU,
+    start this command again with ``NUMBA_ENABLE_CUDASIM=1``."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    os.execve(sys.executable, [sys.executable, "-m", "llmspeed_numba", *argv], env)
 
 
 def main(argv=None):
@@ -12,6 +20,10 @@ def main(argv=None):
         print_info()
         return 0
     if command == "demo":
+        from ._env import SIMULATOR, have_gpu
+
+        if not SIMULATOR and not have_gpu():
+            _rerun_in_simulator(argv or ["demo"])
         from ._demo import run_demo
 
         return run_demo(argv[1:])
