@@ -60,15 +60,23 @@ def gpu_name():
 
 
 class _Flusher:
-    """Writes a buffer larger than the L2 before each timed call."""
+    """Reads a buffer larger than the L2 before each timed call. A read, not a write: writing
+    it (as this did up to c111c38) left the L2 full of dirty lines, whose write-back (~50 MB)
+    then landed inside the timed call, adding ~10 us to every flushed time - most visible on
+    small calls (softmax 64 x 128256, decode at batch 1) for ours and the baselines alike. The
+    read evicts every earlier line (writing back dirty ones before the timed region) and leaves
+    clean lines that are dropped for free."""
 
     def __init__(self, nbytes=256 << 20):
         import torch
 
-        self.buf = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda")
+        self.buf = torch.ones(nbytes // 4, dtype=torch.int32, device="cuda")
+        self.sink = torch.empty((), dtype=torch.int64, device="cuda")
 
     def __call__(self):
-        self.buf.zero_()
+        import torch
+
+        torch.sum(self.buf, dtype=torch.int64, out=self.sink)
 
 
 _FLUSHER = None

@@ -206,6 +206,11 @@ def main(argv=None):
     parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     parser.add_argument("--sweep", action="store_true",
                         help="also time every SWEEP_CONFIGS entry on the headline shapes")
+    parser.add_argument("--configs", default=None,
+                        help="with --sweep: only these configurations, on the head-dim 128 shape "
+                             "(e.g. '4,1,64,3;4,1,64,0')")
+    parser.add_argument("--sweep-only", action="store_true",
+                        help="with --sweep: skip the main cases")
     args = parser.parse_args(argv)
 
     import torch
@@ -213,19 +218,23 @@ def main(argv=None):
     dtype = getattr(torch, args.dtype)
     reps = 5 if args.quick else 20
     results = Results("flash_attn")
-    shapes = SHAPES[:1] if args.quick else SHAPES
+    shapes = [] if args.sweep_only else SHAPES[:1] if args.quick else SHAPES
     for batch, nheads, nheads_k, seqlen, headdim in shapes:
         for causal in (False, True):
             bench_batched(results, batch, nheads, nheads_k, seqlen, headdim, causal, dtype, reps)
     batch, nheads, nheads_k, seqlen, headdim = GQA_SHAPE
-    for causal in ((True,) if args.quick else (False, True)):
+    for causal in (() if args.sweep_only else (True,) if args.quick else (False, True)):
         bench_batched(results, batch, nheads, nheads_k, seqlen, headdim, causal, dtype, reps,
                       label=f"GQA {'causal' if causal else 'non-causal'}")
-    for causal in ((True,) if args.quick else (False, True)):
+    for causal in (() if args.sweep_only else (True,) if args.quick else (False, True)):
         bench_varlen(results, VARLEN_LENGTHS, VARLEN_HEADS, VARLEN_HEADDIM, causal, dtype, reps)
     if args.sweep:
+        configs = SWEEP_CONFIGS if args.configs is None else [
+            tuple(int(v) for v in c.split(",")) for c in args.configs.split(";")]
         for batch, nheads, nheads_k, seqlen, headdim in SHAPES[:2]:
-            for config in SWEEP_CONFIGS:
+            for config in configs:
+                if args.configs is not None and headdim != 128:
+                    continue
                 for causal in (False, True):
                     try:
                         bench_batched(results, batch, nheads, nheads_k, seqlen, headdim, causal,

@@ -79,6 +79,26 @@ def main():
         lambda: warp_tile_matmul(a_t, b_t))
 
     from llmspeed_numba._arrays import stream_handle
+    from llmspeed_numba._launch import PreparedLaunch, _libcuda
+
+    # Floors: what one bare driver call costs from Python on this host (both entry points, every
+    # argument ready), and what torch's own C++ launch path costs for a one-kernel op.
+    prepared = PreparedLaunch(kernel, 1, 32, (buf, 16))
+    _, _, config_address, params_address, _ = prepared._site()
+    launch_ex, handle = prepared._launch, prepared.handle
+    launch = _libcuda()
+    floors = {
+        "python no-op call": lambda: None,
+        "ctypes cuLaunchKernel, args ready": lambda: launch(
+            handle, 1, 1, 1, 32, 1, 1, 0, 0, params_address, None),
+        "ctypes cuLaunchKernelEx, args ready": lambda: launch_ex(
+            config_address, handle, params_address, None),
+        "PreparedLaunch replay": lambda: prepared((buf.ptr,), 0),
+        "torch x.add_(1) (C++ launch)": lambda: x_torch.add_(1),
+        "torch.empty(16, 8)": lambda: torch.empty(16, 8, device="cuda"),
+    }
+    for label, fn in floors.items():
+        print(f"floor {label:<40} {per_call_us(fn):7.2f} us")
 
     t = as_tensor(x_torch, "x")
     for label, fn in (("as_tensor(torch)", lambda: as_tensor(x_torch, "x")),

@@ -21,6 +21,7 @@ def info():
         "cuda-bindings": _version("cuda-bindings"),
         "target": "CUDA simulator" if SIMULATOR else ("GPU" if have_gpu() else "no GPU found"),
         "ptx backend": ptx.BACKEND,
+        "NVVM / nvJitLink": _toolchain(),
         "kernel cache dir": _cache_dir(),
     }
     if have_gpu():
@@ -33,6 +34,24 @@ def info():
             "shared memory per block (opt-in)": dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         })
     return facts
+
+
+def _toolchain():
+    """NVVM and nvJitLink versions: they decide the SASS (registers, spills) a kernel gets."""
+    found = []
+    try:
+        from numba.cuda.cudadrv import nvvm
+
+        found.append("NVVM %d.%d" % nvvm.NVVM().get_version())
+    except Exception as exc:  # noqa: BLE001 - informational only
+        found.append(f"NVVM unavailable ({type(exc).__name__})")
+    try:
+        from cuda.bindings import nvjitlink
+
+        found.append("nvJitLink %d.%d" % nvjitlink.version())
+    except Exception as exc:  # noqa: BLE001
+        found.append(f"nvJitLink unavailable ({type(exc).__name__})")
+    return ", ".join(found)
 
 
 def _version(dist):

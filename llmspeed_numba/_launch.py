@@ -62,20 +62,41 @@ class _ParamBlock:
         self.address = ctypes.addressof(self.pointers)
 
 
-_LIBCUDA = None
+_LIBCUDA = {}
 
 
 def _libcuda():
-    global _LIBCUDA
-    if _LIBCUDA is None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuLaunchKernel
+    """ctypes ``cuLaunchKernel`` (argument conversions set once)."""
+    fn = _LIBCUDA.get("cuLaunchKernel")
+    if fn is None:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
         u = ctypes.c_uint
         fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p,
                        ctypes.c_void_p]
         fn.restype = ctypes.c_int
-        _LIBCUDA = fn
-    return _LIBCUDA
+        _LIBCUDA["cuLaunchKernel"] = fn
+    return fn
+
+
+def _libcuda_ex():
+    """ctypes ``cuLaunchKernelEx``: four pointer arguments instead of eleven, the grid, block,
+    shared bytes and stream living in a ``CUlaunchConfig`` written once per launch site, so a
+    replay converts fewer Python objects."""
+    fn = _LIBCUDA.get("cuLaunchKernelEx")
+    if fn is None:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+        p = ctypes.c_void_p
+        fn.argtypes = [p, p, p, p]
+        fn.restype = ctypes.c_int
+        _LIBCUDA["cuLaunchKernelEx"] = fn
+    return fn
+
+
+class _LaunchConfig(ctypes.Structure):
+    """The driver's ``CUlaunchConfig`` (no launch attributes)."""
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
 
 
 class Kernel:
@@ -199,9 +220,10 @@ class Kernel:
 
 class PreparedLaunch:
     """One launch of ``kernel`` with every parameter packed once: later calls patch only the
-    buffers' data pointers and the stream, and call the driver. For hot ops, whose Python work
-    (reading arrays, validating, packing) otherwise costs more than their kernels: an op keys
-    these on its call signature (shapes, strides, dtypes, options) and replays them."""
+    buffers' data pointers and the stream, and call the driver (``cuLaunchKernelEx``, its launch
+    configuration prepared too). For hot ops, whose Python work (reading arrays, validating,
+    packing) otherwise costs more than their kernels: an op keys these on its call signature
+    (shapes, strides, dtypes, options) and replays them."""
 
     def __init__(self, kernel, grid, block, args, shared_bytes=0):
         if SIMULATOR:
@@ -226,19 +248,28 @@ class PreparedLaunch:
         self.template = (ctypes.c_uint64 * self.words)()
         kernel._struct.pack_into(self.template, 0, *flat)
         self._local = threading.local()
+        self._launch = _libcuda_ex()
+
+    def _site(self):
+        """This thread's parameter block and launch configuration: the driver reads both during
+        the call, with the GIL released, so threads must not share them."""
+        params = _ParamBlock(self.words)
+        ctypes.memmove(params.values, self.template, 8 * self.words)
+        config = _LaunchConfig(self.grid, self.block, self.shared, None, None, 0)
+        site = self._local.site = (params.values, config, ctypes.addressof(config),
+                                   params.address, params)
+        return site
 
     def __call__(self, pointers, stream):
         """Launch with the buffers' new data pointers (in parameter order) on ``stream``."""
-        params = getattr(self._local, "params", None)
-        if params is None:
-            params = self._local.params = _ParamBlock(self.words)
-            ctypes.memmove(params.values, self.template, 8 * self.words)
-        values = params.values
+        try:
+            values, config, config_address, params_address, _ = self._local.site
+        except AttributeError:
+            values, config, config_address, params_address, _ = self._site()
         for word, ptr in zip(self.pointer_words, pointers):
             values[word] = ptr
-        g, b = self.grid, self.block
-        err = _libcuda()(self.handle, g[0], g[1], g[2], b[0], b[1], b[2], self.shared, stream,
-                         params.address, None)
+        config.stream = stream
+        err = self._launch(config_address, self.handle, params_address, None)
         if err:
             _check_code(err, f"launch of {self.name}")
 

@@ -14,7 +14,7 @@ from numba import types
 
 from .. import compile_check, ptx
 from .._arrays import (empty, kernel_buffer, stream_handle, torch_current_stream,
-                      torch_signature)
+                      torch_signature, torch_tensor_type)
 from .._checks import contiguous, output, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, PreparedLaunch, array1d, jit
@@ -80,25 +80,26 @@ _PLANS = {}
 
 
 def _fast_call(a, b, out, stream):
-    """The recorded launch of this call's signature, or None (not torch, or not seen yet)."""
-    if SIMULATOR or type(a).__module__ != "torch" or type(b).__module__ != "torch":
-        return None
-    if out is not None and type(out).__module__ != "torch":
+    """The recorded launch of this call's signature, or None (not torch), or the signature's key
+    (not seen yet)."""
+    tensor_type = torch_tensor_type()
+    if (SIMULATOR or tensor_type is None or type(a) is not tensor_type
+            or type(b) is not tensor_type or (out is not None and type(out) is not tensor_type)):
         return None
     key = (torch_signature(a), torch_signature(b),
            None if out is None else torch_signature(out), stream is None)
     plan = _PLANS.get(key)
     if plan is None:
         return key
-    launch, out_device = plan
+    launch, device_index = plan
     a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
     if (a_ptr | b_ptr) & 15:
         return key  # cp.async needs 16-byte aligned rows: the checked path raises
     if out is None:
         import torch
 
-        out = torch.empty((TILE_M, TILE_N), dtype=torch.float32, device=out_device)
-    handle = torch_current_stream(out_device.index) if stream is None else stream_handle(stream)
+        out = torch.empty((TILE_M, TILE_N), dtype=torch.float32, device=device_index)
+    handle = torch_current_stream(device_index) if stream is None else stream_handle(stream)
     launch((a_ptr, b_ptr, out.data_ptr()), handle)
     return out
 
@@ -132,7 +133,7 @@ def warp_tile_matmul(a, b, *, out=None, stream=None):
     args = (kernel_buffer(ta), kernel_buffer(tb), kernel_buffer(to), k_total)
     kernel(1, 32, args, stream_handle(stream, (ta, tb)), SHARED_BYTES)
     if fast is not None:  # first call of this torch signature: record it
-        _PLANS[fast] = (PreparedLaunch(kernel, 1, 32, args, SHARED_BYTES), to.obj.device)
+        _PLANS[fast] = (PreparedLaunch(kernel, 1, 32, args, SHARED_BYTES), ta.obj.get_device())
     return out
 
 
