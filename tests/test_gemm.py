@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from llmspeed_numba import SIMULATOR
@@ -229,11 +229,51 @@ def test_k_zero(rng):
 _SIZE = 40 if SIMULATOR else 300
 
 
+# On the GPU nearly every new epilogue (dtype x layout x out dtype x beta != 0 x bias x
+# activation) is a new kernel specialisation, a compile of seconds: examples draw it from this
+# fixed list, which holds every value of each (the input dtype cycles through the test's
+# dtypes), and each entry also runs once as an explicit example (``_gpu_examples``). Shapes,
+# alpha and beta's non-zero value stay free. (layout, out_dtype, beta != 0, bias, activation)
+_GPU_EPILOGUES = (("NN", None, False, False, None), ("NT", "float16", True, True, "relu"),
+                  ("TN", "bfloat16", True, False, "gelu"), ("TT", "float32", False, True, "silu"))
+# one shape per heuristic class (M <= 16 with split-K, <= 32, <= 64, large), mixed alignment
+_GPU_EXAMPLE_SHAPES = ((7, 300, 296), (29, 64, 40), (61, 257, 136), (200, 131, 77))
+
+
+def _gpu_epilogues(dtypes):
+    return [(dtypes[i % len(dtypes)],) + e for i, e in enumerate(_GPU_EPILOGUES)]
+
+
+def _gpu_examples(dtypes):
+    """On the GPU, each ``_gpu_epilogues`` entry once as an explicit example, so every value is
+    covered whatever hypothesis draws; under the simulator the test is returned unchanged."""
+    def decorate(test):
+        if SIMULATOR:
+            return test
+        for i, (dtype, layout, out_dtype, beta_on, bias, activation) in enumerate(
+                _gpu_epilogues(dtypes)):
+            M, N, K = _GPU_EXAMPLE_SHAPES[i]
+            test = example({"M": M, "N": N, "K": K, "dtype": dtype, "layout": layout,
+                            "out_dtype": out_dtype, "alpha": 0.5,
+                            "beta": 1.0 if beta_on else 0.0, "bias": bias,
+                            "activation": activation, "seed": i})(test)
+        return test
+
+    return decorate
+
+
 @st.composite
 def problems(draw, dtypes, max_size=_SIZE):
     M = draw(st.integers(1, max_size))
     N = draw(st.integers(1, max_size))
     K = draw(st.integers(1, max_size))
+    if not SIMULATOR:
+        dtype, layout, out_dtype, beta_on, bias, activation = draw(
+            st.sampled_from(_gpu_epilogues(dtypes)))
+        return {"M": M, "N": N, "K": K, "dtype": dtype, "layout": layout,
+                "out_dtype": out_dtype, "alpha": draw(st.sampled_from([1.0, 0.5, -1.5])),
+                "beta": draw(st.sampled_from([1.0, -0.25])) if beta_on else 0.0,
+                "bias": bias, "activation": activation, "seed": draw(st.integers(0, 2**31))}
     return dict(
         M=M, N=N, K=K, dtype=draw(st.sampled_from(dtypes)),
         layout=draw(st.sampled_from(LAYOUTS)),
@@ -257,14 +297,16 @@ def _run_problem(pr, config):
                   out_dtype=pr["out_dtype"], **epi)
 
 
-@settings(max_examples=6 if SIMULATOR else 20)
+@settings(max_examples=6 if SIMULATOR else 8)  # GPU: + 4 explicit examples
+@_gpu_examples(("float16", "bfloat16", "float32"))
 @given(problems(("float16", "bfloat16", "float32"), max_size=24 if SIMULATOR else _SIZE))
 def test_hypothesis_simt(pr):
     _run_problem(pr, SIM_SIMT if SIMULATOR else None if pr["dtype"] == "float32"
                  else "simt_64x64x8_t4x4")
 
 
-@settings(max_examples=6 if SIMULATOR else 25)
+@settings(max_examples=6 if SIMULATOR else 8)  # GPU: + 4 explicit examples
+@_gpu_examples(("float16", "bfloat16"))
 @given(problems(("float16", "bfloat16"), max_size=24 if SIMULATOR else _SIZE))
 def test_hypothesis_tensor_core(pr):
     _run_problem(pr, SIM_TC if SIMULATOR else None)
@@ -518,7 +560,8 @@ def test_gpu_cuda_graph_capture(rng):
 
 
 @pytest.mark.gpu
-@settings(max_examples=15)  # each new epilogue combination is a kernel compile
+@settings(max_examples=8)  # + 4 explicit examples; each new specialisation is a compile
+@_gpu_examples(("float16", "bfloat16"))
 @given(problems(("float16", "bfloat16"), max_size=300))
 def test_gpu_hypothesis_small_tiles_on_hardware(pr):
     """The simulator's tile configuration on the hardware: ties the twins to the GPU."""

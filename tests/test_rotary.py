@@ -150,8 +150,8 @@ def test_rotary_bad_inputs(rng):
     with pytest.raises(TypeError, match="cos_sin_cache: expected dtype in"):
         rotary_embedding(q, k, pos, cos_sin_cache=dev(np.ones((8, 16), np.int32)))
     with pytest.raises(ValueError, match="q: expected the last dimension to be contiguous"):
-        rotary_embedding(dev(random_array((2, 16, 4), "float16", rng)).transpose(0, 2, 1), k,
-                         pos)
+        # swapaxes: the same call for a NumPy array (simulator) and a torch tensor (GPU)
+        rotary_embedding(dev(random_array((2, 16, 4), "float16", rng)).swapaxes(1, 2), k, pos)
 
 
 # ---- GPU: real sizes ------------------------------------------------------------------------
@@ -175,6 +175,31 @@ def test_rotary_gpu_hypothesis(style, tokens, nh_q, nh_k, headdim, partial, dtyp
 @pytest.mark.gpu
 @pytest.mark.parametrize("style", ["neox", "gptj"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rotary_gpu_benchmark_shape(style, dtype, rng):
-    _case(rng, 8192, 32, 8, 128, dtype, style, max_pos=8192)
-    _case(rng, 8192, 32, 8, 128, dtype, style, max_pos=8192, cache="float32")
+def test_rotary_gpu_benchmark_shape(style, dtype, rng, bench_data):
+    """8192 tokens of a packed qkv (32 q, 8 k, 8 v heads of 128), computed and cached cos /
+    sin: q and k checked finite and v unchanged on every token, the float64 reference on 66
+    tokens (first, last, 64 random; see ``BenchmarkData`` in conftest.py). Tokens are rotated
+    independently (by their own position) with the same code, so each sampled token checks
+    every head and every dimension."""
+    for cache in (None, "float32"):
+        _benchmark_case(bench_data, rng, 8192, 32, 8, 128, dtype, style, cache=cache,
+                        max_pos=8192)
+
+
+def _benchmark_case(bench, rng, tokens, nh_q, nh_k, headdim, dtype, style, *, cache, max_pos):
+    qkv = bench.normal((tokens, nh_q + 2 * nh_k, headdim), dtype)
+    before = qkv.clone()
+    q, k = qkv[:, :nh_q], qkv[:, nh_q:nh_q + nh_k]
+    positions_h = rng.integers(0, max_pos, size=tokens).astype(np.int64)
+    cache_h = None if cache is None else ref.rotary_cache(max_pos, headdim, dtype=cache)
+    got_q, got_k = rotary_embedding(q, k, dev(positions_h), style=style,
+                                    cos_sin_cache=None if cache_h is None else dev(cache_h))
+    assert got_q is q and got_k is k
+    bench.assert_finite(qkv[:, :nh_q + nh_k], "q and k")
+    bench.assert_same_bits(qkv[:, nh_q + nh_k:], before[:, nh_q + nh_k:], "v")
+    rows = bench.rows(tokens)
+    after, x, positions = bench.take(qkv, rows), bench.take(before, rows), positions_h[rows]
+    for name, hs in (("q", slice(0, nh_q)), ("k", slice(nh_q, nh_q + nh_k))):
+        expected = ref.rotary(x[:, hs], positions, headdim, style, cos_sin_cache=cache_h)
+        plain = ref.rotary_plain(x[:, hs], positions, headdim, style, cos_sin_cache=cache_h)
+        derived_check(after[:, hs].astype(np.float64), expected, plain, name=name)

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The whole test suite on the GPU machine, in two phases.
+#   warm:  the suite's node ids spread over $BUCKETS (14) pytest processes run in parallel, so
+#          every kernel the suite needs is compiled into numba's disk cache at once (a bare
+#          machine has none, and one process compiles one kernel at a time). Buckets hold
+#          tests, not files (test_gemm alone outlasted the phase's limit), balanced by rough
+#          weights in seconds (weight() below), heaviest first, each to the lightest bucket.
+#          test_compile_check is a bucket of its own, started first: its child compiles every
+#          registered kernel (3-4 min) and warms nothing. One summary line per bucket (logs:
+#          suite/bucket_NN.log; each bucket's node ids: suite/buckets/bucket_NN.txt).
+#   whole: the documented command, `python -m pytest -q tests`, in one process, on that cache.
+#   bash benchmarks/gpu_suite.sh [warm|whole|both]       logs under $OUT
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/suite"
+phase=${1:-both}
+if [ "$phase" != whole ]; then
+    start=$(date +%s)
+    list="$OUT/suite/buckets"; rm -rf "$list"; mkdir -p "$list"
+    timeout "${WARM_LIMIT:-420}" python -m pytest -q tests/test_compile_check.py --durations=8 \
+        -p no:cacheprovider > "$OUT/suite/compile_check.log" 2>&1 &
+    # node ids, and which are hypothesis tests (the hypothesis plugin marks them); the compile
+    # check module is left out: importing it starts its child
+    collect="python -m pytest --collect-only -q -p no:cacheprovider tests"
+    collect="$collect --ignore=tests/test_compile_check.py"
+    $collect > "$list/all.txt" 2>&1
+    $collect -m hypothesis > "$list/hypothesis.txt" 2>&1
+    python - "$list" "${BUCKETS:-14}" <<'EOF'
+import sys
+
+folder, n = sys.argv[1], int(sys.argv[2])
+
+
+def node_ids(name):
+    return [line.strip() for line in open(f"{folder}/{name}") if "::" in line]
+
+
+hypothesis = set(node_ids("hypothesis.txt"))
+
+
+def weight(node):
+    """Rough seconds on a bare machine (the last per-file logs): a hypothesis test compiles
+    many kernel specialisations, GEMM's the most (each example a new epilogue); another test
+    a kernel or two, a GEMM test one configuration (several seconds)."""
+    gemm = node.startswith("tests/test_gemm.py")
+    if node in hypothesis:
+        return 60 if gemm else 30
+    return 5 if gemm else 2
+
+
+# longest first, each to the least loaded bucket
+buckets = [[] for _ in range(n)]
+load = [0] * n
+for node in sorted(node_ids("all.txt"), key=weight, reverse=True):
+    b = load.index(min(load))
+    buckets[b].append(node)
+    load[b] += weight(node)
+for b, nodes in enumerate(buckets):
+    with open(f"{folder}/bucket_{b:02d}.txt", "w") as f:
+        f.write("".join(node + "\n" for node in nodes))
+print(f"{sum(map(len, buckets))} tests ({len(hypothesis)} hypothesis) in {n} buckets")
+EOF
+    for f in "$list"/bucket_*.txt; do
+        name=$(basename "$f" .txt)
+        mapfile -t ids < "$f"
+        [ "${#ids[@]}" -gt 0 ] || continue
+        timeout "${WARM_LIMIT:-420}" python -m pytest -q "${ids[@]}" --durations=8 \
+            -p no:cacheprovider > "$OUT/suite/$name.log" 2>&1 &
+    done
+    wait
+    echo "warm phase: $(( $(date +%s) - start )) s"
+    for f in "$OUT"/suite/*.log; do echo "$(basename "$f" .log): $(tail -n 1 "$f")"; done
+fi
+if [ "$phase" != warm ]; then
+    timeout "${WHOLE_LIMIT:-560}" python -m pytest -q tests --durations=20 -p no:cacheprovider \
+        2>&1 | tee "$OUT/suite/whole.log" | tail -n 45
+fi
+tar -czf "$OUT/suite_logs.tgz" -C "$OUT" suite
