@@ -143,14 +143,25 @@ def graphed(fn):
     return g.replay
 
 
-def copy_bandwidth(nbytes=2 << 30):
-    """Device-to-device copy GB/s (read + write bytes) of a ``nbytes`` fp16 buffer."""
+def copy_bandwidth(nbytes=2 << 30, *, flush_l2=False, graph=False):
+    """Device-to-device copy GB/s (read + write bytes) of a ``nbytes`` fp16 buffer.
+
+    The default is the 2 GiB reference: L2 not flushed (the buffer dwarfs it), timed eagerly.
+    For a copy of the same size as an op (``nbytes`` = half the op's bytes moved, so the copy
+    moves as many), time it as the op is: ``flush_l2=True`` and ``graph=True`` (replayed from a
+    CUDA graph). At tens of MB the launch, the ramp and the dirty lines the L2 flush leaves (each
+    evicted line is written back during the timed call) weigh as much as the transfer."""
     import torch
 
-    src = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").normal_()
+    src = torch.empty(max(nbytes // 2, 1), dtype=torch.float16, device="cuda").normal_()
     dst = torch.empty_like(src)
-    t = time_gpu(lambda: dst.copy_(src), flush_l2=False)
-    return 2 * nbytes / (t["median"] * 1e-3) / 1e9
+
+    def fn():
+        dst.copy_(src)
+
+    replay = graphed(fn) if graph else None
+    t = time_gpu(replay or fn, flush_l2=flush_l2)
+    return 2 * 2 * src.numel() / (t["median"] * 1e-3) / 1e9
 
 
 class Results:

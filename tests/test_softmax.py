@@ -1,5 +1,7 @@
-"""softmax (fused single-pass and split-row two-kernel paths) and argmax (single block per row
-and split rows merged by atomics) against float64 references, including the special rows."""
+"""softmax (fused single-pass; split rows in one kernel, span in registers or streamed, or in two
+kernels) and argmax (single block per row and split rows merged by atomics) against float64
+references, including the special rows; the split paths agree bit for bit, whether a block waits
+for its row or computes the other spans itself, and leave their counters zero."""
 
 import numpy as np
 import pytest
@@ -52,6 +54,7 @@ def _softmax_case(rng, shape, dtype, *, temperature=1.0, out_dtype=None, offset=
     derived_check(host(got), ref.softmax(x_h, temperature),
                   ref.softmax_plain(x_h, temperature, odt), name="softmax")
     np.testing.assert_array_equal(host(x).view(np.uint8), x_h.view(np.uint8))
+    return host(got)
 
 
 def _argmax_case(rng, shape, dtype, offset=0, ties=False):
@@ -103,13 +106,89 @@ def test_argmax_special_values_and_ties(path):
             [0.0] * 10 + [nan] + [9.0] * 28 + [nan],           # NaN is the max: 10
             [-0.0, 0.0] + [-1.0] * 38,                         # -0 == 0: 0
             [-5.0] * 39 + [inf],                               # 39
-            [3.0] * 17 + [4.0] + [2.0] * 10 + [4.0] * 12]      # first of the max: 17
+            [3.0] * 17 + [4.0] + [2.0] * 10 + [4.0] * 12,      # first of the max: 17
+            [-inf] * 9 + [-5.0] * 31,                          # after -inf chunks: 9
+            [7.0] * 4 + [-inf, inf, 1.0, 2.0] + [0.0] * 32,    # inf - inf in a chunk's sum: 5
+            [nan] + [1.0] * 38 + [nan]]                        # the first NaN: 0
     x_h = np.array(rows, np.float32)
-    want = [0, 0, 10, 0, 39, 17]
+    want = [0, 0, 10, 0, 39, 17, 9, 5, 0]
     np.testing.assert_array_equal(host(argmax(dev(x_h))), want)
     # again (the split path's per-row keys and tickets were reset), and as fp16
     np.testing.assert_array_equal(host(argmax(dev(x_h))), want)
     np.testing.assert_array_equal(host(argmax(dev(x_h.astype(np.float16)))), want)
+
+
+@pytest.fixture
+def small_split(monkeypatch):
+    """Simulator-sized split rows with 4 blocks a row."""
+    if SIMULATOR:
+        _small(monkeypatch, True)
+    monkeypatch.setattr(sm_mod, "FORCE_SPLITS", 4)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("dtype, shape", [("bfloat16", (1, 203)),   # 25 chunks + a tail of 3
+                                          ("float32", (3, 77))])    # scalar access
+def test_softmax_split_paths_agree(small_split, dtype, shape, rng):
+    # Every split path computes each span's online (max, sum) in the same order and merges the
+    # partials in span order, so they agree bit for bit; a forced fallback (every block computes
+    # the other spans itself, SPIN_POLLS < 0) too. The simulator runs blocks one after another:
+    # there each row's last block is the only one that finds the row complete.
+    x_h = random_array(shape, dtype, rng, scale=4.0)
+    results = {}
+    for path_, polls in (("resident", 2), ("resident", -1), ("streamed", 2), ("two_kernels", 2)):
+        small_split.setattr(sm_mod, "SPLIT_PATH", path_)
+        small_split.setattr(sm_mod, "SPIN_POLLS", polls)
+        out = poison(dev(np.empty(shape, np.float32)))  # fp32: a last-bit difference shows
+        results[path_, polls] = host(softmax(dev(x_h), temperature=0.7, out=out))
+    derived_check(results["resident", 2], ref.softmax(x_h, 0.7),
+                  ref.softmax_plain(x_h, 0.7, "float32"), name="softmax")
+    for key, got in results.items():
+        if SIMULATOR:  # a GPU may contract a product and a sum differently per kernel
+            np.testing.assert_array_equal(got.view(np.uint8), results["resident", 2].view(np.uint8),
+                                          err_msg=str(key))
+        else:
+            derived_check(got, ref.softmax(x_h, 0.7), ref.softmax_plain(x_h, 0.7, "float32"),
+                          name=f"softmax {key}")
+
+
+def test_softmax_split_counters_reset_and_special_rows(small_split):
+    # Two calls on one stream share the row counters: the last block of a row zeroes them.
+    inf = np.inf
+    x_h = np.array([[1.0] * 30 + [-inf] * 30,                 # a span of -inf only: 1/30, 0
+                    [-inf] * 60,                              # all -inf: NaN
+                    [0.0] * 59 + [np.nan]], np.float32)       # a NaN in the last span: NaN
+    for path_ in ("resident", "streamed"):
+        small_split.setattr(sm_mod, "SPLIT_PATH", path_)
+        for _ in range(2):
+            got = host(softmax(dev(x_h)))
+            np.testing.assert_allclose(got[0], [1 / 30] * 30 + [0.0] * 30, rtol=1e-6)
+            assert np.isnan(got[1]).all() and np.isnan(got[2]).all()
+        if SIMULATOR:
+            counts = [v for k, v in sm_mod._WORKSPACE.items() if k[2] == "softmax_counts"]
+            assert counts and all(not np.asarray(c).any() for c in counts)
+
+
+def test_split_plans(monkeypatch):
+    # 64 x 128256 in bf16 (16032 chunks a row) on 132 SMs: registers hold the span when 4 blocks
+    # a row fit at once (two blocks of 512 an SM); otherwise it streams, one wave; fp32 streams.
+    # argmax makes one wave too.
+    monkeypatch.setattr(sm_mod, "sm_count", lambda: 132)
+    monkeypatch.setattr(sm_mod, "SIM_RESIDENT_BLOCKS", 264)
+    bf16, f32 = _rowwise.KIND_BF16, _rowwise.KIND_F32
+    kernels, splits, cpt = sm_mod._softmax_split_plan(64, 16032, bf16, bf16, 8)
+    assert (len(kernels), splits, cpt) == (1, 4, 8)
+    kernels, splits, cpt = sm_mod._softmax_split_plan(64, 32064, f32, f32, 4)
+    assert (splits, cpt) == (4, 0)
+    monkeypatch.setattr(sm_mod, "SIM_RESIDENT_BLOCKS", 200)  # 3 blocks a row fit: streamed
+    kernels, splits, cpt = sm_mod._softmax_split_plan(64, 16032, bf16, bf16, 8)
+    assert (splits, cpt) == (3, 0)
+    monkeypatch.setattr(sm_mod, "SIM_RESIDENT_BLOCKS", 396)
+    assert sm_mod._argmax_plan(64, 16032, bf16, 8)[1:] == (6, 512, 1)
+    assert sm_mod._argmax_plan(1000, 16032, bf16, 8)[1] == 1
+    monkeypatch.setattr(sm_mod, "SPLIT_PATH", "two_kernels")
+    kernels, splits, _ = sm_mod._softmax_split_plan(64, 32064, f32, f32, 4)
+    assert (len(kernels), splits) == (2, 9)
 
 
 def test_argmax_one_dimensional_and_out(rng):
@@ -200,3 +279,20 @@ def test_softmax_argmax_gpu_benchmark_shape(dtype, rng):
     _softmax_case(rng, (64, 128256), dtype)
     _argmax_case(rng, (64, 128256), dtype)
     _argmax_case(rng, (64, 128256), dtype, ties=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split_path", ["auto", "resident", "streamed", "two_kernels"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_gpu_split_paths(split_path, dtype, rng, monkeypatch):
+    # Each split path on the benchmark shape and on few rows (more blocks a row), then with the
+    # fallback forced (every block computes the other spans itself) and repeated calls (the row
+    # counters are reset by each call's last block).
+    if split_path == "resident" and dtype == "float32":
+        pytest.skip("an fp32 row of 128256 does not fit in registers over blocks that fit at once")
+    monkeypatch.setattr(sm_mod, "SPLIT_PATH", split_path)
+    for _ in range(2):
+        _softmax_case(rng, (64, 128256), dtype, temperature=0.7)
+    _softmax_case(rng, (3, 128256), dtype)
+    monkeypatch.setattr(sm_mod, "SPIN_POLLS", -1)
+    _softmax_case(rng, (8, 128256), dtype)

@@ -18,7 +18,10 @@ Kernel: one row per ``threads_per_row`` threads (``_rowwise.row_plan``): the row
 into registers with 16-byte loads where every array is 16-byte aligned (scalar loads otherwise,
 a scalar tail for ``hidden % 8``), reduced with warp shuffles and shared memory, scaled and stored.
 Rows longer than the register budget (over 32768 halves / 16384 floats) stream: the output pass
-re-reads the row (from L2).
+re-reads the row (from L2). Register-held rows issue every load of a pass before any store of it
+(x and residual, then the weight), so each pass waits for memory once: the updated residual is
+stored in the output pass, and the adds run on every chunk slot (dead slots unused), since a load
+used only under a condition, or followed by a possibly aliasing store, is issued in series.
 """
 
 import functools
@@ -58,12 +61,19 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
     row_sum = rw.row_reducer(tpr, rw.add_f32)
     slots = rw.scratch_slots(tpr, rpb)
     nwords = max(cpt, 1) * wpc
+    # the weight's chunks loaded ahead as words, unless they are twice as wide as the row's
+    # (fp32 weights of a half-precision row: twice the registers; loaded beside each store)
+    prefetch_w = cpt > 0 and not (vec > 1 and w_kind == rw.KIND_F32 and x_kind != rw.KIND_F32)
+    load_ww = rw.chunk_words_loader(w_kind, vec)
+    unpack_w = rw.chunk_unpacker(w_kind, vec)
+    nwwords = nwords if prefetch_w else 1
     has_tail = vec > 1
 
     def rms_norm_kernel(x, residual, weight, out, rows, cols, x_stride, r_stride, o_stride, eps):
         scratch = cuda.shared.array(slots, np.float32)
         words = cuda.local.array(nwords, np.uint32)     # the row (or one chunk when streaming)
         rwords = cuda.local.array(nwords, np.uint32)    # the residual chunks
+        wwords = cuda.local.array(nwwords, np.uint32)    # the weight chunks
         a = cuda.local.array(vec, np.float32)
         b = cuda.local.array(vec, np.float32)
         t = cuda.threadIdx.x % tpr
@@ -76,24 +86,29 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
         ss = _F0
 
         if cpt > 0:
-            # every load first (independent, all in flight), then the adds and stores
+            # every load first (independent, all in flight), then the adds; the residual is
+            # stored after the reduction: a store to it here let the compiler sink the next
+            # chunk's residual load behind it (one DRAM round trip a chunk, in series)
             for v in range(cpt):
                 c = v * tpr + t
                 if live and c < chunks:
                     load(x, xo + c * vec, words, v * wpc)
                     if has_residual:
                         load(residual, ro + c * vec, rwords, v * wpc)
+                else:  # defined values for the unconditional adds below
+                    for i in range(wpc):
+                        words[v * wpc + i] = np.uint32(0)
+                        rwords[v * wpc + i] = np.uint32(0)
             for v in range(cpt):
-                c = v * tpr + t
-                if live and c < chunks:
+                # the add unconditional too: a load used only under a condition is sunk into it
+                unpack(words, v * wpc, a)
+                if has_residual:
+                    unpack(rwords, v * wpc, b)
+                    for i in range(vec):
+                        a[i] = a[i] + b[i]
+                    pack(a, words, v * wpc)         # s rounded to x's dtype, kept in registers
                     unpack(words, v * wpc, a)
-                    if has_residual:
-                        unpack(rwords, v * wpc, b)
-                        for i in range(vec):
-                            a[i] = a[i] + b[i]
-                        pack(a, words, v * wpc)     # s rounded to x's dtype, kept in registers
-                        store(residual, ro + c * vec, words, v * wpc)
-                        unpack(words, v * wpc, a)
+                if live and v * tpr + t < chunks:
                     for i in range(vec):
                         ss += a[i] * a[i]
         else:
@@ -135,10 +150,22 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
         inv = _F1 / math.sqrt(total / np.float32(cols) + eps)
 
         if cpt > 0:
+            # every weight chunk before the first store: loaded beside each output store, its
+            # (L2) latency came in series, once a chunk (the store might alias it)
+            if prefetch_w:
+                for v in range(cpt):
+                    c = v * tpr + t
+                    if live and c < chunks:
+                        load_ww(weight, c * vec, wwords, v * wpc)
             for v in range(cpt):
                 c = v * tpr + t
                 if live and c < chunks:
-                    load_w(weight, c * vec, b, 0)
+                    if has_residual:
+                        store(residual, ro + c * vec, words, v * wpc)
+                    if prefetch_w:
+                        unpack_w(wwords, v * wpc, b)
+                    else:
+                        load_w(weight, c * vec, b, 0)
                     unpack(words, v * wpc, a)
                     for i in range(vec):
                         a[i] = a[i] * inv * b[i]
@@ -176,10 +203,22 @@ def _signature(x_kind, w_kind):
             types.float32)
 
 
+def _options(tpr, rpb, cpt, vec):
+    """At most 64 registers (1024 threads an SM) when a pass holds at most 32 words of data a
+    thread (half-precision rows up to 16384, fp32 up to 8192): with every load of a pass in
+    flight the kernel takes 66-72 unbounded, and 512-thread blocks would run one an SM. Wider
+    rows keep what the compiler picks (capping them spills)."""
+    threads = tpr * rpb
+    if cpt == 0 or 2 * cpt * rw.words_per_chunk(vec) > 32:  # streamed rows: as compiled
+        return {}
+    return {"launch_bounds": (threads, max(1, 1024 // threads))}
+
+
 @functools.lru_cache(maxsize=None)
 def _rms_norm_kernel(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
     fn = _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual)
-    return Kernel(jit(fn), _signature(x_kind, w_kind), "rms_norm_kernel")
+    return Kernel(jit(fn, **_options(tpr, rpb, cpt, vec)), _signature(x_kind, w_kind),
+                  "rms_norm_kernel")
 
 
 def check_eps(eps):
@@ -282,13 +321,19 @@ def _register():
         plan = rw.row_plan(hidden // vec)
 
         def build(xk=xk, wk=wk, vec=vec, plan=plan, residual=residual):
-            return _rms_norm_kernel_fn(xk, wk, vec, *plan, residual), _signature(xk, wk)
+            return (_rms_norm_kernel_fn(xk, wk, vec, *plan, residual), _signature(xk, wk),
+                    _options(*plan, vec))
 
         compile_check.register(name, build, sass_must_have=("LDG.E.128", "STG.E.128"))
     compile_check.register(
         "rms_norm_f16_scalar_4099",
         lambda: (_rms_norm_kernel_fn(f16, f16, 1, *rw.row_plan(4099), True),
-                 _signature(f16, f16)))
+                 _signature(f16, f16), _options(*rw.row_plan(4099), 1)))
+    compile_check.register(  # half-precision rows with fp32 weights: two loads a weight chunk
+        "rms_norm_bf16_f32_weight_4096",
+        lambda: (_rms_norm_kernel_fn(bf16, f32, 8, *rw.row_plan(512), False),
+                 _signature(bf16, f32), _options(*rw.row_plan(512), 8)),
+        sass_must_have=("LDG.E.128", "STG.E.128"))
 
 
 _register()
