@@ -80,8 +80,10 @@ TILE = 16
 #: registers a thread, one block (8 warps, 16-24 tiles = 128-192 KB in flight) per SM, the same
 #: warps per SM as 2 blocks of 4 but half the blocks' prologues and merges; on the H200 it was
 #: the faster of the two on all four target shapes (first sweep). D 256 takes 2 warps (109 KB
-#: with its Q tile) to keep 2 blocks, and 2 x 2 x 2 tiles in flight, per SM.
-CONFIGS = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (8, 3), 256: (2, 3)}
+#: with its Q tile) to keep 2 blocks, and 2 x 2 x 2 tiles in flight, per SM. D 128 runs 2
+#: stages: same speed at batch 32 (90.1% vs 89.4% of copy with 8 KV heads), faster at batch 1
+#: x 32K keys (59.1% vs 58.3% with 8 KV heads, 86.0% vs 75-84% with 32) on the H200.
+CONFIGS = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (8, 2), 256: (2, 3)}
 
 #: Head dimensions from which Q's A fragments are read from shared memory (``ldmatrix``) for every
 #: tile instead of being kept in registers: at 256 the registers would spill.
