@@ -195,9 +195,14 @@ class Kernel:
             return
         if shared_bytes > self._shared_optin:
             self._opt_in_shared(shared_bytes)
-        block_params = getattr(self._local, "params", None)
-        if block_params is None:
-            block_params = self._local.params = _ParamBlock(self._words)
+        try:
+            values, config, config_address, params_address, shape = self._local.site
+        except AttributeError:
+            params = _ParamBlock(self._words)
+            config = _LaunchConfig()
+            self._local.params = params  # keeps the pointer array alive
+            values, config_address, params_address, shape = (
+                params.values, ctypes.addressof(config), params.address, None)
         flat = []
         for i, arg in enumerate(args):
             width = self._itemsizes.get(i)
@@ -209,11 +214,17 @@ class Kernel:
                                     f"{type(arg).__name__}")
                 n = arg.size
                 flat += (0, 0, n, width, arg.ptr, n, width)
-        self._struct.pack_into(block_params.values, 0, *flat)
+        self._struct.pack_into(values, 0, *flat)
         if self._raw_handle is None:
             self.handle()
-        err = _libcuda()(self._raw_handle, grid[0], grid[1], grid[2], block[0], block[1],
-                         block[2], shared_bytes, stream, block_params.address, None)
+        launch_shape = (grid, block, shared_bytes)
+        if launch_shape != shape:  # most call sites repeat their grid: skip the field writes
+            config.grid[:] = grid
+            config.block[:] = block
+            config.shared_bytes = shared_bytes
+        self._local.site = (values, config, config_address, params_address, launch_shape)
+        config.stream = stream
+        err = _libcuda_ex()(config_address, self._raw_handle, params_address, None)
         if err:
             _check_code(err, f"launch of {self.name}")
 
