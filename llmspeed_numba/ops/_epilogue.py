@@ -77,7 +77,7 @@ def storer(dtype):
     return _STORERS[dtype]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def epilogue_value(c_dtype, bias_dtype, act):
     """Device function ``(acc, n, c, c_index, bias, alpha, beta) -> float32`` computing
     ``act(alpha * acc + beta * c[c_index] + bias[n])``.
@@ -103,7 +103,7 @@ def epilogue_value(c_dtype, bias_dtype, act):
     return value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def epilogue(out_dtype, c_dtype, bias_dtype, act):
     """Device function ``(acc, n, out, out_index, c, c_index, bias, alpha, beta)`` that stores
     the ``epilogue_value`` of one accumulator at ``out[out_index]``, rounded to ``out_dtype``."""
@@ -122,7 +122,7 @@ def vector_width(out_dtype):
     return 4 if out_dtype == "float32" else 8
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def vector_epilogue(out_dtype, c_dtype, bias_dtype, act):
     """Device function ``(src, src_index, n, out, out_index, c, c_index, sc_n, bias, alpha,
     beta)``: the epilogue of ``vector_width(out_dtype)`` consecutive accumulators, read from the

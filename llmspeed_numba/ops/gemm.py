@@ -61,7 +61,10 @@ class GemmConfig:
     Tensor Core: a ``block_m x block_n`` block tile stepping K by ``block_k``, ``warps_m x warps_n``
     warps (each a ``block_m / warps_m x block_n / warps_n`` warp tile), ``stages`` cp.async
     stages. SIMT: ``thread_m x thread_n`` accumulators per thread, two buffers. Both: ``split_k``
-    K splits (None: chosen by shape), rasterisation in groups of ``group_m`` block rows.
+    K splits (None: chosen by shape), rasterisation in groups of ``group_m`` block rows, and
+    ``min_blocks``: launch bounds asking ptxas to fit that many blocks per SM (registers capped
+    at 65536 / (threads * min_blocks); 0: no bound; None: ``_min_blocks``' default; name suffix
+    ``_b<min_blocks>`` when set).
     """
     backend: str = "tensor_core"
     block_m: int = 128
@@ -74,6 +77,7 @@ class GemmConfig:
     thread_n: int = 8
     split_k: int = None
     group_m: int = 8
+    min_blocks: int = None
 
     @property
     def name(self):
@@ -82,6 +86,10 @@ class GemmConfig:
             body = f"tc_{tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}"
         else:
             body = f"simt_{tile}_t{self.thread_m}x{self.thread_n}"
+        if self.min_blocks is not None:
+            body += f"_b{self.min_blocks}"
+        if self.group_m != 8:
+            body += f"_g{self.group_m}"
         return body + ("" if self.split_k is None else f"_k{self.split_k}")
 
     @property
@@ -112,6 +120,9 @@ class GemmConfig:
             bad(f"split_k must be None or an int >= 1, got {self.split_k!r}")
         if self.group_m < 1:
             bad("group_m must be >= 1")
+        if self.min_blocks is not None and (not isinstance(self.min_blocks, int) or
+                                            not 0 <= self.min_blocks <= 32):
+            bad(f"min_blocks must be None or an int in [0, 32], got {self.min_blocks!r}")
         if self.backend == "tensor_core":
             if not all(pow2(x) for x in (self.block_m, self.block_n, self.block_k,
                                          self.warps_m, self.warps_n)):
@@ -154,7 +165,10 @@ CONFIGS = {c.name: c for c in (
     GemmConfig("tensor_core", 16, 128, 64, 1, 4, 4),
     GemmConfig("tensor_core", 16, 256, 64, 1, 8, 4),
     GemmConfig("tensor_core", 32, 128, 64, 1, 4, 4),
+    # SIMT: 8 x 8 per thread, 256 threads, two blocks per SM (128 registers); BK = 16 halves
+    # the barriers per FMA
     GemmConfig("simt", 128, 128, 8, thread_m=8, thread_n=8),
+    GemmConfig("simt", 128, 128, 16, thread_m=8, thread_n=8),
     GemmConfig("simt", 64, 64, 8, thread_m=4, thread_n=4),
     # simulator: same kernels, tiles small enough for a few emulated warps
     GemmConfig("tensor_core", 16, 16, 16, 1, 1, 2),
@@ -163,10 +177,18 @@ CONFIGS = {c.name: c for c in (
     GemmConfig("simt", 16, 16, 8, thread_m=2, thread_n=2),
 )}
 
-#: The autotuner's (and the benchmark sweep's) candidates for M > 32, most promising first
-#: (H200, 4096^3 fp16: 128x128x64 s3 fastest, then 128x256x64; 256x128x64 is its transpose).
+#: The heuristic's block tile for problems with about a wave of its tiles or more: the one
+#: constant to switch when ``bench_gemm.py --only-sweep`` finds a faster one (H200, bd70184,
+#: 4096^3 fp16: 128x256x64 s3 447 TFLOP/s, 256x128x64 s3 446, 128x128x64 s3 427).
+LARGE_CONFIG = "tc_128x128x64_w2x2_s3"
+#: The autotuner's candidates for M > 32, most promising first (256x128x64 is the transpose
+#: of 128x256x64).
 LARGE_CANDIDATES = ("tc_128x128x64_w2x2_s3", "tc_128x256x64_w2x4_s3", "tc_256x128x64_w4x2_s3",
                     "tc_128x128x32_w2x2_s4", "tc_64x128x64_w1x4_s4")
+#: The heuristic's SIMT block tile above 512 x 512 outputs (switch like ``LARGE_CONFIG``).
+SIMT_CONFIG = "simt_128x128x8_t8x8"
+#: SIMT candidates (fp32) of the autotuner and the sweep.
+SIMT_CANDIDATES = ("simt_128x128x8_t8x8", "simt_128x128x16_t8x8", "simt_64x64x8_t4x4")
 #: Candidates for M <= 32 (decode): one or two 16-row fragments per warp.
 SMALL_M_CANDIDATES = ("tc_16x128x64_w1x4_s4", "tc_16x256x64_w1x8_s4", "tc_32x128x64_w1x4_s4")
 
@@ -199,7 +221,7 @@ def _heuristic(backend, M, N, K):
     if SIMULATOR:
         return _SIM_TC if backend == "tensor_core" else _SIM_SIMT
     if backend == "simt":
-        return CONFIGS["simt_64x64x8_t4x4" if M * N <= 512 * 512 else "simt_128x128x8_t8x8"]
+        return CONFIGS["simt_64x64x8_t4x4" if M * N <= 512 * 512 else SIMT_CONFIG]
     if M <= 16:
         return CONFIGS["tc_16x128x64_w1x4_s4"]
     if M <= 32:
@@ -207,8 +229,7 @@ def _heuristic(backend, M, N, K):
     if M <= 64 or N <= 64:
         return CONFIGS["tc_64x128x64_w1x4_s4"]
     # the largest tile that still gives about a wave of blocks; else 128 x 128 with split-K
-    # (128x128x64, 3 stages: the fastest measured on H200 at 4096^3, two blocks per SM)
-    for name in ("tc_128x128x64_w2x2_s3", "tc_64x128x64_w1x4_s4"):
+    for name in (LARGE_CONFIG, "tc_128x128x64_w2x2_s3", "tc_64x128x64_w1x4_s4"):
         cfg = CONFIGS[name]
         if _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n) >= 0.75 * sm_count():
             return cfg
@@ -240,24 +261,41 @@ def _signature(in_dtype, out_dtype, c_dtype, bias_dtype):
             i32, i32, i32, i64, i64, i64, i64, i64, i64, i64, f32, f32, i32, i32, i32, i32)
 
 
+def _min_blocks(cfg, a_vec, b_vec, in_dtype):
+    """Launch bounds (blocks per SM) of a kernel: ``cfg.min_blocks`` when set. Default: 2 for
+    a SIMT kernel with 16-byte loads of both fp32 operands, which then fits 128 registers
+    without spilling in every layout (offline SASS: 127-130 registers unbounded, so NT / TT
+    would otherwise run one 256-thread block per SM); none otherwise (the scalar-load SIMT
+    path would spill under that cap)."""
+    if cfg.min_blocks is not None:
+        return cfg.min_blocks
+    if cfg.backend == "simt" and a_vec and b_vec and in_dtype == "float32":
+        return 2
+    return 0
+
+
 def _kernel_fn(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_dtype,
                bias_dtype, act):
+    """The kernel function and its ``cuda.jit`` options (launch bounds)."""
+    min_blocks = _min_blocks(cfg, a_vec, b_vec, in_dtype)
+    options = {"launch_bounds": (cfg.threads, min_blocks)} if min_blocks else {}
     if cfg.backend == "tensor_core":
         return _gemm_tensor_core.make_kernel(
             cfg.block_m, cfg.block_n, cfg.block_k, cfg.warps_m, cfg.warps_n, cfg.stages,
             cfg.group_m, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype == "bfloat16",
-            out_dtype, c_dtype, bias_dtype, act)
+            out_dtype, c_dtype, bias_dtype, act, min_blocks), options
     return _gemm_simt.make_kernel(
         cfg.block_m, cfg.block_n, cfg.block_k, cfg.thread_m, cfg.thread_n, cfg.group_m,
-        a_k_inner, b_k_inner, in_dtype, out_dtype, c_dtype, bias_dtype, act)
+        a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_dtype, bias_dtype, act,
+        min_blocks), options
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gemm_kernel(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_dtype,
                  bias_dtype, act):
-    fn = _kernel_fn(cfg.replace(split_k=None), a_k_inner, b_k_inner, a_vec, b_vec, in_dtype,
-                    out_dtype, c_dtype, bias_dtype, act)
-    return Kernel(jit(fn), _signature(in_dtype, out_dtype, c_dtype, bias_dtype),
+    fn, options = _kernel_fn(cfg.replace(split_k=None), a_k_inner, b_k_inner, a_vec, b_vec,
+                             in_dtype, out_dtype, c_dtype, bias_dtype, act)
+    return Kernel(jit(fn, **options), _signature(in_dtype, out_dtype, c_dtype, bias_dtype),
                   f"gemm_{cfg.backend}")
 
 
@@ -284,7 +322,7 @@ def _splitk_reduce_kernel_fn(out_dtype, c_dtype, bias_dtype, act):
     return splitk_reduce_kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _splitk_reduce_kernel(out_dtype, c_dtype, bias_dtype, act):
     i32, i64, f32 = types.int32, types.int64, types.float32
     sig = (array1d(np.float32), _storage(out_dtype), _storage(c_dtype or out_dtype),
@@ -324,8 +362,9 @@ def _layout(t, name):
 
 
 def _vector_ok(t, ld):
-    """16-byte cp.async is allowed: aligned base pointer and leading stride."""
-    return t.ptr % 16 == 0 and ld % 8 == 0
+    """16-byte loads (cp.async, LDG.128) are allowed: aligned base pointer and leading
+    stride."""
+    return t.ptr % 16 == 0 and ld % (16 // t.itemsize) == 0
 
 
 def _scalar(name, value):
@@ -462,9 +501,14 @@ def _run(p, cfg):
     splits = _cdiv(p.K, k_split)
     tiles_m = _cdiv(p.M, cfg.block_m)
     tiles_n = _cdiv(p.N, cfg.block_n)
-    tc_path = cfg.backend == "tensor_core"
-    a_vec = p.a_vec and tc_path
-    b_vec = p.b_vec and tc_path
+    a_vec, b_vec = p.a_vec, p.b_vec
+    if cfg.backend == "simt":
+        # SIMT: 16-byte loads for fp32 operands only (fp16 / bf16 SIMT inputs, the broad-test
+        # path, stay scalar); along M or N they need whole chunks (the kernel clamps edge rows
+        # chunk by chunk)
+        fp32 = p.ta.dtype == "float32"
+        a_vec = a_vec and fp32 and (p.a_k_inner or p.M % 4 == 0)
+        b_vec = b_vec and fp32 and (p.b_k_inner or p.N % 4 == 0)
     if splits == 1:
         c_dtype = p.tc.dtype if p.tc is not None else None
         bias_dtype = p.tbias.dtype if p.tbias is not None else None
@@ -531,7 +575,7 @@ def candidates(p):
         pool = [_SIM_TC, CONFIGS["tc_32x32x16_w2x1_s3"]] if p.backend == "tensor_core" else [
             _SIM_SIMT]
     elif p.backend == "simt":
-        pool = [CONFIGS["simt_128x128x8_t8x8"], CONFIGS["simt_64x64x8_t4x4"]]
+        pool = [CONFIGS[n] for n in SIMT_CANDIDATES]
     elif p.M <= 32:
         pool = [CONFIGS[n] for n in SMALL_M_CANDIDATES]
         if p.M > 16:
@@ -595,9 +639,9 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
 def _compile_target(cfg, a_k_inner, b_k_inner, in_dtype, out_dtype, c_dtype=None,
                     bias_dtype=None, act=None, vec=True):
     def build():
-        fn = _kernel_fn(cfg, a_k_inner, b_k_inner, vec, vec, in_dtype, out_dtype, c_dtype,
-                        bias_dtype, act)
-        return fn, _signature(in_dtype, out_dtype, c_dtype, bias_dtype)
+        fn, options = _kernel_fn(cfg, a_k_inner, b_k_inner, vec, vec, in_dtype, out_dtype,
+                                 c_dtype, bias_dtype, act)
+        return fn, _signature(in_dtype, out_dtype, c_dtype, bias_dtype), options
 
     return build
 
@@ -611,7 +655,7 @@ for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
         ("gemm_tc_f16_256x128", "tc_256x128x64_w4x2_s3", True, False, "float16", "float16", {}),
         ("gemm_tc_bf16_nt", "tc_128x128x32_w2x2_s4", True, True, "bfloat16", "bfloat16", {}),
         ("gemm_tc_f16_tn_epilogue", "tc_128x128x32_w2x2_s4", False, False, "float16", "float16",
-         dict(c_dtype="float16", bias_dtype="float16", act="gelu")),
+         {"c_dtype": "float16", "bias_dtype": "float16", "act": "gelu"}),
         ("gemm_tc_f16_tt", "tc_128x128x32_w2x2_s4", False, True, "float16", "float32", {}),
         ("gemm_tc_f16_128x256", "tc_128x256x32_w2x4_s3", True, False, "float16", "float16", {}),
         ("gemm_tc_f16_decode_nt", "tc_16x128x64_w1x4_s4", True, True, "float16", "float32", {}),
@@ -620,7 +664,9 @@ for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
     compile_check.register(
         _name, _compile_target(CONFIGS[_cfg], _a_k, _b_k, _in, _out, **_extra),
         ptx_must_have=_TC_PTX, sass_must_have=_TC_SASS)
+# (16-byte global and shared loads: the fp32 path the benchmark times; 128 registers at most,
+# two blocks per SM, asserted through the launch bounds and the no-spill check)
 compile_check.register(
     "gemm_simt_f32_nn", _compile_target(CONFIGS["simt_128x128x8_t8x8"], True, False, "float32",
-                                        "float32", vec=False),
-    sass_must_have=("FFMA",))
+                                        "float32"),
+    sass_must_have=("FFMA", "LDS.128", "LDG.E.128"))
