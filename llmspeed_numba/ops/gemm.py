@@ -180,13 +180,13 @@ CONFIGS = {c.name: c for c in (
 #: The heuristic's block tile for problems with about a wave of its tiles or more: the one
 #: constant to switch when ``bench_gemm.py --only-sweep`` finds a faster one (H200, bd70184,
 #: 4096^3 fp16: 128x256x64 s3 447 TFLOP/s, 256x128x64 s3 446, 128x128x64 s3 427).
-LARGE_CONFIG = "tc_128x128x64_w2x2_s3"
+LARGE_CONFIG = "tc_128x256x64_w2x4_s3"
 #: The autotuner's candidates for M > 32, most promising first (256x128x64 is the transpose
 #: of 128x256x64).
 LARGE_CANDIDATES = ("tc_128x128x64_w2x2_s3", "tc_128x256x64_w2x4_s3", "tc_256x128x64_w4x2_s3",
                     "tc_128x128x32_w2x2_s4", "tc_64x128x64_w1x4_s4")
 #: The heuristic's SIMT block tile above 512 x 512 outputs (switch like ``LARGE_CONFIG``).
-SIMT_CONFIG = "simt_128x128x8_t8x8"
+SIMT_CONFIG = "simt_128x128x16_t8x8"
 #: SIMT candidates (fp32) of the autotuner and the sweep.
 SIMT_CANDIDATES = ("simt_128x128x8_t8x8", "simt_128x128x16_t8x8", "simt_64x64x8_t4x4")
 #: Candidates for M <= 32 (decode): one or two 16-row fragments per warp.
