@@ -172,19 +172,24 @@ def test_softmax_split_counters_reset_and_special_rows(small_split):
 def test_split_plans(monkeypatch):
     # 64 x 128256 in bf16 (16032 chunks a row) on 132 SMs: registers hold the span when 4 blocks
     # a row fit at once (two blocks of 512 an SM); otherwise it streams, one wave; fp32 streams.
-    # argmax makes one wave too.
+    # argmax makes one wave too, of at most ARGMAX_BLOCKS_PER_SM blocks an SM on a GPU.
+    # (The occupancy query is replaced, so the plans are the same on the GPU and the simulator.)
+    def resident(n):
+        monkeypatch.setattr(sm_mod, "_resident_blocks", lambda kernel, threads: n)
+
     monkeypatch.setattr(sm_mod, "sm_count", lambda: 132)
-    monkeypatch.setattr(sm_mod, "SIM_RESIDENT_BLOCKS", 264)
+    resident(264)
     bf16, f32 = _rowwise.KIND_BF16, _rowwise.KIND_F32
     kernels, splits, cpt = sm_mod._softmax_split_plan(64, 16032, bf16, bf16, 8)
     assert (len(kernels), splits, cpt) == (1, 4, 8)
     kernels, splits, cpt = sm_mod._softmax_split_plan(64, 32064, f32, f32, 4)
     assert (splits, cpt) == (4, 0)
-    monkeypatch.setattr(sm_mod, "SIM_RESIDENT_BLOCKS", 200)  # 3 blocks a row fit: streamed
+    resident(200)  # 3 blocks a row fit: streamed
     kernels, splits, cpt = sm_mod._softmax_split_plan(64, 16032, bf16, bf16, 8)
     assert (splits, cpt) == (3, 0)
-    monkeypatch.setattr(sm_mod, "SIM_RESIDENT_BLOCKS", 396)
-    assert sm_mod._argmax_plan(64, 16032, bf16, 8)[1:] == (6, 512, 1)
+    resident(396)
+    expected = 6 if SIMULATOR else sm_mod.ARGMAX_BLOCKS_PER_SM * 132 // 64
+    assert sm_mod._argmax_plan(64, 16032, bf16, 8)[1:] == (expected, 512, 1)
     assert sm_mod._argmax_plan(1000, 16032, bf16, 8)[1] == 1
     monkeypatch.setattr(sm_mod, "SPLIT_PATH", "two_kernels")
     kernels, splits, _ = sm_mod._softmax_split_plan(64, 32064, f32, f32, 4)
