@@ -191,31 +191,42 @@ def make_kernel(block_m, block_n, block_k, thread_m, thread_n, group_m, a_k_inne
     warps_n = threads_n // 8
     apply_epilogue = epilogue(out_dtype, c_dtype, bias_dtype, act)
 
+    # numba inlines an ``inline="always"`` function into the caller's IR before typing it,
+    # every branch included, even those a closure constant decides: the variants below are
+    # chosen here, in Python, so each call site copies only the code it runs (with the
+    # branches in the IR the kernel took ~6x longer to compile, 150 s instead of 25).
     @cuda.jit(device=True, inline="always")
-    def k_row(smem, a_base, b_base, kk, frag_a, frag_b, acc):
-        """One k of the register tile: THREAD_M + THREAD_N shared loads, THREAD_M * THREAD_N
-        FMAs (``kk`` a constant after inlining: the offsets are immediates)."""
-        if vec:
-            for q in range(thread_m // 4):
-                w0, w1, w2, w3 = ptx.load_u32x4(smem, a_base + (kk * a_row + q * stride_m))
-                frag_a[4 * q] = ptx.f32_from_bits(w0)
-                frag_a[4 * q + 1] = ptx.f32_from_bits(w1)
-                frag_a[4 * q + 2] = ptx.f32_from_bits(w2)
-                frag_a[4 * q + 3] = ptx.f32_from_bits(w3)
-            for q in range(thread_n // 4):
-                w0, w1, w2, w3 = ptx.load_u32x4(smem, b_base + (kk * b_row + q * stride_n))
-                frag_b[4 * q] = ptx.f32_from_bits(w0)
-                frag_b[4 * q + 1] = ptx.f32_from_bits(w1)
-                frag_b[4 * q + 2] = ptx.f32_from_bits(w2)
-                frag_b[4 * q + 3] = ptx.f32_from_bits(w3)
-        else:
-            for i in range(thread_m):
-                frag_a[i] = smem[a_base + (kk * a_row + i)]
-            for j in range(thread_n):
-                frag_b[j] = smem[b_base + (kk * b_row + j)]
+    def k_row_vec(smem, a_base, b_base, kk, frag_a, frag_b, acc):
+        """One k of the register tile: THREAD_M + THREAD_N shared loads (16 bytes each),
+        THREAD_M * THREAD_N FMAs (``kk`` a constant after inlining: the offsets are immediates)."""
+        for q in range(thread_m // 4):
+            w0, w1, w2, w3 = ptx.load_u32x4(smem, a_base + (kk * a_row + q * stride_m))
+            frag_a[4 * q] = ptx.f32_from_bits(w0)
+            frag_a[4 * q + 1] = ptx.f32_from_bits(w1)
+            frag_a[4 * q + 2] = ptx.f32_from_bits(w2)
+            frag_a[4 * q + 3] = ptx.f32_from_bits(w3)
+        for q in range(thread_n // 4):
+            w0, w1, w2, w3 = ptx.load_u32x4(smem, b_base + (kk * b_row + q * stride_n))
+            frag_b[4 * q] = ptx.f32_from_bits(w0)
+            frag_b[4 * q + 1] = ptx.f32_from_bits(w1)
+            frag_b[4 * q + 2] = ptx.f32_from_bits(w2)
+            frag_b[4 * q + 3] = ptx.f32_from_bits(w3)
         for i in range(thread_m):
             for j in range(thread_n):
                 acc[i, j] += frag_a[i] * frag_b[j]
+
+    @cuda.jit(device=True, inline="always")
+    def k_row_scalar(smem, a_base, b_base, kk, frag_a, frag_b, acc):
+        """``k_row_vec`` with scalar shared loads (THREAD_M or THREAD_N not a multiple of 4)."""
+        for i in range(thread_m):
+            frag_a[i] = smem[a_base + (kk * a_row + i)]
+        for j in range(thread_n):
+            frag_b[j] = smem[b_base + (kk * b_row + j)]
+        for i in range(thread_m):
+            for j in range(thread_n):
+                acc[i, j] += frag_a[i] * frag_b[j]
+
+    k_row = k_row_vec if vec else k_row_scalar
 
     @cuda.jit(device=True, inline="always")
     def k_rows8(smem, a_base, b_base, k0, frag_a, frag_b, acc):
@@ -237,20 +248,25 @@ def make_kernel(block_m, block_n, block_k, thread_m, thread_n, group_m, a_k_inne
         if k0 + 7 < block_k:
             k_row(smem, a_base, b_base, k0 + 7, frag_a, frag_b, acc)
 
-    @cuda.jit(device=True, inline="always")
-    def compute_tile(smem, a_base, b_base, frag_a, frag_b, acc):
-        """The K tile in shared memory at (a_base, b_base) into ``acc``."""
-        a_base = np.int32(a_base)
-        b_base = np.int32(b_base)
-        k_rows8(smem, a_base, b_base, 0, frag_a, frag_b, acc)
-        if block_k > 8:
+    if block_k == 8:
+        @cuda.jit(device=True, inline="always")
+        def compute_tile(smem, a_base, b_base, frag_a, frag_b, acc):
+            """The K tile in shared memory at (a_base, b_base) into ``acc``."""
+            k_rows8(smem, np.int32(a_base), np.int32(b_base), 0, frag_a, frag_b, acc)
+    elif block_k == 16:
+        @cuda.jit(device=True, inline="always")
+        def compute_tile(smem, a_base, b_base, frag_a, frag_b, acc):
+            a_base = np.int32(a_base)
+            b_base = np.int32(b_base)
+            k_rows8(smem, a_base, b_base, 0, frag_a, frag_b, acc)
             k_rows8(smem, a_base, b_base, 8, frag_a, frag_b, acc)
-        if block_k > 16:
-            k_rows8(smem, a_base, b_base, 16, frag_a, frag_b, acc)
-        if block_k > 24:
-            k_rows8(smem, a_base, b_base, 24, frag_a, frag_b, acc)
-        for k0 in range(32, block_k, 8):
-            k_rows8(smem, a_base, b_base, k0, frag_a, frag_b, acc)
+    else:
+        @cuda.jit(device=True, inline="always")
+        def compute_tile(smem, a_base, b_base, frag_a, frag_b, acc):
+            a_base = np.int32(a_base)
+            b_base = np.int32(b_base)
+            for k0 in range(0, block_k, 8):
+                k_rows8(smem, a_base, b_base, k0, frag_a, frag_b, acc)
 
     # The hot loop takes a tile in slices of 8 k: the next tile's loads for slice p are issued
     # before slice p is computed and stored (to the free buffer) right after it, so only one
@@ -261,18 +277,36 @@ def make_kernel(block_m, block_n, block_k, thread_m, thread_n, group_m, a_k_inne
     a_part = a_fast // parts
     b_part = b_fast // parts
 
-    @cuda.jit(device=True, inline="always")
-    def hot_slice(p, smem, a, b, a_g, b_g, a_step, b_step, a_s, b_s, regs_a, regs_b, a_cur,
-                  b_cur, a_next, b_next, tid, frag_a, frag_b, acc):
-        """Slice ``p`` of a hot-loop tile (``p`` a constant after inlining)."""
-        fetch_fast_a(regs_a, a, a_g, a_step, tid, p * a_part, (p + 1) * a_part)
-        fetch_fast_b(regs_b, b, b_g, b_step, tid, p * b_part, (p + 1) * b_part)
-        if parts == 1:
+    if parts == 1:
+        @cuda.jit(device=True, inline="always")
+        def hot_tile(smem, a, b, a_g, b_g, a_step, b_step, a_s, b_s, regs_a, regs_b, a_cur,
+                     b_cur, a_next, b_next, tid, frag_a, frag_b, acc):
+            """One hot-loop tile: the next tile's loads, this tile's FMAs, the next tile's
+            stores to the free buffer."""
+            fetch_fast_a(regs_a, a, a_g, a_step, tid, 0, a_fast)
+            fetch_fast_b(regs_b, b, b_g, b_step, tid, 0, b_fast)
             compute_tile(smem, a_cur, b_cur, frag_a, frag_b, acc)
-        else:
+            stash_fast_a(regs_a, smem, a_s, a_next, tid, 0, a_fast)
+            stash_fast_b(regs_b, smem, b_s, b_next, tid, 0, b_fast)
+    else:
+        @cuda.jit(device=True, inline="always")
+        def hot_slice(p, smem, a, b, a_g, b_g, a_step, b_step, a_s, b_s, regs_a, regs_b,
+                      a_cur, b_cur, a_next, b_next, tid, frag_a, frag_b, acc):
+            """Slice ``p`` of a hot-loop tile (``p`` a constant after inlining)."""
+            fetch_fast_a(regs_a, a, a_g, a_step, tid, p * a_part, (p + 1) * a_part)
+            fetch_fast_b(regs_b, b, b_g, b_step, tid, p * b_part, (p + 1) * b_part)
             k_rows8(smem, np.int32(a_cur), np.int32(b_cur), p * 8, frag_a, frag_b, acc)
-        stash_fast_a(regs_a, smem, a_s, a_next, tid, p * a_part, (p + 1) * a_part)
-        stash_fast_b(regs_b, smem, b_s, b_next, tid, p * b_part, (p + 1) * b_part)
+            stash_fast_a(regs_a, smem, a_s, a_next, tid, p * a_part, (p + 1) * a_part)
+            stash_fast_b(regs_b, smem, b_s, b_next, tid, p * b_part, (p + 1) * b_part)
+
+        @cuda.jit(device=True, inline="always")
+        def hot_tile(smem, a, b, a_g, b_g, a_step, b_step, a_s, b_s, regs_a, regs_b, a_cur,
+                     b_cur, a_next, b_next, tid, frag_a, frag_b, acc):
+            hot_slice(0, smem, a, b, a_g, b_g, a_step, b_step, a_s, b_s, regs_a, regs_b, a_cur,
+                      b_cur, a_next, b_next, tid, frag_a, frag_b, acc)
+            for p in range(1, parts):  # (parts is 2 in CONFIGS: written out by LLVM)
+                hot_slice(p, smem, a, b, a_g, b_g, a_step, b_step, a_s, b_s, regs_a, regs_b,
+                          a_cur, b_cur, a_next, b_next, tid, frag_a, frag_b, acc)
 
     def gemm_simt_kernel(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, out_z, sc_m, sc_n,
                          alpha, beta, k_split, tiles_m, tiles_n, out_vec):
@@ -339,11 +373,8 @@ def make_kernel(block_m, block_n, block_k, thread_m, thread_n, group_m, a_k_inne
             b_cur = b_lane + buf * b_buf
             a_next = (1 - buf) * a_buf
             b_next = b_start + (1 - buf) * b_buf
-            hot_slice(0, smem, a, b, a_g, b_g, a_step, b_step, a_s, b_s, regs_a, regs_b, a_cur,
-                      b_cur, a_next, b_next, tid, frag_a, frag_b, acc)
-            for p in range(1, parts):  # (parts is 1 or 2 in CONFIGS: written out by LLVM)
-                hot_slice(p, smem, a, b, a_g, b_g, a_step, b_step, a_s, b_s, regs_a, regs_b,
-                          a_cur, b_cur, a_next, b_next, tid, frag_a, frag_b, acc)
+            hot_tile(smem, a, b, a_g, b_g, a_step, b_step, a_s, b_s, regs_a, regs_b, a_cur, b_cur,
+                     a_next, b_next, tid, frag_a, frag_b, acc)
             cuda.syncthreads()
             buf = np.int32(1 - buf)
             kt = np.int32(kt + 1)
