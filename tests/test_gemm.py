@@ -502,6 +502,18 @@ def test_gpu_simt_layouts(layout, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_simt_vector_loads(layout, rng):
+    """Leading dimensions that are multiples of 4: the 16-byte fp32 load path (both operands),
+    with edge blocks in M and N and a partial last K tile; then M = 258 (for TN / TT a's
+    leading dimension is M: a falls back to scalar loads while b stays vectorised); then
+    split-K."""
+    run_and_check(260, 196, 300, "float32", layout, "simt_128x128x16_t8x8_k1", rng)
+    run_and_check(258, 196, 300, "float32", layout, "simt_128x128x16_t8x8_k1", rng)
+    run_and_check(260, 196, 300, "float32", layout, "simt_128x128x8_t8x8_k3", rng)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 7, 16, 31, 128])
 @pytest.mark.parametrize("layout", ["NN", "NT"])
 def test_gpu_llm_shapes(M, layout, rng):
