@@ -10,6 +10,8 @@
 #          suite/bucket_NN.log; each bucket's node ids: suite/buckets/bucket_NN.txt).
 #   whole: the documented command, `python -m pytest -q tests`, in one process, on that cache.
 #   bash benchmarks/gpu_suite.sh [warm|whole|both]       logs under $OUT
+#   TESTS="tests/test_gemm.py tests/test_softmax.py" limits the warm phase to those files (no
+#   compile-check bucket then).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -18,11 +20,14 @@ phase=${1:-both}
 if [ "$phase" != whole ]; then
     start=$(date +%s)
     list="$OUT/suite/buckets"; rm -rf "$list"; mkdir -p "$list"
-    timeout "${WARM_LIMIT:-420}" python -m pytest -q tests/test_compile_check.py --durations=8 \
-        -p no:cacheprovider > "$OUT/suite/compile_check.log" 2>&1 &
+    tests=${TESTS:-tests}
+    if [ "$tests" = tests ]; then
+        timeout "${WARM_LIMIT:-420}" python -m pytest -q tests/test_compile_check.py --durations=8 \
+            -p no:cacheprovider > "$OUT/suite/compile_check.log" 2>&1 &
+    fi
     # node ids, and which are hypothesis tests (the hypothesis plugin marks them); the compile
     # check module is left out: importing it starts its child
-    collect="python -m pytest --collect-only -q -p no:cacheprovider tests"
+    collect="python -m pytest --collect-only -q -p no:cacheprovider $tests"
     collect="$collect --ignore=tests/test_compile_check.py"
     $collect > "$list/all.txt" 2>&1
     $collect -m hypothesis > "$list/hypothesis.txt" 2>&1
