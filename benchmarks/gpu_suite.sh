@@ -44,14 +44,32 @@ def node_ids(name):
 hypothesis = set(node_ids("hypothesis.txt"))
 
 
+#: measured on a bare H200 machine (dae4347, 14 buckets, seconds per test, mostly compiles)
+MEASURED = {
+    "tests/test_gemm.py::test_hypothesis_simt": 340,
+    "tests/test_gemm.py::test_hypothesis_tensor_core": 280,
+    "tests/test_gemm.py::test_gpu_simt_vector_loads": 190,
+    "tests/test_gemm.py::test_gpu_hypothesis_small_tiles_on_hardware": 120,
+    "tests/test_gemm.py::test_gpu_simt_configs": 80,
+    "tests/test_softmax.py::test_softmax_argmax_gpu_hypothesis": 80,
+    "tests/test_softmax.py::test_softmax_argmax_hypothesis_small": 60,
+    "tests/test_gemm.py::test_gpu_simt_layouts": 55,
+    "tests/test_gemm.py::test_layouts_simt": 28,
+    "tests/test_gemm.py::test_epilogue_simt": 27,
+}
+
+
 def weight(node):
-    """Rough seconds on a bare machine (the last per-file logs): a hypothesis test compiles
-    many kernel specialisations, GEMM's the most (each example a new epilogue); another test
-    a kernel or two, a GEMM test one configuration (several seconds)."""
+    """Rough seconds on a bare machine: the measured ones by name (parameters stripped), else
+    a hypothesis test compiles many kernel specialisations, GEMM's the most (each example a
+    new epilogue); another test a kernel or two, a GEMM test one configuration (~15 s)."""
+    name = node.split("[")[0]
+    if name in MEASURED:
+        return MEASURED[name]
     gemm = node.startswith("tests/test_gemm.py")
     if node in hypothesis:
         return 60 if gemm else 30
-    return 5 if gemm else 2
+    return 15 if gemm else 2
 
 
 # longest first, each to the least loaded bucket
@@ -70,7 +88,7 @@ EOF
         name=$(basename "$f" .txt)
         mapfile -t ids < "$f"
         [ "${#ids[@]}" -gt 0 ] || continue
-        timeout "${WARM_LIMIT:-420}" python -m pytest -q "${ids[@]}" --durations=8 \
+        timeout "${WARM_LIMIT:-420}" python -m pytest -q "${ids[@]}" --durations=0 \
             -p no:cacheprovider > "$OUT/suite/$name.log" 2>&1 &
     done
     wait

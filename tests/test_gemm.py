@@ -51,15 +51,26 @@ def host_or_none(x):
     return None if x is None else np.asarray(x)
 
 
+def on_tensor_cores(config, dtype):
+    """Whether the hardware's Tensor Core accumulator produced the result: it truncates where
+    the simulator's twin (numpy float32) rounds to nearest, so the plain model must too."""
+    if SIMULATOR:
+        return False
+    if config is None:
+        return dtype in ("float16", "bfloat16")   # backend="auto"
+    return resolve_config(config).backend == "tensor_core"
+
+
 def check(got, a, b, *, out_dtype, c=None, alpha=1.0, beta=0.0, bias=None, activation=None,
-          factor=2.0):
-    """Derived-tolerance check of ``got`` against the float64 reference (host inputs)."""
+          factor=2.0, mma=False):
+    """Derived-tolerance check of ``got`` against the float64 reference (host inputs); ``mma``:
+    the plain model accumulates as a Tensor Core does (``gemm_plain``)."""
     kw = dict(c=host_or_none(c), alpha=alpha, beta=beta, bias=host_or_none(bias),
               activation=activation)
     reference = gemm_reference(np.asarray(a, np.float64), np.asarray(b, np.float64),
                                **{k: (np.asarray(v, np.float64) if k in ("c", "bias") and
                                       v is not None else v) for k, v in kw.items()})
-    plain = gemm_plain(a, b, out_dtype=numpy_dtype(out_dtype), **kw)
+    plain = gemm_plain(a, b, out_dtype=numpy_dtype(out_dtype), mma=mma, **kw)
     derived_check(f64(got), reference, np.asarray(plain, np.float64), factor=factor)
 
 
@@ -74,7 +85,7 @@ def run_and_check(M, N, K, dtype, layout, config, rng, out_dtype=None, **epilogu
             dev_epi[name] = place(epilogue[name], False)
     got = gemm(da, db, out=out, out_dtype=out_dtype, config=config, **dev_epi)
     assert got is out
-    check(got, a, b, out_dtype=out_dtype, **host_epi)
+    check(got, a, b, out_dtype=out_dtype, mma=on_tensor_cores(config, dtype), **host_epi)
 
 
 def _empty(shape, dtype):
@@ -314,7 +325,8 @@ def test_hypothesis_tensor_core(pr):
 
 # ---- the check itself ----------------------------------------------------------------------
 
-def test_check_rejects_fp16_accumulation(rng):
+@pytest.mark.parametrize("mma", [False, True])
+def test_check_rejects_fp16_accumulation(mma, rng):
     """A deliberately wrong implementation (fp16 accumulation) fails the derived tolerance."""
     M, N, K = 16, 16, 512
     a = random_array((M, K), "float16", rng)
@@ -323,16 +335,17 @@ def test_check_rejects_fp16_accumulation(rng):
     for k in range(K):
         acc = (acc + np.outer(a[:, k], b[k, :]).astype(np.float16)).astype(np.float16)
     with pytest.raises(AssertionError):
-        check(acc.astype(np.float32), a, b, out_dtype="float32")
+        check(acc.astype(np.float32), a, b, out_dtype="float32", mma=mma)
 
 
-def test_check_rejects_edge_off_by_one(rng):
+@pytest.mark.parametrize("mma", [False, True])
+def test_check_rejects_edge_off_by_one(mma, rng):
     """Dropping the last K element (an off-by-one K edge) fails the check."""
     a = random_array((8, 9), "float16", rng)
     b = random_array((9, 8), "float16", rng)
     wrong = a[:, :8].astype(np.float32) @ b[:8].astype(np.float32)
     with pytest.raises(AssertionError):
-        check(wrong, a, b, out_dtype="float32")
+        check(wrong, a, b, out_dtype="float32", mma=mma)
 
 
 # ---- errors --------------------------------------------------------------------------------
@@ -546,11 +559,11 @@ def test_gpu_array_kinds_and_stream(rng):
     got = gemm(da, db, out_dtype="float32", stream=s)
     s.synchronize()
     assert type(got).__module__.startswith("numba")
-    check(got, a, b, out_dtype="float32")
+    check(got, a, b, out_dtype="float32", mma=True)
     cupy = pytest.importorskip("cupy")
     got = gemm(cupy.asarray(a), cupy.asarray(b))
     assert isinstance(got, cupy.ndarray)
-    check(got, a, b, out_dtype="float16")
+    check(got, a, b, out_dtype="float16", mma=True)
 
 
 @pytest.mark.gpu
@@ -568,7 +581,7 @@ def test_gpu_cuda_graph_capture(rng):
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    check(out, a, b, out_dtype="float16")
+    check(out, a, b, out_dtype="float16", mma=True)
 
 
 @pytest.mark.gpu

@@ -47,17 +47,37 @@ def gemm_reference(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=N
 K_STEP = 16
 
 
+def _round_toward_zero_f32(x64):
+    """float64 values rounded to float32 toward zero (numpy's cast rounds to nearest)."""
+    r = x64.astype(np.float32)
+    over = np.abs(r.astype(np.float64)) > np.abs(x64)
+    r[over] = np.nextafter(r[over], np.float32(0))
+    return r
+
+
 def gemm_plain(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None,
-               out_dtype=np.float32):
+               out_dtype=np.float32, mma=False):
     """The same computation done simply at the kernel's precision: inputs as stored, float32
     accumulation and epilogue, one rounding to ``out_dtype`` at the end. The float32 sum runs
     over K in order, ``K_STEP`` at a time, as the kernels' accumulators do (one mma k-step):
     a single float32 BLAS matmul sums in blocks and can be several times more accurate than
-    any in-order accumulator at K in the thousands (an H200 split-K result at K = 4096 was
-    off by 6.9e-4 where sgemm was off by 3.4e-4)."""
+    any in-order accumulator at K in the thousands.
+
+    ``mma=True`` models a Tensor Core accumulator: each k-step adds its 16 (exact) products to
+    the accumulator and the float32 result is truncated (rounded toward zero), not rounded to
+    nearest. The truncation is biased, so its error grows with K rather than with sqrt(K): an
+    H200 fp16 split-K result at K = 4096 was off by 6.9e-4 where the round-to-nearest model
+    was off by 2.5e-4."""
     a32 = np.asarray(a, np.float32)
     b32 = np.asarray(b, np.float32)
     acc = np.zeros((a32.shape[0], b32.shape[1]), np.float32)
+    if mma:
+        a64 = a32.astype(np.float64)
+        b64 = b32.astype(np.float64)
     for k0 in range(0, a32.shape[1], K_STEP):
-        acc += a32[:, k0:k0 + K_STEP] @ b32[k0:k0 + K_STEP]
+        if mma:
+            step = a64[:, k0:k0 + K_STEP] @ b64[k0:k0 + K_STEP]
+            acc = _round_toward_zero_f32(acc.astype(np.float64) + step)
+        else:
+            acc += a32[:, k0:k0 + K_STEP] @ b32[k0:k0 + K_STEP]
     return _epilogue(acc, np.float32, c, alpha, beta, bias, activation).astype(out_dtype)
