@@ -21,9 +21,18 @@ copy bandwidth; a PNG is written beside it. Targets (printed at the end): batch 
 (warps, stages), half and double the split count), each with the flushed timing the targets use,
 the host time of one call and the GPU time of back-to-back calls: when the flushed time is well
 above the back-to-back time and the host time exceeds it, the launch overhead is what shows.
+``--ab``: on the four target shapes, side by side, the split merge folded into the decode kernel
+(``SPLIT_PATH = "folded"``) against the two-kernel path (partials, then ``_reduce_kernel``), each
+at the chosen split count and over a sweep of forced split counts (``AB_SPLITS``; at batch 1 also
+(4 warps, 2 stages), which holds 2 blocks an SM), with SDPA and the copy bandwidth of the same
+run; each variant's output is compared with the default's, and the default is also replayed from
+a CUDA graph (twice: the tickets must be back at 0) and checked. Rows go to ``decode.csv`` as
+``paged_decode_ab``; about 2 minutes with compiles.
 """
 
 import argparse
+import contextlib
+import io
 import math
 import os
 import sys
@@ -48,6 +57,12 @@ SWEEP_CONFIGS = [(4, 3, False), (4, 2, False), (4, 4, False), (8, 2, False), (2,
 SWEEP_SPLITS = [1, 2, 4, 8, 16, 32, 64, 128]
 #: (warps, stages, q_smem) timed by --quick besides the default (8, 3) at headdim 128.
 QUICK_CONFIGS = [(4, 3, False), (8, 3, False), (8, 2, False), (4, 2, False)]
+#: --ab: forced split counts by batch (the chosen count is timed too), and the other
+#: (warps, stages, q_smem) swept at batch 1 with split counts by KV heads: it holds 2 blocks an SM
+#: at D 128, so 33 x 8 and 8 x 32 blocks are one wave of 264.
+AB_SPLITS = {1: (8, 16, 24, 32, 48, 64, 96, 128), 32: (1, 2, 4)}
+AB_CONFIG = (4, 2, False)
+AB_CONFIG_SPLITS = {8: (16, 32, 33, 64, 66), 32: (4, 8, 16)}
 
 
 def kv_bytes(batch, seq_len, nheads_k, headdim, itemsize=2):
@@ -277,6 +292,133 @@ def quick_sweep(results, copy_gbs, dtype, block_size, reps):
         torch.cuda.empty_cache()
 
 
+def ab_variants(batch, nheads_k, plan):
+    """(name, kwargs) of --ab on one shape: the chosen split count on both paths, then the
+    forced counts on both, then AB_CONFIG at batch 1 (folded)."""
+    chosen = plan["num_splits"]
+    out = [(f"folded splits {chosen} (chosen)", {})]
+    if chosen > 1:  # one split has nothing to merge: both paths are the same launch
+        out.append((f"two_kernels splits {chosen} (chosen)", {"_split_path": "two_kernels"}))
+    for s in AB_SPLITS.get(batch, ()):
+        if s == chosen or s > pd.MAX_SPLITS:
+            continue
+        out.append((f"folded splits {s}", {"num_splits": s, "_split_path": "folded"}))
+        if s > 1:  # one split has nothing to merge: both paths are the same launch
+            out.append((f"two_kernels splits {s}", {"num_splits": s,
+                                                    "_split_path": "two_kernels"}))
+    if batch == 1:
+        cfg = f"cfg {AB_CONFIG[:2]}"
+        out += [(f"folded {cfg} splits {s}", {"num_splits": s, "_tuning": AB_CONFIG})
+                for s in AB_CONFIG_SPLITS.get(nheads_k, ()) if s <= pd.MAX_SPLITS]
+    return out
+
+
+def ab_graph_check(call, out, want):
+    """Replays of ``call`` from a CUDA graph captured on the stream it was warmed up on (so its
+    workspace exists: the graph holds the decode kernel only): each replay must rewrite ``out``
+    to ``want`` (a ticket left non-zero by one replay would leave the next one's rows
+    unwritten). Returns the max error and the timing of a replay."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    side.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        call()
+    err = 0.0
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        err = max(err, (out.float() - want.float()).abs().max().item())
+    return err, time_gpu(graph.replay, rep=20)
+
+
+def _add_quietly(results, *args, **kwargs):
+    """``results.add`` without its console line (--ab prints its own table)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        results.add(*args, **kwargs)
+
+
+def ab_compare(results, copy_gbs, dtype, block_size, reps):
+    """--ab: folded vs two-kernel merge and forced split counts on the target shapes."""
+    import torch
+
+    dt = "bfloat16" if dtype == torch.bfloat16 else "float16"
+    summary = []
+    print(f"{'variant':>44} {'us':>8} {'GB/s':>7} {'%copy':>6} {'sdpa/ours':>9}  max|d|")
+    for batch, seq_len, nheads_k in LONG_TARGETS + TARGETS:
+        q, kc, vc, bt, sl, k, v = make_inputs(batch, seq_len, nheads_k, dtype, block_size)
+        nbytes = kv_bytes(batch, seq_len, nheads_k, HEADDIM)
+        shape = f"B{batch} H{NHEADS}/{nheads_k} S{seq_len} D{HEADDIM} page{block_size}"
+        tag = f"B{batch} S{seq_len} Hk{nheads_k}"
+        sdpa = None
+        for name, (call, _) in sdpa_baselines(q, k, v).items():
+            t = time_gpu(call, rep=reps)
+            if sdpa is None or t["median"] < sdpa[1]["median"]:
+                sdpa = (name, t)
+        del k, v
+        torch.cuda.empty_cache()
+        plan = pd.launch_plan(batch, 1, NHEADS, nheads_k, HEADDIM, block_size, bt.shape[1], dt)
+        want = pd.paged_decode_attention(q, kc, vc, bt, sl)
+        torch.cuda.synchronize()
+        out = torch.empty_like(q)
+        print(f"{tag} (SDPA {sdpa[0]} {sdpa[1]['median'] * 1e3:.1f} us, copy "
+              f"{copy_gbs:.0f} GB/s)")
+        best = {}
+        for name, kw in ab_variants(batch, nheads_k, plan):
+            args = (q, kc, vc, bt, sl)
+
+            def call(args=args, out=out, kw=kw):
+                return pd.paged_decode_attention(*args, out=out, **kw)
+
+            try:
+                out.fill_(float("nan"))
+                call()
+                err = (out.float() - want.float()).abs().max().item()
+                t = time_gpu(call, rep=reps)
+            except Exception as exc:  # noqa: BLE001  (a configuration that does not fit)
+                print(f"  {shape} {name}: {type(exc).__name__}: {exc}")
+                continue
+            g = gbs(nbytes, t)
+            ratio = sdpa[1]["median"] / t["median"]
+            print(f"{name:>44} {t['median'] * 1e3:8.1f} {g:7.0f} {g / copy_gbs:6.1%} "
+                  f"{ratio:9.3f}  {err:.2g}" + ("  MISMATCH" if not err < 0.05 else ""))
+            _add_quietly(results, "paged_decode_ab", f"{name} {tag}", shape, dt, t,
+                         f"sdpa_{sdpa[0]}", sdpa[1], "GB/s", g, gbs(nbytes, sdpa[1]),
+                         note=f"{g / copy_gbs:.1%} of copy {copy_gbs:.0f} GB/s; "
+                              f"max|d| {err:.2g}")
+            path = name.split()[0]
+            if path not in best or t["median"] < best[path][1]:
+                best[path] = (name, t["median"], g / copy_gbs)
+
+        def default(args=(q, kc, vc, bt, sl), out=out):
+            return pd.paged_decode_attention(*args, out=out)
+
+        try:
+            err, t = ab_graph_check(default, out, want)
+        except Exception as exc:  # noqa: BLE001  (reported; the other shapes still run)
+            print(f"  {shape} CUDA graph: {type(exc).__name__}: {exc}")
+        else:
+            g = gbs(nbytes, t)
+            print(f"{'default from a CUDA graph (2 replays)':>44} {t['median'] * 1e3:8.1f} "
+                  f"{g:7.0f} {g / copy_gbs:6.1%} {sdpa[1]['median'] / t['median']:9.3f}  "
+                  f"{err:.2g}" + ("  MISMATCH" if not err < 0.05 else ""))
+            _add_quietly(results, "paged_decode_ab", f"graph replay {tag}", shape, dt, t,
+                         f"sdpa_{sdpa[0]}", sdpa[1], "GB/s", g, gbs(nbytes, sdpa[1]),
+                         note=f"{g / copy_gbs:.1%} of copy; max|d| {err:.2g}")
+        summary.append((tag, plan["num_splits"], best))
+        del q, kc, vc, bt, sl, out, want
+        torch.cuda.empty_cache()
+    print("--ab best per path (flushed median):")
+    for tag, chosen, best in summary:
+        parts = [f"{path}: {name} {ms * 1e3:.1f} us ({frac:.1%} of copy)"
+                 for path, (name, ms, frac) in sorted(best.items())]
+        print(f"  {tag} (chosen {chosen} splits): " + "; ".join(parts))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -286,6 +428,9 @@ def main(argv=None):
     parser.add_argument("--sweep", action="store_true",
                         help="also time SWEEP_CONFIGS and SWEEP_SPLITS on the target shapes")
     parser.add_argument("--no-main", action="store_true", help="with --sweep: only the sweep")
+    parser.add_argument("--ab", action="store_true",
+                        help="only the folded vs two-kernel merge and split-count comparison "
+                             "on the target shapes")
     args = parser.parse_args(argv)
 
     import torch
@@ -296,6 +441,10 @@ def main(argv=None):
     print(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
     results = Results("decode")
     summary = {}
+    if args.ab:
+        ab_compare(results, copy_gbs, dtype, args.block_size, reps)
+        print(f"rows appended to {results.write()}")
+        return
     if not args.no_main:
         cases = TARGETS + LONG_TARGETS
         if not args.quick:

@@ -2,6 +2,7 @@
 and with the device-to-device copy bandwidth measured in the same run.
 
     python benchmarks/bench_fused.py [--quick] [--eager] [--dtypes bfloat16,float16]
+                                     [--rms-schedule auto|loads_first|interleaved]
 
 Cases (tokens 8192; hidden 4096 and 14336; ``--quick``: hidden 4096, bf16 only):
 - ``rms_norm`` without and with the residual (torch: add_, float, pow, mean, rsqrt, mul, cast);
@@ -37,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _harness import RESULTS_DIR, Results, copy_bandwidth, graphed, plot_csv, time_gpu  # noqa: E402
 
+from llmspeed_numba.ops import rms_norm as rms_norm_module  # noqa: E402
 from llmspeed_numba.ops.activations import gelu, gelu_and_mul, silu_and_mul  # noqa: E402
 from llmspeed_numba.ops.layer_norm import layer_norm  # noqa: E402
 from llmspeed_numba.ops.rms_norm import rms_norm  # noqa: E402
@@ -306,7 +308,13 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="hidden 4096 and bf16 only")
     parser.add_argument("--eager", action="store_true", help="time plain calls, not graphs")
     parser.add_argument("--dtypes", default=None, help="comma list (default bfloat16[,float16])")
+    parser.add_argument("--rms-schedule", default="auto",
+                        choices=("auto", *rms_norm_module.SCHEDULES),
+                        help="rms_norm without residual: schedule of register-held rows "
+                        "(auto: by row width, see rms_norm.py)")
     args = parser.parse_args(argv)
+    if args.rms_schedule != "auto":
+        rms_norm_module.NO_RESIDUAL_SCHEDULE = args.rms_schedule
     if args.dtypes is None:
         args.dtypes = "bfloat16" if args.quick else "bfloat16,float16"
 
@@ -373,7 +381,8 @@ def main(argv=None):
     head = (f"Fused ops on {results.gpu} @ {results.commit}: copy bandwidth {copy:.0f} GB/s "
             f"(2 GiB); target >= {100 * TARGET_COPY_FRACTION:.0f}% of it and faster than torch "
             f"eager. Same-size copy: a copy moving the op's bytes, timed like the op (graph, L2 "
-            f"flushed) - what the hardware reaches at that size.\n\n")
+            f"flushed) - what the hardware reaches at that size. rms_norm schedule: "
+            f"{args.rms_schedule}.\n\n")
     out_dir = os.environ.get("OUT") or RESULTS_DIR
     with open(os.path.join(out_dir, "fused_headline.md"), "w") as f:
         f.write(head + table + "\n")

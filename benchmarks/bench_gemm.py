@@ -76,7 +76,8 @@ SWEEP_SQUARES = [4096, 8192]
 SWEEP_SIMT = ("simt_128x128x8_t8x8", "simt_128x128x16_t8x8")
 #: (M = 128: the heuristic's split-K fallback, 128x128x64 s3, measured 0.53-0.56 of cuBLAS at
 #: 4a69216, 64x128x64 s4 0.62 on 128x4096x4096)
-SWEEP_LLM = [(2048, 4096, 4096), (128, 4096, 4096), (128, 14336, 4096), (16, 14336, 4096)]
+SWEEP_LLM = [(2048, 4096, 4096), (128, 4096, 4096), (128, 14336, 4096), (128, 4096, 14336),
+             (16, 14336, 4096)]
 
 
 @dataclasses.dataclass

@@ -12,8 +12,9 @@ from hypothesis import given, settings, strategies as st
 
 from llmspeed_numba import SIMULATOR
 from llmspeed_numba.ops import _rowwise
+from llmspeed_numba.ops import rms_norm as rms_norm_module
 from llmspeed_numba.ops.layer_norm import layer_norm
-from llmspeed_numba.ops.rms_norm import rms_norm
+from llmspeed_numba.ops.rms_norm import prepare_norm, rms_norm
 from llmspeed_numba.reference import fused as ref
 from llmspeed_numba.testing import (derived_check, host_copy, poison, random_array, to_device,
                                     to_device_copy)
@@ -43,18 +44,30 @@ def streaming(monkeypatch):
 
 
 def _norm_case(op, rng, shape, dtype, *, residual, weight_f32=False, offset=0, in_place=False,
-               bias=True):
+               bias=True, pad=0):
+    """One call checked against float64; ``pad`` > 0: x, residual and out are the first
+    ``shape[-1]`` columns of arrays ``pad`` columns wider (a row stride apart from the width)."""
     hidden = shape[-1]
     wdtype = "float32" if weight_f32 else dtype
-    x_h = random_array(shape, dtype, rng)
-    r_h = random_array(shape, dtype, rng) if residual else None
+    full = shape[:-1] + (hidden + pad,)
+
+    def columns(a):
+        return a[..., :hidden]
+
+    x_full = random_array(full, dtype, rng)
+    r_full = random_array(full, dtype, rng) if residual else None
+    x_h = np.ascontiguousarray(columns(x_full))
+    r_h = np.ascontiguousarray(columns(r_full)) if residual else None
     w_h = random_array((hidden,), wdtype, rng, scale=0.5)
     b_h = random_array((hidden,), wdtype, rng) if (op == "layer_norm" and bias) else None
-    x = dev(x_h, offset)
-    r = dev(r_h, offset) if residual else None
+    x = columns(dev(x_full, offset))
+    r = columns(dev(r_full, offset)) if residual else None
     w = dev(w_h)
     b = None if b_h is None else dev(b_h)
-    out = x if in_place else poison(dev(np.empty(shape, x_h.dtype), offset))
+    out_full = poison(dev(np.empty(full, x_h.dtype), offset))
+    out = x if in_place else columns(out_full)
+    if pad:
+        assert prepare_norm(x, w, b, r, out)["vec"] > 1, "padded case not on 16-byte chunks"
     eps = 1e-5
     if op == "rms_norm":
         got = rms_norm(x, w, eps, residual=r, out=out)
@@ -66,6 +79,8 @@ def _norm_case(op, rng, shape, dtype, *, residual, weight_f32=False, offset=0, i
         plain = ref.layer_norm_plain(x_h, w_h, b_h, eps, r_h)
     assert got is out
     derived_check(host(got), expected, plain, name=op)
+    if pad and not in_place:
+        assert np.isnan(host(out_full)[..., hidden:].astype(np.float32)).all(), "wrote past rows"
     # in place: residual updated exactly; x (unless it is out) and weight untouched
     if residual:
         np.testing.assert_array_equal(host(r).view(np.uint8), r_after.view(np.uint8))
@@ -99,6 +114,31 @@ def test_norm_streaming_rows(op, small_plan, streaming, rng):
 def test_norm_in_place_and_fp32_weight(op, small_plan, rng):
     _norm_case(op, rng, (2, 48), "bfloat16", residual=True, weight_f32=True, in_place=True)
     _norm_case(op, rng, (1, 24), "float16", residual=False, weight_f32=True, offset=3)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_norm_chunks_with_tail(op, small_plan, rng):
+    # (3, 83) columns of (3, 88) arrays, row stride 88: 10 16-byte chunks on 8 threads x 2 chunk
+    # slots (dead slots), a scalar tail of 3 (it once overwrote the first chunk's first word),
+    # 4 rows a block (one dead)
+    for residual in (False, True):
+        _norm_case(op, rng, (3, 83), "bfloat16", residual=residual, pad=5)
+
+
+@pytest.mark.parametrize("schedule", rms_norm_module.SCHEDULES)
+def test_rms_norm_schedules(schedule, small_plan, monkeypatch, rng):
+    # each schedule of register-held rows without the residual (the default picks by width)
+    monkeypatch.setattr(rms_norm_module, "NO_RESIDUAL_SCHEDULE", schedule)
+    _norm_case("rms_norm", rng, (3, 83), "float16", residual=False, pad=5)
+    _norm_case("rms_norm", rng, (2, 48), "bfloat16", residual=False, weight_f32=True)
+
+
+def test_rms_norm_schedule_switch_checked(monkeypatch, rng):
+    monkeypatch.setattr(rms_norm_module, "NO_RESIDUAL_SCHEDULE", "fastest")
+    x = dev(random_array((2, 16), "float16", rng))
+    w = dev(random_array((16,), "float16", rng))
+    with pytest.raises(ValueError, match="NO_RESIDUAL_SCHEDULE: expected None or one of"):
+        rms_norm(x, w)
 
 
 def test_layer_norm_without_bias(small_plan, rng):

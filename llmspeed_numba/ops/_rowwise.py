@@ -26,7 +26,8 @@ Element access
     move a chunk between memory and ``vec`` float32 slots of a local array (registers after
     inlining); ``chunk_words_loader`` / ``chunk_words_storer`` keep it as raw 32-bit words (half
     the registers for halves: how rows wait in registers) and ``chunk_unpacker`` /
-    ``chunk_packer`` convert words to and from float32.
+    ``chunk_packer`` convert words to and from float32. ``summed_chunk_loader`` reads a chunk of a
+    norm's input, adding (and writing back) the residual.
 
 Launching (``launch``)
     Under the simulator, host buffers are wrapped so a buffer passed twice (in-place outputs) is
@@ -139,33 +140,28 @@ def row_plan(chunks, max_threads=None):
 # ---- element access --------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
+def _converters(k):
+    """``(to_f32, from_f32)`` device functions of storage kind ``k``."""
+    if k == KIND_F16:
+        return ptx.f16_to_f32, ptx.f32_to_f16
+    if k == KIND_BF16:
+        return ptx.bf16_to_f32, ptx.f32_to_bf16
+
+    @cuda.jit(device=True, inline="always")
+    def f32(x):
+        return np.float32(x)
+
+    return f32, f32
+
+
 def to_f32(k):
     """Device function: one stored element (bits or float32) -> float32."""
-    if k == KIND_F16:
-        return ptx.f16_to_f32
-    if k == KIND_BF16:
-        return ptx.bf16_to_f32
-
-    @cuda.jit(device=True, inline="always")
-    def f32(x):
-        return np.float32(x)
-
-    return f32
+    return _converters(k)[0]
 
 
-@functools.lru_cache(maxsize=None)
 def from_f32(k):
     """Device function: float32 -> the stored element (bits or float32), round to nearest."""
-    if k == KIND_F16:
-        return ptx.f32_to_f16
-    if k == KIND_BF16:
-        return ptx.f32_to_bf16
-
-    @cuda.jit(device=True, inline="always")
-    def f32(x):
-        return np.float32(x)
-
-    return f32
+    return _converters(k)[1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -177,7 +173,7 @@ def rounder(k):
             return x
 
         return same
-    up, down = to_f32(k), from_f32(k)
+    up, down = _converters(k)
 
     @cuda.jit(device=True, inline="always")
     def rounded(x):
@@ -187,36 +183,47 @@ def rounder(k):
 
 
 @functools.lru_cache(maxsize=None)
-def chunk_loader(k, vec):
-    """Device function ``load(buf, offset, dst, d0)``: ``dst[d0 + i] = float32(buf[offset + i])``
-    for ``i < vec``. ``vec`` > 1 reads with 16-byte loads (``offset`` must be 16-byte aligned):
-    one for 8 halves or 4 floats, two for 8 floats (fp32 weights of a half-precision op)."""
+def _chunk_io(k, vec):
+    """``(load, store)`` of a chunk as float32 values (``chunk_loader`` / ``chunk_storer``)."""
     if vec == 1:
-        conv = to_f32(k)
+        up, down = _converters(k)
 
         @cuda.jit(device=True, inline="always")
         def load1(buf, offset, dst, d0):
-            dst[d0] = conv(buf[offset])
+            dst[d0] = up(buf[offset])
 
-        return load1
+        @cuda.jit(device=True, inline="always")
+        def store1(buf, offset, src, s0):
+            buf[offset] = down(src[s0])
+
+        return load1, store1
     if k == KIND_F32:
         if vec not in (4, 8):
             raise ValueError(f"fp32 chunks are 4 or 8 elements, got {vec}")
-        loads = vec // 4
+        accesses = vec // 4  # 16-byte ones
 
         @cuda.jit(device=True, inline="always")
         def load_f32(buf, offset, dst, d0):
-            for j in range(loads):
+            for j in range(accesses):
                 w = ptx.load_u32x4(buf, offset + 4 * j)
                 dst[d0 + 4 * j] = ptx.f32_from_bits(w[0])
                 dst[d0 + 4 * j + 1] = ptx.f32_from_bits(w[1])
                 dst[d0 + 4 * j + 2] = ptx.f32_from_bits(w[2])
                 dst[d0 + 4 * j + 3] = ptx.f32_from_bits(w[3])
 
-        return load_f32
+        @cuda.jit(device=True, inline="always")
+        def store_f32(buf, offset, src, s0):
+            for j in range(accesses):
+                ptx.store_u32x4(buf, offset + 4 * j, ptx.f32_bits(src[s0 + 4 * j]),
+                                ptx.f32_bits(src[s0 + 4 * j + 1]),
+                                ptx.f32_bits(src[s0 + 4 * j + 2]),
+                                ptx.f32_bits(src[s0 + 4 * j + 3]))
+
+        return load_f32, store_f32
     if vec != 8:
         raise ValueError(f"half-precision chunks are 8 elements, got {vec}")
     unpack = ptx.unpack_f16x2 if k == KIND_F16 else ptx.unpack_bf16x2
+    pack = ptx.pack_f16x2 if k == KIND_F16 else ptx.pack_bf16x2
 
     @cuda.jit(device=True, inline="always")
     def load_half(buf, offset, dst, d0):
@@ -226,46 +233,26 @@ def chunk_loader(k, vec):
         dst[d0 + 4], dst[d0 + 5] = unpack(w[2])
         dst[d0 + 6], dst[d0 + 7] = unpack(w[3])
 
-    return load_half
-
-
-@functools.lru_cache(maxsize=None)
-def chunk_storer(k, vec):
-    """Device function ``store(buf, offset, src, s0)``: ``buf[offset + i] = src[s0 + i]`` rounded
-    to the buffer's precision, for ``i < vec`` (16-byte stores when ``vec`` > 1: one for 8 halves
-    or 4 floats, two for 8 floats - fp32 output of a half-precision op)."""
-    if vec == 1:
-        conv = from_f32(k)
-
-        @cuda.jit(device=True, inline="always")
-        def store1(buf, offset, src, s0):
-            buf[offset] = conv(src[s0])
-
-        return store1
-    if k == KIND_F32:
-        if vec not in (4, 8):
-            raise ValueError(f"fp32 chunks are 4 or 8 elements, got {vec}")
-        stores = vec // 4
-
-        @cuda.jit(device=True, inline="always")
-        def store_f32(buf, offset, src, s0):
-            for j in range(stores):
-                ptx.store_u32x4(buf, offset + 4 * j, ptx.f32_bits(src[s0 + 4 * j]),
-                                ptx.f32_bits(src[s0 + 4 * j + 1]),
-                                ptx.f32_bits(src[s0 + 4 * j + 2]),
-                                ptx.f32_bits(src[s0 + 4 * j + 3]))
-
-        return store_f32
-    if vec != 8:
-        raise ValueError(f"half-precision chunks are 8 elements, got {vec}")
-    pack = ptx.pack_f16x2 if k == KIND_F16 else ptx.pack_bf16x2
-
     @cuda.jit(device=True, inline="always")
     def store_half(buf, offset, src, s0):
         ptx.store_u32x4(buf, offset, pack(src[s0], src[s0 + 1]), pack(src[s0 + 2], src[s0 + 3]),
                         pack(src[s0 + 4], src[s0 + 5]), pack(src[s0 + 6], src[s0 + 7]))
 
-    return store_half
+    return load_half, store_half
+
+
+def chunk_loader(k, vec):
+    """Device function ``load(buf, offset, dst, d0)``: ``dst[d0 + i] = float32(buf[offset + i])``
+    for ``i < vec``. ``vec`` > 1 reads with 16-byte loads (``offset`` must be 16-byte aligned):
+    one for 8 halves or 4 floats, two for 8 floats (fp32 weights of a half-precision op)."""
+    return _chunk_io(k, vec)[0]
+
+
+def chunk_storer(k, vec):
+    """Device function ``store(buf, offset, src, s0)``: ``buf[offset + i] = src[s0 + i]`` rounded
+    to the buffer's precision, for ``i < vec`` (16-byte stores when ``vec`` > 1: one for 8 halves
+    or 4 floats, two for 8 floats - fp32 output of a half-precision op)."""
+    return _chunk_io(k, vec)[1]
 
 
 # ---- rows kept in registers as raw words ------------------------------------------------------
@@ -279,8 +266,8 @@ def words_per_chunk(vec):
 
 
 @functools.lru_cache(maxsize=None)
-def chunk_words_loader(k, vec):
-    """Device function ``load(buf, offset, words, w0)``: the chunk at ``offset`` as raw words."""
+def _chunk_words_io(k, vec):
+    """``(load, store)`` of a chunk kept as raw words (``chunk_words_loader`` / ``_storer``)."""
     if vec > 1:
         @cuda.jit(device=True, inline="always")
         def load4(buf, offset, words, w0):
@@ -290,63 +277,72 @@ def chunk_words_loader(k, vec):
             words[w0 + 2] = w[2]
             words[w0 + 3] = w[3]
 
-        return load4
+        @cuda.jit(device=True, inline="always")
+        def store4(buf, offset, words, w0):
+            ptx.store_u32x4(buf, offset, words[w0], words[w0 + 1], words[w0 + 2], words[w0 + 3])
+
+        return load4, store4
     if k == KIND_F32:
         @cuda.jit(device=True, inline="always")
         def load_f32(buf, offset, words, w0):
             words[w0] = ptx.f32_bits(buf[offset])
 
-        return load_f32
+        @cuda.jit(device=True, inline="always")
+        def store_f32(buf, offset, words, w0):
+            buf[offset] = ptx.f32_from_bits(words[w0])
+
+        return load_f32, store_f32
 
     @cuda.jit(device=True, inline="always")
     def load_u16(buf, offset, words, w0):
         words[w0] = np.uint32(buf[offset])
 
-    return load_u16
-
-
-@functools.lru_cache(maxsize=None)
-def chunk_words_storer(k, vec):
-    """Device function ``store(buf, offset, words, w0)``: raw words back to memory."""
-    if vec > 1:
-        @cuda.jit(device=True, inline="always")
-        def store4(buf, offset, words, w0):
-            ptx.store_u32x4(buf, offset, words[w0], words[w0 + 1], words[w0 + 2], words[w0 + 3])
-
-        return store4
-    if k == KIND_F32:
-        @cuda.jit(device=True, inline="always")
-        def store_f32(buf, offset, words, w0):
-            buf[offset] = ptx.f32_from_bits(words[w0])
-
-        return store_f32
-
     @cuda.jit(device=True, inline="always")
     def store_u16(buf, offset, words, w0):
         buf[offset] = np.uint16(words[w0])
 
-    return store_u16
+    return load_u16, store_u16
+
+
+def chunk_words_loader(k, vec):
+    """Device function ``load(buf, offset, words, w0)``: the chunk at ``offset`` as raw words."""
+    return _chunk_words_io(k, vec)[0]
+
+
+def chunk_words_storer(k, vec):
+    """Device function ``store(buf, offset, words, w0)``: raw words back to memory."""
+    return _chunk_words_io(k, vec)[1]
 
 
 @functools.lru_cache(maxsize=None)
-def chunk_unpacker(k, vec):
-    """Device function ``unpack(words, w0, dst)``: ``dst[0:vec]`` = the chunk as float32."""
+def _chunk_codec(k, vec):
+    """``(unpack, pack)`` between raw words and float32 (``chunk_unpacker`` / ``chunk_packer``)."""
     if k == KIND_F32:
         @cuda.jit(device=True, inline="always")
         def unpack_f32(words, w0, dst):
             for i in range(vec):
                 dst[i] = ptx.f32_from_bits(words[w0 + i])
 
-        return unpack_f32
+        @cuda.jit(device=True, inline="always")
+        def pack_f32(src, words, w0):
+            for i in range(vec):
+                words[w0 + i] = ptx.f32_bits(src[i])
+
+        return unpack_f32, pack_f32
     if vec == 1:
-        conv = to_f32(k)
+        up, down = _converters(k)
 
         @cuda.jit(device=True, inline="always")
         def unpack1(words, w0, dst):
-            dst[0] = conv(np.uint16(words[w0]))
+            dst[0] = up(np.uint16(words[w0]))
 
-        return unpack1
+        @cuda.jit(device=True, inline="always")
+        def pack1(src, words, w0):
+            words[w0] = np.uint32(down(src[0]))
+
+        return unpack1, pack1
     unpack = ptx.unpack_f16x2 if k == KIND_F16 else ptx.unpack_bf16x2
+    pack = ptx.pack_f16x2 if k == KIND_F16 else ptx.pack_bf16x2
 
     @cuda.jit(device=True, inline="always")
     def unpack8(words, w0, dst):
@@ -355,29 +351,6 @@ def chunk_unpacker(k, vec):
         dst[4], dst[5] = unpack(words[w0 + 2])
         dst[6], dst[7] = unpack(words[w0 + 3])
 
-    return unpack8
-
-
-@functools.lru_cache(maxsize=None)
-def chunk_packer(k, vec):
-    """Device function ``pack(src, words, w0)``: ``src[0:vec]`` rounded into raw words."""
-    if k == KIND_F32:
-        @cuda.jit(device=True, inline="always")
-        def pack_f32(src, words, w0):
-            for i in range(vec):
-                words[w0 + i] = ptx.f32_bits(src[i])
-
-        return pack_f32
-    if vec == 1:
-        conv = from_f32(k)
-
-        @cuda.jit(device=True, inline="always")
-        def pack1(src, words, w0):
-            words[w0] = np.uint32(conv(src[0]))
-
-        return pack1
-    pack = ptx.pack_f16x2 if k == KIND_F16 else ptx.pack_bf16x2
-
     @cuda.jit(device=True, inline="always")
     def pack8(src, words, w0):
         words[w0] = pack(src[0], src[1])
@@ -385,7 +358,43 @@ def chunk_packer(k, vec):
         words[w0 + 2] = pack(src[4], src[5])
         words[w0 + 3] = pack(src[6], src[7])
 
-    return pack8
+    return unpack8, pack8
+
+
+def chunk_unpacker(k, vec):
+    """Device function ``unpack(words, w0, dst)``: ``dst[0:vec]`` = the chunk as float32."""
+    return _chunk_codec(k, vec)[0]
+
+
+def chunk_packer(k, vec):
+    """Device function ``pack(src, words, w0)``: ``src[0:vec]`` rounded into raw words."""
+    return _chunk_codec(k, vec)[1]
+
+
+@functools.lru_cache(maxsize=None)
+def summed_chunk_loader(k, vec, has_residual):
+    """Device function ``load(x, xi, residual, ri, words, rwords, a, b)`` of a norm's first pass:
+    the chunk of ``x`` at ``xi`` as raw words in ``words[0:wpc]`` and float32 in ``a``; with
+    ``has_residual``, first added in fp32 to the residual's chunk at ``ri``, rounded to the
+    storage precision and written back there (the sum is then what ``words`` and ``a`` hold;
+    ``rwords`` and ``b`` are scratch)."""
+    load, store = _chunk_words_io(k, vec)
+    unpack, pack = _chunk_codec(k, vec)
+
+    @cuda.jit(device=True, inline="always")
+    def load_summed(x, xi, residual, ri, words, rwords, a, b):
+        load(x, xi, words, 0)
+        unpack(words, 0, a)
+        if has_residual:
+            load(residual, ri, rwords, 0)
+            unpack(rwords, 0, b)
+            for i in range(vec):
+                a[i] = a[i] + b[i]
+            pack(a, words, 0)
+            store(residual, ri, words, 0)
+            unpack(words, 0, a)
+
+    return load_summed
 
 
 # ---- reductions ------------------------------------------------------------------------------

@@ -41,7 +41,8 @@ def _layer_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, has_
     unpack = rw.chunk_unpacker(x_kind, vec)
     pack = rw.chunk_packer(x_kind, vec)
     load_w = rw.chunk_loader(w_kind, vec)
-    load1 = rw.chunk_words_loader(x_kind, 1)
+    load_summed = rw.summed_chunk_loader(x_kind, vec, has_residual)
+    load_summed1 = rw.summed_chunk_loader(x_kind, 1, has_residual)
     store1 = rw.chunk_words_storer(x_kind, 1)
     unpack1 = rw.chunk_unpacker(x_kind, 1)
     pack1 = rw.chunk_packer(x_kind, 1)
@@ -56,6 +57,8 @@ def _layer_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, has_
         scratch = cuda.shared.array(slots, np.float32)
         words = cuda.local.array(nwords, np.uint32)
         rwords = cuda.local.array(nwords, np.uint32)
+        tword = cuda.local.array(1, np.uint32)  # the tail element: apart from the row's words
+        trword = cuda.local.array(1, np.uint32)
         a = cuda.local.array(vec, np.float32)
         b = cuda.local.array(vec, np.float32)
         t = cuda.threadIdx.x % tpr
@@ -94,34 +97,14 @@ def _layer_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, has_
         else:
             c = t
             while live and c < chunks:
-                load(x, xo + c * vec, words, 0)
-                unpack(words, 0, a)
-                if has_residual:
-                    load(residual, ro + c * vec, rwords, 0)
-                    unpack(rwords, 0, b)
-                    for i in range(vec):
-                        a[i] = a[i] + b[i]
-                    pack(a, words, 0)
-                    store(residual, ro + c * vec, words, 0)
-                    unpack(words, 0, a)
+                load_summed(x, xo + c * vec, residual, ro + c * vec, words, rwords, a, b)
                 for i in range(vec):
                     acc += a[i]
                 c += tpr
         tail = chunks * vec + t
         tail_live = has_tail and live and tail < cols
-        tword = np.uint32(0)
         if tail_live:
-            load1(x, xo + tail, words, 0)
-            tword = words[0]
-            unpack1(words, 0, a)
-            if has_residual:
-                load1(residual, ro + tail, rwords, 0)
-                unpack1(rwords, 0, b)
-                a[0] = a[0] + b[0]
-                pack1(a, words, 0)
-                tword = words[0]
-                store1(residual, ro + tail, words, 0)
-                unpack1(words, 0, a)
+            load_summed1(x, xo + tail, residual, ro + tail, tword, trword, a, b)
             acc += a[0]
         mean = row_sum(acc, scratch) * inv_cols
 
@@ -145,8 +128,7 @@ def _layer_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, has_
                     acc += d * d
                 c += tpr
         if tail_live:
-            rwords[0] = tword
-            unpack1(rwords, 0, a)
+            unpack1(tword, 0, a)
             d = a[0] - mean
             acc += d * d
         inv = _F1 / math.sqrt(row_sum(acc, scratch) * inv_cols + eps)
@@ -182,15 +164,14 @@ def _layer_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, has_
                 store(out, oo + c * vec, words, 0)
                 c += tpr
         if tail_live:
-            words[0] = tword
-            unpack1(words, 0, a)
+            unpack1(tword, 0, a)
             load_w1(weight, tail, b, 0)
             a[0] = (a[0] - mean) * inv * b[0]
             if has_bias:
                 load_w1(bias, tail, b, 0)
                 a[0] += b[0]
-            pack1(a, words, 0)
-            store1(out, oo + tail, words, 0)
+            pack1(a, tword, 0)
+            store1(out, oo + tail, tword, 0)
 
     return layer_norm_kernel
 

@@ -32,18 +32,24 @@ Kernel (one block per (batch, kv head, split, row tile), ``WARPS`` warps):
   P's C fragments reused as A fragments and V read by ``ldmatrix.x4.trans``.
 - End. The warps' partial (max, sum, O) are merged through shared memory. With one split the
   block writes ``out`` (and ``lse``) directly; with several, each block writes its normalised fp32
-  partial output and log2-sum-exp to a workspace and ``_reduce_kernel`` (one warp per output row,
-  8 splits' loads in flight at a time) merges the splits. Torch callers' workspace is kept per
-  (device, stream) and reused; repeated call signatures launch through a recorded fast path
-  (see "the launch fast path" below).
+  partial output and log2-sum-exp to a workspace, then (``SPLIT_PATH = "folded"``, the default)
+  fences them and draws a ticket (``atomicAdd`` on its (batch, KV head, row tile) counter); the
+  block drawing the last ticket merges all the splits' partials (a lane per 16 bytes of a row and
+  group of splits, ``MERGE_UNROLL`` loads in flight, a shuffle butterfly across the groups),
+  writes ``out`` / ``lse`` and sets the counter back to 0, so the workspace is zeroed only when
+  made and a CUDA graph replays the kernel as it is. ``"two_kernels"`` instead leaves the merge
+  to ``_reduce_kernel`` (one warp per output row, 8 splits' loads in flight at a time), a second
+  launch. The workspace is kept per (device, stream) and reused; repeated call signatures launch
+  through a recorded fast path (see "the launch fast path" below).
 
 Split count (``num_splits=None``): from batch, kv heads, row tiles and the longest possible
 sequence (``max_blocks_per_seq * block_size``: no device-to-host read), the count with the lowest
 modelled time, waves of resident blocks (SMs x blocks an SM holds) x keys a split, plus fixed
-costs (``choose_num_splits``): batch 32 x 8 KV heads is one wave unsplit, batch 1 x 8 KV heads at
-32K keys gets 33 splits. Each sequence is then divided evenly among the splits by its own
-length (tile-aligned), so shorter sequences get shorter splits. Pass a trimmed block_table
-(``PagedKVCache.tables`` does) so that its width tracks the real lengths.
+costs (``choose_num_splits``): at D 128 (one 8-warp block an SM) batch 1 x 8 KV heads at 32K keys
+gets 16 splits (128 blocks, one wave), batch 32 x 8 KV heads at 8K keys none. Each sequence is
+then divided evenly among the splits by its own length (tile-aligned), so shorter sequences get
+shorter splits. Pass a trimmed block_table (``PagedKVCache.tables`` does) so that its width
+tracks the real lengths.
 
 Bounds (``check_bounds``): the kernel is memory-safe for any block_table / seq_lens contents
 (lengths are clamped to ``[0, max_blocks_per_seq * block_size]``, page ids to
@@ -92,13 +98,27 @@ Q_IN_SHARED_FROM = 256
 #: Simulator configuration: two warps (so the cross-warp merge runs) and two stages.
 SIMULATOR_CONFIG = (2, 2)
 
+#: How split partials are merged: ``"folded"``, by the last block of each (batch, KV head, row
+#: tile) to finish (an atomic ticket), inside the decode kernel; ``"two_kernels"``, by a second
+#: kernel (``_reduce_kernel``), kept for comparison (``_split_path=`` selects it per call).
+SPLIT_PATH = "folded"
+SPLIT_PATHS = ("folded", "two_kernels")
+
 #: Split-count heuristic: a split shorter than this many tiles per warp is not worth its share of
-#: the merge; at most this many splits (the reduce kernel loops over them).
+#: the merge; at most this many splits (the merges loop over them).
 MIN_TILES_PER_WARP = 2
 MAX_SPLITS = 128
-#: Fixed cost of a block (Q load, merge, partial write) and of the reduce pass, in keys.
+#: Fixed cost of a block (Q load, merge, partial write) and of the reduce kernel (a second launch
+#: and its pass), in keys. The folded merge costs the last block a fixed part (fences, ticket,
+#: one round of L2 loads) and a part per split (its partials, 2 KB a split at group 4, read by
+#: one SM): estimates, not yet fitted to a measurement (``bench_decode.py --ab`` sweeps them).
 BLOCK_OVERHEAD_KEYS = 128
 REDUCE_OVERHEAD_KEYS = 128
+FOLDED_MERGE_KEYS = 32
+FOLDED_MERGE_KEYS_PER_SPLIT = 1
+
+#: Splits a lane of the folded merge loads before using any (16 bytes of partial output each).
+MERGE_UNROLL = 8
 
 LN2 = math.log(2.0)
 _SM_REGISTERS = 65536
@@ -117,6 +137,50 @@ def shared_bytes(head_dim, warps, stages, q_smem):
     """Dynamic shared memory of a block: the warps' K/V rings (and the Q tile)."""
     q_tile = 16 * _pitch(head_dim) if q_smem else 0
     return (warps * stages * 2 * TILE * _pitch(head_dim) + q_tile) * 2
+
+
+# ---- device helpers -------------------------------------------------------------------------
+
+_device = cuda.jit(device=True, inline="always")
+
+
+@_device
+def _exp2_base(m):
+    """What scores are measured from: the row's max ``m``, or 0 while nothing is attended
+    (``m = -inf``), so that ``exp2`` sees ``-inf`` (giving 0), never ``-inf - -inf`` (NaN)."""
+    if m == NEG_INF:
+        return np.float32(0.0)
+    return m
+
+
+@_device
+def _softmax_step(m, l, x0, x1, x2, x3):
+    """One key tile of a row's online softmax: the row's four scores in this lane (log2 units),
+    its running max ``m`` and sum ``l`` across the lane's quad -> ``(m, l, alpha, p0..p3)``,
+    ``alpha`` rescaling the row's earlier output and ``p`` the tile's probabilities."""
+    mx = max(max(x0, x1), max(x2, x3))
+    mx = max(mx, ptx.shfl_xor_f32(mx, 1))
+    mx = max(mx, ptx.shfl_xor_f32(mx, 2))
+    m_new = max(m, mx)
+    base = _exp2_base(m_new)
+    alpha = ptx.ex2_approx(m - base)
+    p0 = ptx.ex2_approx(x0 - base)
+    p1 = ptx.ex2_approx(x1 - base)
+    p2 = ptx.ex2_approx(x2 - base)
+    p3 = ptx.ex2_approx(x3 - base)
+    return m_new, l * alpha + ((p0 + p1) + (p2 + p3)), alpha, p0, p1, p2, p3
+
+
+@_device
+def _merge_state(m, l, a0, a1, a2, a3, m2, l2, b0, b1, b2, b3):
+    """Two partial softmax states of one row (log2 max, sum, four unnormalised outputs) as one;
+    a state with ``m = -inf`` (nothing attended) adds nothing."""
+    big = max(m, m2)
+    base = _exp2_base(big)
+    f = ptx.ex2_approx(m - base)
+    f2 = ptx.ex2_approx(m2 - base)
+    return (big, l * f + l2 * f2, a0 * f + b0 * f2, a1 * f + b1 * f2, a2 * f + b2 * f2,
+            a3 * f + b3 * f2)
 
 
 # ---- kernels ------------------------------------------------------------------------------
@@ -153,13 +217,16 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
     to_half = ptx.f32_to_bf16 if is_bf16 else ptx.f32_to_f16
     zero_u32 = np.uint32(0)
     zero_f = np.float32(0.0)
+    one_f = np.float32(1.0)
     ln2 = np.float32(LN2)
+    COLS4 = D // 4             # 16-byte columns of a row (folded merge)
 
-    def paged_decode_kernel(q, kc, vc, bt, sl, out, lse, part_o, part_lse,
+    def paged_decode_kernel(q, kc, vc, bt, sl, out, lse, part_o, part_lse, tickets,
                             sqb, sqt, sqh, sqd, skb, skt, skh, svb, svt, svh, sbtb, sbts, ssl,
                             sob, sot, soh, sod, slb, slh, slt,
                             q_len, nheads, nheads_k, group, rows_total, row_tiles, max_slots,
-                            num_blocks, bs_shift, window_left, num_splits, scale_log2, want_lse):
+                            num_blocks, bs_shift, window_left, num_splits, scale_log2, want_lse,
+                            folded):
         smem = cuda.shared.array(0, np.uint16)
         smem_f = cuda.shared.array(0, np.float32)
         tid = cuda.threadIdx.x
@@ -419,36 +486,12 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
                         if c0 + 9 < lo_1 or c0 + 9 > hi_1:
                             sb3 = NEG_INF
                 # online softmax, row g (and g + 8)
-                mx = max(max(sa0, sa1), max(sb0, sb1))
-                mx = max(mx, ptx.shfl_xor_f32(mx, 1))
-                mx = max(mx, ptx.shfl_xor_f32(mx, 2))
-                m_new = max(m_0, mx)
-                base = m_new
-                if m_new == NEG_INF:
-                    base = zero_f
-                alpha_0 = ptx.ex2_approx(m_0 - base)
-                m_0 = m_new
-                sa0 = ptx.ex2_approx(sa0 - base)
-                sa1 = ptx.ex2_approx(sa1 - base)
-                sb0 = ptx.ex2_approx(sb0 - base)
-                sb1 = ptx.ex2_approx(sb1 - base)
-                l_0 = l_0 * alpha_0 + ((sa0 + sa1) + (sb0 + sb1))
+                m_0, l_0, alpha_0, sa0, sa1, sb0, sb1 = _softmax_step(m_0, l_0, sa0, sa1,
+                                                                      sb0, sb1)
                 alpha_1 = zero_f
                 if m16:
-                    mx = max(max(sa2, sa3), max(sb2, sb3))
-                    mx = max(mx, ptx.shfl_xor_f32(mx, 1))
-                    mx = max(mx, ptx.shfl_xor_f32(mx, 2))
-                    m_new = max(m_1, mx)
-                    base = m_new
-                    if m_new == NEG_INF:
-                        base = zero_f
-                    alpha_1 = ptx.ex2_approx(m_1 - base)
-                    m_1 = m_new
-                    sa2 = ptx.ex2_approx(sa2 - base)
-                    sa3 = ptx.ex2_approx(sa3 - base)
-                    sb2 = ptx.ex2_approx(sb2 - base)
-                    sb3 = ptx.ex2_approx(sb3 - base)
-                    l_1 = l_1 * alpha_1 + ((sa2 + sa3) + (sb2 + sb3))
+                    m_1, l_1, alpha_1, sa2, sa3, sb2, sb3 = _softmax_step(m_1, l_1, sa2, sa3,
+                                                                          sb2, sb3)
                 # P's C fragments are the A fragment of the P V step
                 p0 = pack(sa0, sa1)
                 p2 = pack(sb0, sb1)
@@ -534,6 +577,85 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
                     if d == 0:
                         part_lse[row_id * num_splits + split] = lse2
 
+        if num_splits == 1 or folded == 0:
+            return
+        # ---- folded reduction: the block that finishes its rows' splits last merges them ----
+        # Release: this thread's partials are visible GPU-wide before the block's ticket.
+        cuda.threadfence()
+        cuda.syncthreads()
+        last = 0
+        if tid == 0:
+            ticket_id = bid // num_splits
+            if cuda.atomic.add(tickets, ticket_id, np.int32(1)) == num_splits - 1:
+                last = 1
+                tickets[ticket_id] = 0  # every split has drawn: zero for the next launch
+            cuda.threadfence()  # acquire: the other splits' partials, fenced before their tickets
+        if cuda.syncthreads_or(last) == 0:
+            return
+        # Items (column of 4 outputs of a row, part): a column's ``parts`` items are adjacent
+        # lanes, each merging every parts-th split (UNROLL loads in flight), then a butterfly
+        # of shuffles merges the parts and lane part 0 writes.
+        cols = (row_last - row_first + 1) * COLS4
+        parts = 1
+        while parts < 32 and 2 * parts * cols <= THREADS and parts < num_splits:
+            parts *= 2
+        stride = parts * MERGE_UNROLL
+        for first in range(0, cols * parts, THREADS):  # the same trip count in every lane
+            item = first + tid
+            col = item // parts
+            part = item - col * parts
+            m = NEG_INF
+            l = zero_f
+            a0 = zero_f
+            a1 = zero_f
+            a2 = zero_f
+            a3 = zero_f
+            r = col // COLS4
+            d = (col - r * COLS4) * 4
+            gr = row_first + r
+            tq = gr // group
+            head = kvh * group + gr - tq * group
+            src = ((b * q_len + tq) * nheads + head) * num_splits
+            if col < cols:
+                for s0 in range(part, num_splits, stride):
+                    ws = cuda.local.array(MERGE_UNROLL, np.float32)
+                    vs = cuda.local.array((MERGE_UNROLL, 4), np.float32)
+                    for u in range(MERGE_UNROLL):  # loads first: their latencies overlap
+                        s = min(s0 + u * parts, num_splits - 1)
+                        ws[u] = part_lse[src + s]
+                        if s0 + u * parts >= num_splits:
+                            ws[u] = NEG_INF  # past the end: weight 0
+                        v0, v1, v2, v3 = ptx.load_u32x4(part_o, (src + s) * D + d)
+                        vs[u, 0] = ptx.f32_from_bits(v0)
+                        vs[u, 1] = ptx.f32_from_bits(v1)
+                        vs[u, 2] = ptx.f32_from_bits(v2)
+                        vs[u, 3] = ptx.f32_from_bits(v3)
+                    for u in range(MERGE_UNROLL):
+                        m, l, a0, a1, a2, a3 = _merge_state(m, l, a0, a1, a2, a3, ws[u], one_f,
+                                                            vs[u, 0], vs[u, 1], vs[u, 2],
+                                                            vs[u, 3])
+            mask = 1
+            while mask < parts:
+                m, l, a0, a1, a2, a3 = _merge_state(
+                    m, l, a0, a1, a2, a3, ptx.shfl_xor_f32(m, mask), ptx.shfl_xor_f32(l, mask),
+                    ptx.shfl_xor_f32(a0, mask), ptx.shfl_xor_f32(a1, mask),
+                    ptx.shfl_xor_f32(a2, mask), ptx.shfl_xor_f32(a3, mask))
+                mask *= 2
+            if col < cols and part == 0:
+                inv = zero_f
+                if l > zero_f:
+                    inv = one_f / l
+                o_at = b * sob + tq * sot + head * soh + d * sod
+                out[o_at] = to_half(a0 * inv)
+                out[o_at + sod] = to_half(a1 * inv)
+                out[o_at + 2 * sod] = to_half(a2 * inv)
+                out[o_at + 3 * sod] = to_half(a3 * inv)
+                if want_lse != 0 and d == 0:
+                    value = NEG_INF
+                    if l > zero_f:
+                        value = (m + math.log2(l)) * ln2
+                    lse[b * slb + head * slh + tq * slt] = value
+
     return paged_decode_kernel
 
 
@@ -604,9 +726,9 @@ def _reduce_kernel_fn(head_dim, is_bf16):
 
 _DECODE_SIGNATURE = (
     (array1d(np.uint16),) * 3 + (array1d(np.int32),) * 2
-    + (array1d(np.uint16),) + (array1d(np.float32),) * 3
+    + (array1d(np.uint16),) + (array1d(np.float32),) * 3 + (array1d(np.int32),)
     + (types.int64,) * 20
-    + (types.int32,) * 11 + (types.float32, types.int32)
+    + (types.int32,) * 11 + (types.float32, types.int32, types.int32)
 )
 
 _REDUCE_SIGNATURE = (
@@ -646,20 +768,23 @@ def resident_blocks_per_sm(head_dim, m16, page8, is_bf16, warps, stages, q_smem)
 
 
 @functools.lru_cache(maxsize=4096)
-def choose_num_splits(blocks, max_len, warps, slots):
+def choose_num_splits(blocks, max_len, warps, slots, folded=True):
     """Split count for ``blocks`` (batch x kv heads x row tiles) blocks of at most ``max_len``
     keys on ``slots`` resident blocks (SMs x blocks per SM).
 
-    Models the time as waves x (keys a split + a block's fixed cost), plus the reduce pass when
-    splitting, and takes the cheapest count (the smallest among equals); a split keeps at least
-    ``MIN_TILES_PER_WARP`` tiles per warp."""
+    Models the time as waves x (keys a split + a block's fixed cost), plus the merge when
+    splitting (folded into the last block, or the reduce kernel), and takes the cheapest count
+    (the smallest among equals); a split keeps at least ``MIN_TILES_PER_WARP`` tiles per warp."""
     tiles = -(-max(max_len, 1) // TILE)
     limit = max(1, min(MAX_SPLITS, tiles // (MIN_TILES_PER_WARP * warps)))
     best, best_cost = 1, None
     for splits in range(1, limit + 1):
         waves = -(-blocks * splits // slots)
         keys = -(-tiles // splits) * TILE
-        cost = waves * (keys + BLOCK_OVERHEAD_KEYS) + (REDUCE_OVERHEAD_KEYS if splits > 1 else 0)
+        cost = waves * (keys + BLOCK_OVERHEAD_KEYS)
+        if splits > 1:
+            cost += (FOLDED_MERGE_KEYS + FOLDED_MERGE_KEYS_PER_SPLIT * splits if folded
+                     else REDUCE_OVERHEAD_KEYS)
         if best_cost is None or cost < best_cost:
             best, best_cost = splits, cost
     return best
@@ -667,7 +792,7 @@ def choose_num_splits(blocks, max_len, warps, slots):
 
 # ---- launcher -------------------------------------------------------------------------------
 
-def _check_options(softmax_scale, window_size, headdim, num_splits):
+def _check_options(softmax_scale, window_size, headdim, num_splits, split_path):
     scale = _checks.softmax_scale(softmax_scale, headdim)
     left, right = _checks.window_size(window_size)
     if right > 0:
@@ -681,6 +806,9 @@ def _check_options(softmax_scale, window_size, headdim, num_splits):
         if not 1 <= num_splits <= MAX_SPLITS:
             raise ValueError(f"num_splits: expected 1 <= num_splits <= {MAX_SPLITS}, got "
                              f"{num_splits}")
+    if split_path not in SPLIT_PATHS:
+        raise ValueError(f"_split_path: expected one of {SPLIT_PATHS} or None, got "
+                         f"{split_path!r}")
     return scale, int(left)
 
 
@@ -775,10 +903,12 @@ def _validate(q, k_cache, v_cache, block_table, seq_lens):
 
 @functools.lru_cache(maxsize=4096)
 def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_per_seq,
-                dtype, num_splits=None, tuning=None):
+                dtype, num_splits=None, tuning=None, split_path=None):
     """How ``paged_decode_attention`` runs these shapes: the kernel configuration
     ``(headdim, m16, page8, is_bf16, warps, stages, q_smem)``, the split count, the query rows
-    a KV head has (``group * q_len``) and their row tiles, and the blocks a split."""
+    a KV head has (``group * q_len``) and their row tiles, the blocks a split, and whether the
+    splits are merged in the decode kernel (``folded``; ``split_path`` None: ``SPLIT_PATH``)."""
+    folded = (SPLIT_PATH if split_path is None else split_path) == "folded"
     group = nheads // nheads_k
     rows_total = group * q_len
     m16 = rows_total > 8
@@ -791,14 +921,16 @@ def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_
     blocks = batch * nheads_k * row_tiles
     if num_splits is None:
         slots = sm_count() * resident_blocks_per_sm(*config)
-        num_splits = choose_num_splits(blocks, max_blocks_per_seq * block_size, warps, slots)
+        num_splits = choose_num_splits(blocks, max_blocks_per_seq * block_size, warps, slots,
+                                       folded)
     return {"config": config, "num_splits": int(num_splits), "group": group,
-            "rows_total": rows_total, "row_tiles": row_tiles, "blocks": blocks}
+            "rows_total": rows_total, "row_tiles": row_tiles, "blocks": blocks,
+            "folded": folded}
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, *, softmax_scale=None,
                            window_size=(-1, -1), return_lse=False, out=None, stream=None,
-                           num_splits=None, check_bounds=None, _tuning=None):
+                           num_splits=None, check_bounds=None, _tuning=None, _split_path=None):
     """Attention of the newest tokens of each sequence over its paged KV cache.
 
     q: (batch, nheads, headdim), or (batch, q_len, nheads, headdim) for ``q_len`` new tokens
@@ -818,13 +950,15 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, *, softma
     ``lse`` float32 (batch, nheads) for 3-D q or (batch, nheads, q_len) for 4-D q (natural log;
     ``-inf`` for a query with nothing to attend). ``num_splits``: split-K count (None: chosen
     from the shapes, see the module docstring). ``check_bounds``: see the module docstring.
+    ``_split_path``: ``"folded"`` or ``"two_kernels"`` (None: ``SPLIT_PATH``), for comparisons.
 
     Errors: ``TypeError`` (not an array, dtype), ``ValueError`` (shapes, strides, alignment,
     options; with checks on, seq_lens / block_table contents), ``NotImplementedError`` (headdim,
     block_size, window_size[1] > 0).
     """
+    split_path = SPLIT_PATH if _split_path is None else _split_path
     key = _fast_key(q, k_cache, v_cache, block_table, seq_lens, out, softmax_scale, window_size,
-                    return_lse, stream, num_splits, check_bounds, _tuning)
+                    return_lse, stream, num_splits, check_bounds, _tuning, split_path)
     if key is not None:
         fast = _FAST.get(key)
         if fast is not None:
@@ -836,7 +970,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, *, softma
     nheads, headdim = tq.shape[-2], tq.shape[-1]
     num_blocks, block_size, nheads_k, _ = tk.shape
     q_len = tq.shape[1] if tq.ndim == 4 else 1
-    scale, left = _check_options(softmax_scale, window_size, headdim, num_splits)
+    scale, left = _check_options(softmax_scale, window_size, headdim, num_splits, split_path)
     lse_shape = (batch, nheads, q_len) if tq.ndim == 4 else (batch, nheads)
     out_given = out is not None
     to = output("out", out, tq.shape, tq.dtype, tq)
@@ -856,8 +990,8 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, *, softma
 
     plan = launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, tbt.shape[1],
                        tq.dtype, None if num_splits is None else int(num_splits),
-                       None if _tuning is None else tuple(_tuning))
-    config, num_splits = plan["config"], plan["num_splits"]
+                       None if _tuning is None else tuple(_tuning), split_path)
+    config, num_splits, folded = plan["config"], plan["num_splits"], plan["folded"]
     warps, stages, q_smem = config[4:]
     group, rows_total, row_tiles = plan["group"], plan["rows_total"], plan["row_tiles"]
     blocks, max_slots = plan["blocks"], tbt.shape[1]
@@ -878,32 +1012,35 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, *, softma
     handle = stream_handle(stream, (tq, tk))
     split = num_splits > 1
     rows = batch * q_len * nheads
+    work = (rows * num_splits * headdim, rows * num_splits, blocks if folded else 0)
     if split:
-        po, pl = _workspace(tq, handle, rows * num_splits * headdim, rows * num_splits)
+        po, pl, tickets = _workspace(tq, handle, *work)
     else:
         po = pl = _dummy(np.float32)
+        tickets = _dummy(np.int32)
     lse_buf = kernel_buffer(tl) if return_lse else _dummy(np.float32)
     kernel = _decode_kernel(*config)
     main = (blocks * num_splits, 32 * warps,
             (kernel_buffer(tq), kernel_buffer(tk), kernel_buffer(tv), kernel_buffer(tbt),
-             kernel_buffer(tsl), kernel_buffer(to), lse_buf, po, pl,
+             kernel_buffer(tsl), kernel_buffer(to), lse_buf, po, pl, tickets,
              sqb, sqt, sqh, sqd, *tk.strides[:3], *tv.strides[:3], *tbt.strides,
              tsl.strides[0], sob, sot, soh, sod, slb, slh, slt,
              q_len, nheads, nheads_k, group, rows_total, row_tiles, max_slots, num_blocks,
-             block_size.bit_length() - 1, left, num_splits, scale * LOG2E, int(return_lse)),
+             block_size.bit_length() - 1, left, num_splits, scale * LOG2E, int(return_lse),
+             int(folded)),
             shared_bytes(headdim, warps, stages, q_smem))
     kernel(main[0], main[1], main[2], handle, main[3])
     reduce = None
-    if split:
+    if split and not folded:
         reduce = (-(-rows // REDUCE_WARPS), 32 * REDUCE_WARPS,
                   (po, pl, kernel_buffer(to), lse_buf, sob, sot, soh, sod, slb, slh, slt,
                    rows, q_len, nheads, num_splits, int(return_lse)), 0)
         _reduce_kernel(headdim, config[3])(reduce[0], reduce[1], reduce[2], handle, reduce[3])
     if key is not None and not check_bounds and len(_FAST) < _FAST_MAX:
         _FAST[key] = _FastCall(
-            _decode_kernel(*config), main, _reduce_kernel(headdim, config[3]) if split else None,
-            reduce, out_given, tq, lse_shape if return_lse else None,
-            (rows * num_splits * headdim, rows * num_splits) if split else None)
+            _decode_kernel(*config), main,
+            None if reduce is None else _reduce_kernel(headdim, config[3]), reduce, out_given,
+            tq, lse_shape if return_lse else None, work if split else None)
     return (out, lse) if return_lse else out
 
 
@@ -919,9 +1056,12 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, *, softma
 #: Signatures kept (first come, first kept).
 _FAST_MAX = 256
 _FAST = {}
-#: (device, stream) -> (part_o, part_lse): the split workspace, kept and grown, never shrunk
-#: (kernels on one stream run in order, so one stream's launches can share it).
+#: (device, stream) -> _Workspace: split partials and folded-merge tickets, kept and grown, never
+#: shrunk (kernels on one stream run in order, so one stream's launches can share it; the folded
+#: merge leaves every ticket 0 again).
 _WORKSPACES = {}
+#: Replaced workspaces stay alive: a captured CUDA graph may still point at them.
+_RETIRED = []
 
 
 def _sig(x):
@@ -929,7 +1069,7 @@ def _sig(x):
 
 
 def _fast_key(q, k_cache, v_cache, block_table, seq_lens, out, softmax_scale, window_size,
-              return_lse, stream, num_splits, check_bounds, tuning):
+              return_lse, stream, num_splits, check_bounds, tuning, split_path):
     """The fast-path signature of a call with torch CUDA tensors, else None."""
     if SIMULATOR or type(q).__module__ != "torch":
         return None
@@ -938,33 +1078,87 @@ def _fast_key(q, k_cache, v_cache, block_table, seq_lens, out, softmax_scale, wi
                None if out is None else _sig(out), softmax_scale, type(softmax_scale),
                tuple(window_size), tuple(map(type, window_size)), return_lse,
                type(return_lse), stream is None, num_splits, type(num_splits), check_bounds,
-               None if tuning is None else tuple(tuning))
+               None if tuning is None else tuple(tuning), split_path)
         hash(key)
     except (AttributeError, TypeError, ValueError, RuntimeError):
         return None
     return key
 
 
-def _workspace(tq, stream, n_o, n_lse):
-    """Kernel buffers of at least n_o / n_lse float32 for split partials on ``stream``."""
-    if tq.kind != "torch":
-        po = empty(tq, (n_o,), "float32")
-        pl = empty(tq, (n_lse,), "float32")
-        return kernel_buffer(tensor(po, "workspace")), kernel_buffer(tensor(pl, "workspace"))
-    return _torch_workspace(tq.obj.device, stream, n_o, n_lse)
+class _Workspace:
+    """Split partials (float32 part_o, part_lse, made uninitialised) and tickets (int32, made
+    zero) of one (device, stream). ``captured``: the tickets were made during CUDA-graph capture,
+    so their zeroing runs only when the graph replays; the first call outside capture replaces
+    them."""
+
+    __slots__ = ("captured", "pl", "po", "tickets")
+
+    def __init__(self):
+        self.po = self.pl = self.tickets = None
+        self.captured = False
 
 
-def _torch_workspace(device, stream, n_o, n_lse):
+def _grown(old, n, make):
+    """``old`` when it holds ``n`` elements, else ``make(max(n, old size))`` (old retired)."""
+    size = 0 if old is None else old.shape[0]
+    if size >= max(n, 1):
+        return old
+    if old is not None:
+        _RETIRED.append(old)
+    return make(max(n, size, 1))
+
+
+def _as_buffer(array, dtype):
+    if SIMULATOR:
+        return array
+    ptr = (array.data_ptr() if hasattr(array, "data_ptr")
+           else array.__cuda_array_interface__["data"][0])
+    return Buffer(ptr, array.shape[0], np.dtype(dtype), array)
+
+
+def _workspace(tq, stream, n_o, n_lse, n_tickets):
+    """Kernel buffers (part_o, part_lse, tickets) of at least n_o / n_lse float32 and n_tickets
+    zero int32 for split partials on ``stream``."""
+    if tq.kind == "torch":
+        return _torch_workspace(tq.obj.device, stream, n_o, n_lse, n_tickets)
+    device = 0 if SIMULATOR else cuda.get_current_device().id
+    ws = _WORKSPACES.setdefault((device, stream), _Workspace())
+    if SIMULATOR:
+        def zeros(n, dtype):
+            return np.zeros(n, dtype)
+    else:
+        def zeros(n, dtype):
+            return cuda.to_device(np.zeros(n, dtype))
+    ws.po = _grown(ws.po, n_o, lambda n: zeros(n, np.float32))
+    ws.pl = _grown(ws.pl, n_lse, lambda n: zeros(n, np.float32))
+    ws.tickets = _grown(ws.tickets, n_tickets, lambda n: zeros(n, np.int32))
+    return (_as_buffer(ws.po, np.float32), _as_buffer(ws.pl, np.float32),
+            _as_buffer(ws.tickets, np.int32))
+
+
+def _torch_workspace(device, stream, n_o, n_lse, n_tickets):
     import torch
 
     ws = _WORKSPACES.get((device, stream))
-    if ws is None or ws[0].numel() < n_o or ws[1].numel() < n_lse:
-        old = (0, 0) if ws is None else (ws[0].numel(), ws[1].numel())
-        ws = (torch.empty(max(n_o, old[0]), dtype=torch.float32, device=device),
-              torch.empty(max(n_lse, old[1]), dtype=torch.float32, device=device))
-        _WORKSPACES[(device, stream)] = ws
-    return (Buffer(ws[0].data_ptr(), ws[0].numel(), np.dtype(np.float32), ws[0]),
-            Buffer(ws[1].data_ptr(), ws[1].numel(), np.dtype(np.float32), ws[1]))
+    if ws is None:
+        ws = _WORKSPACES[(device, stream)] = _Workspace()
+    elif ws.captured and not torch.cuda.is_current_stream_capturing():
+        _RETIRED.append(ws.tickets)
+        ws.tickets = None
+        ws.captured = False
+    if (ws.po is None or ws.po.shape[0] < n_o or ws.pl.shape[0] < n_lse
+            or ws.tickets is None or ws.tickets.shape[0] < max(n_tickets, 1)):
+        ws.po = _grown(ws.po, n_o, lambda n: torch.empty(n, dtype=torch.float32, device=device))
+        ws.pl = _grown(ws.pl, n_lse, lambda n: torch.empty(n, dtype=torch.float32,
+                                                            device=device))
+        tickets = ws.tickets
+        ws.tickets = _grown(tickets, n_tickets, lambda n: torch.zeros(n, dtype=torch.int32,
+                                                                      device=device))
+        if ws.tickets is not tickets:
+            ws.captured = torch.cuda.is_current_stream_capturing()
+    return (Buffer(ws.po.data_ptr(), ws.po.numel(), np.dtype(np.float32), ws.po),
+            Buffer(ws.pl.data_ptr(), ws.pl.numel(), np.dtype(np.float32), ws.pl),
+            Buffer(ws.tickets.data_ptr(), ws.tickets.numel(), np.dtype(np.int32), ws.tickets))
 
 
 class _FastCall:
@@ -993,12 +1187,12 @@ class _FastCall:
             lp = lse.data_ptr()
         handle = torch_current_stream() if stream is None else stream_handle(stream, ())
         op = out.data_ptr()
-        wo = wl = 0
+        wo = wl = wt = 0
         if self.work is not None:
-            po, pl = _torch_workspace(self.device, handle, *self.work)
-            wo, wl = po.ptr, pl.ptr
+            po, pl, tickets = _torch_workspace(self.device, handle, *self.work)
+            wo, wl, wt = po.ptr, pl.ptr, tickets.ptr
         self.main((q.data_ptr(), kp, vp, block_table.data_ptr(), seq_lens.data_ptr(), op, lp,
-                   wo, wl), handle)
+                   wo, wl, wt), handle)
         if self.reduce is not None:
             self.reduce((wo, wl, op, lp), handle)
         return (out, lse) if self.lse_shape is not None else out
@@ -1010,7 +1204,8 @@ def _compile_target(*config):
     return lambda: (_decode_kernel_fn(*config), _DECODE_SIGNATURE)
 
 
-for _dim, _m16, _page8, _bf16 in ((128, False, False, False), (128, True, False, True),
+# D 128 m8 bf16 is the benchmarked batch-1 / batch-32 decode (GQA 4 and MHA alike)
+for _dim, _m16, _page8, _bf16 in ((128, False, False, True), (128, True, False, True),
                                   (128, False, True, False), (64, False, False, True),
                                   (256, False, False, False), (256, True, False, True)):
     _warps, _stages = CONFIGS[_dim]

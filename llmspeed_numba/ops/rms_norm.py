@@ -18,10 +18,16 @@ Kernel: one row per ``threads_per_row`` threads (``_rowwise.row_plan``): the row
 into registers with 16-byte loads where every array is 16-byte aligned (scalar loads otherwise,
 a scalar tail for ``hidden % 8``), reduced with warp shuffles and shared memory, scaled and stored.
 Rows longer than the register budget (over 32768 halves / 16384 floats) stream: the output pass
-re-reads the row (from L2). Register-held rows issue every load of a pass before any store of it
-(x and residual, then the weight), so each pass waits for memory once: the updated residual is
-stored in the output pass, and the adds run on every chunk slot (dead slots unused), since a load
-used only under a condition, or followed by a possibly aliasing store, is issued in series.
+re-reads the row (from L2). Register-held rows are scheduled one of two ways (``_schedule``):
+
+- ``"loads_first"``: every load of a pass before any store of it (x and residual, then the weight),
+  so each pass waits for memory once: the updated residual is stored in the output pass, and the
+  adds and the sum of squares run on every chunk slot (dead slots hold zeros), since a load used
+  only under a condition, or followed by a possibly aliasing store, is issued in series. Always
+  taken with the residual (81 -> 97% of copy at hidden 14336).
+- ``"interleaved"`` (bd70184's kernel): each weight chunk is loaded beside its output store,
+  registers as compiled (50). Taken without the residual on rows of ``INTERLEAVED_MIN_THREADS``
+  threads (512-thread blocks, two resident a SM either way), where it measured faster.
 """
 
 import functools
@@ -39,21 +45,46 @@ from . import _rowwise as rw
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 
+SCHEDULES = ("loads_first", "interleaved")
+#: Schedule of register-held rows without the residual: None picks by row width (``_schedule``);
+#: a name from ``SCHEDULES`` forces it (read at each call: benchmarks/probe_norms.py A/Bs them).
+NO_RESIDUAL_SCHEDULE = None
+#: Rows of at least this many threads (over 1024 chunks: halves over 8192 elements, fp32 over
+#: 4096) take "interleaved" without the residual. At 8192 x 14336 f16 "loads_first" ran 124 us
+#: (06b1a55), "interleaved" 117 us (bd70184, under a harness that timed unchanged kernels ~2 us
+#: slower); at 8192 x 4096 33 vs 37 us. probe_norms.py times both in one run.
+INTERLEAVED_MIN_THREADS = 512
+
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 
 
-def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
+def _schedule(tpr, cpt, has_residual):
+    """True for the "interleaved" schedule (see the module docstring)."""
+    if cpt == 0 or has_residual:
+        return False
+    choice = NO_RESIDUAL_SCHEDULE
+    if choice is None:
+        return tpr >= INTERLEAVED_MIN_THREADS
+    if choice not in SCHEDULES:
+        raise ValueError(f"NO_RESIDUAL_SCHEDULE: expected None or one of {SCHEDULES}, got "
+                         f"{choice!r}")
+    return choice == "interleaved"
+
+
+def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, interleaved=False):
     """Kernel for storage kinds ``x_kind`` (x, residual, out) / ``w_kind`` (weight), chunks of
     ``vec`` elements, ``tpr`` threads per row, ``rpb`` rows per block, ``cpt`` chunks per thread
-    held in registers (0: stream), with or without the residual add."""
+    held in registers (0: stream), with or without the residual add, register-held rows
+    scheduled "interleaved" or "loads_first"."""
     wpc = rw.words_per_chunk(vec)
     load = rw.chunk_words_loader(x_kind, vec)
     store = rw.chunk_words_storer(x_kind, vec)
     unpack = rw.chunk_unpacker(x_kind, vec)
     pack = rw.chunk_packer(x_kind, vec)
     load_w = rw.chunk_loader(w_kind, vec)
-    load1 = rw.chunk_words_loader(x_kind, 1)
+    load_summed = rw.summed_chunk_loader(x_kind, vec, has_residual)
+    load_summed1 = rw.summed_chunk_loader(x_kind, 1, has_residual)
     store1 = rw.chunk_words_storer(x_kind, 1)
     unpack1 = rw.chunk_unpacker(x_kind, 1)
     pack1 = rw.chunk_packer(x_kind, 1)
@@ -63,7 +94,8 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
     nwords = max(cpt, 1) * wpc
     # the weight's chunks loaded ahead as words, unless they are twice as wide as the row's
     # (fp32 weights of a half-precision row: twice the registers; loaded beside each store)
-    prefetch_w = cpt > 0 and not (vec > 1 and w_kind == rw.KIND_F32 and x_kind != rw.KIND_F32)
+    prefetch_w = cpt > 0 and not interleaved and not (
+        vec > 1 and w_kind == rw.KIND_F32 and x_kind != rw.KIND_F32)
     load_ww = rw.chunk_words_loader(w_kind, vec)
     unpack_w = rw.chunk_unpacker(w_kind, vec)
     nwwords = nwords if prefetch_w else 1
@@ -74,6 +106,8 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
         words = cuda.local.array(nwords, np.uint32)     # the row (or one chunk when streaming)
         rwords = cuda.local.array(nwords, np.uint32)    # the residual chunks
         wwords = cuda.local.array(nwwords, np.uint32)    # the weight chunks
+        tword = cuda.local.array(1, np.uint32)  # the tail element: apart from the row's words
+        trword = cuda.local.array(1, np.uint32)
         a = cuda.local.array(vec, np.float32)
         b = cuda.local.array(vec, np.float32)
         t = cuda.threadIdx.x % tpr
@@ -95,12 +129,16 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
                     load(x, xo + c * vec, words, v * wpc)
                     if has_residual:
                         load(residual, ro + c * vec, rwords, v * wpc)
-                else:  # defined values for the unconditional adds below
+                elif not interleaved:  # zeros for the unconditional adds and squares below
                     for i in range(wpc):
                         words[v * wpc + i] = np.uint32(0)
                         rwords[v * wpc + i] = np.uint32(0)
             for v in range(cpt):
-                # the add unconditional too: a load used only under a condition is sunk into it
+                # loads_first: no condition here, since the compiler merges one with the load's
+                # and sinks the use of the first chunk before the other loads (bf16 at 06b1a55:
+                # two DRAM round trips a row, 141 vs 124 us f16 at 14336)
+                if interleaved and not (live and v * tpr + t < chunks):
+                    continue
                 unpack(words, v * wpc, a)
                 if has_residual:
                     unpack(rwords, v * wpc, b)
@@ -108,22 +146,12 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
                         a[i] = a[i] + b[i]
                     pack(a, words, v * wpc)         # s rounded to x's dtype, kept in registers
                     unpack(words, v * wpc, a)
-                if live and v * tpr + t < chunks:
-                    for i in range(vec):
-                        ss += a[i] * a[i]
+                for i in range(vec):
+                    ss += a[i] * a[i]
         else:
             c = t
             while live and c < chunks:
-                load(x, xo + c * vec, words, 0)
-                unpack(words, 0, a)
-                if has_residual:
-                    load(residual, ro + c * vec, rwords, 0)
-                    unpack(rwords, 0, b)
-                    for i in range(vec):
-                        a[i] = a[i] + b[i]
-                    pack(a, words, 0)
-                    store(residual, ro + c * vec, words, 0)
-                    unpack(words, 0, a)
+                load_summed(x, xo + c * vec, residual, ro + c * vec, words, rwords, a, b)
                 for i in range(vec):
                     ss += a[i] * a[i]
                 c += tpr
@@ -131,19 +159,8 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
         # scalar tail: element chunks * vec + t of the row, for t < cols % vec
         tail = chunks * vec + t
         tail_live = has_tail and live and tail < cols
-        tword = np.uint32(0)
         if tail_live:
-            load1(x, xo + tail, words, 0)
-            tword = words[0]
-            unpack1(words, 0, a)
-            if has_residual:
-                load1(residual, ro + tail, rwords, 0)
-                unpack1(rwords, 0, b)
-                a[0] = a[0] + b[0]
-                pack1(a, words, 0)
-                tword = words[0]
-                store1(residual, ro + tail, words, 0)
-                unpack1(words, 0, a)
+            load_summed1(x, xo + tail, residual, ro + tail, tword, trword, a, b)
             ss += a[0] * a[0]
 
         total = row_sum(ss, scratch)
@@ -186,12 +203,11 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
                 store(out, oo + c * vec, words, 0)
                 c += tpr
         if tail_live:
-            words[0] = tword
-            unpack1(words, 0, a)
+            unpack1(tword, 0, a)
             load_w1(weight, tail, b, 0)
             a[0] = a[0] * inv * b[0]
-            pack1(a, words, 0)
-            store1(out, oo + tail, words, 0)
+            pack1(a, tword, 0)
+            store1(out, oo + tail, tword, 0)
 
     return rms_norm_kernel
 
@@ -203,22 +219,22 @@ def _signature(x_kind, w_kind):
             types.float32)
 
 
-def _options(tpr, rpb, cpt, vec):
-    """At most 64 registers (1024 threads an SM) when a pass holds at most 32 words of data a
-    thread (half-precision rows up to 16384, fp32 up to 8192): with every load of a pass in
-    flight the kernel takes 66-72 unbounded, and 512-thread blocks would run one an SM. Wider
-    rows keep what the compiler picks (capping them spills)."""
+def _options(tpr, rpb, cpt, vec, interleaved=False):
+    """"loads_first": at most 64 registers (1024 threads an SM) when a pass holds at most 32
+    words of data a thread (half-precision rows up to 16384, fp32 up to 8192): with every load of
+    a pass in flight the kernel takes 66-72 unbounded, and 512-thread blocks would run one an SM.
+    Wider rows, and "interleaved" (49-50 registers), keep what the compiler picks."""
     threads = tpr * rpb
-    if cpt == 0 or 2 * cpt * rw.words_per_chunk(vec) > 32:  # streamed rows: as compiled
+    if cpt == 0 or interleaved or 2 * cpt * rw.words_per_chunk(vec) > 32:
         return {}
     return {"launch_bounds": (threads, max(1, 1024 // threads))}
 
 
 @functools.lru_cache(maxsize=None)
-def _rms_norm_kernel(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual):
-    fn = _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual)
-    return Kernel(jit(fn, **_options(tpr, rpb, cpt, vec)), _signature(x_kind, w_kind),
-                  "rms_norm_kernel")
+def _rms_norm_kernel(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, interleaved):
+    fn = _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, interleaved)
+    return Kernel(jit(fn, **_options(tpr, rpb, cpt, vec, interleaved)),
+                  _signature(x_kind, w_kind), "rms_norm_kernel")
 
 
 def check_eps(eps):
@@ -296,7 +312,7 @@ def rms_norm(x, weight, eps=1e-6, *, residual=None, out=None, stream=None):
     tx, tw, tr, to = p["tx"], p["tw"], p["tr"], p["to"]
     tpr, rpb, cpt = p["plan"]
     kernel = _rms_norm_kernel(rw.kind(tx.dtype), rw.kind(tw.dtype), p["vec"], tpr, rpb, cpt,
-                              tr is not None)
+                              tr is not None, _schedule(tpr, cpt, tr is not None))
     xb = kernel_buffer(tx)
     rb = xb if tr is None else kernel_buffer(tr)
     x_stride, r_stride, o_stride = p["strides"]
@@ -313,6 +329,7 @@ def _register():
     variants = {
         # name: (x_kind, w_kind, vec, hidden, residual)
         "rms_norm_f16_4096": (f16, f16, 8, 4096, False),
+        "rms_norm_bf16_14336": (bf16, bf16, 8, 14336, False),  # "interleaved" by default
         "rms_norm_bf16_residual_14336": (bf16, bf16, 8, 14336, True),
         "rms_norm_f16_stream_131072": (f16, f16, 8, 131072, True),
         "rms_norm_f32_residual_16384": (f32, f32, 4, 16384, True),
@@ -321,8 +338,9 @@ def _register():
         plan = rw.row_plan(hidden // vec)
 
         def build(xk=xk, wk=wk, vec=vec, plan=plan, residual=residual):
-            return (_rms_norm_kernel_fn(xk, wk, vec, *plan, residual), _signature(xk, wk),
-                    _options(*plan, vec))
+            interleaved = _schedule(plan[0], plan[2], residual)
+            return (_rms_norm_kernel_fn(xk, wk, vec, *plan, residual, interleaved),
+                    _signature(xk, wk), _options(*plan, vec, interleaved))
 
         compile_check.register(name, build, sass_must_have=("LDG.E.128", "STG.E.128"))
     compile_check.register(
