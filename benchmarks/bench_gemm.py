@@ -74,8 +74,8 @@ SWEEP_TC = ("tc_128x128x64_w2x2_s3", "tc_128x256x64_w2x4_s3", "tc_256x128x64_w4x
             gemm_mod.CONFIGS["tc_128x256x64_w2x4_s3"].replace(group_m=16))
 SWEEP_SQUARES = [4096, 8192]
 SWEEP_SIMT = ("simt_128x128x8_t8x8", "simt_128x128x16_t8x8")
-#: (M = 128: the heuristic's split-K fallback, 128x128x64 s3, measured 0.53-0.56 of cuBLAS at
-#: 4a69216, 64x128x64 s4 0.62 on 128x4096x4096)
+#: (M = 128: the heuristic takes 64x128x64 s4 since 3f6170a's sweep, 0.61-0.70 of cuBLAS, where
+#: 128x128x64 s3 gave 0.53-0.71)
 SWEEP_LLM = [(2048, 4096, 4096), (128, 4096, 4096), (128, 14336, 4096), (128, 4096, 14336),
              (16, 14336, 4096)]
 

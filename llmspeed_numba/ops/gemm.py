@@ -228,7 +228,10 @@ def _heuristic(backend, M, N, K):
         return CONFIGS["tc_16x128x64_w1x4_s4"]
     if M <= 32:
         return CONFIGS["tc_32x128x64_w1x4_s4"]
-    if M <= 64 or N <= 64:
+    # M <= 128: 64-row tiles, twice the blocks of 128-row ones (split-K fills the rest). H200 at
+    # 3f6170a, fp16 ratio to cuBLAS, 64x128x64 s4 vs 128x128x64 s3: 128x4096x4096 0.613 / 0.557,
+    # 128x14336x4096 0.650 / 0.528, 128x4096x14336 0.696 / 0.713
+    if M <= 128 or N <= 64:
         return CONFIGS["tc_64x128x64_w1x4_s4"]
     # the largest tile that still gives about a wave of blocks; else 128 x 128 with split-K
     for name in (LARGE_CONFIG, "tc_128x128x64_w2x2_s3", "tc_64x128x64_w1x4_s4"):
