@@ -213,6 +213,38 @@ def _numba_device_array(obj):
     return t
 
 
+_REPLAY_KEYS = weakref.WeakKeyDictionary()
+
+
+def replay_key(x):
+    """``(layout key, data pointer)`` of a torch tensor or a numba device array, for an op's
+    launch replay path (``PreparedLaunch`` keyed on its call's layouts), or None for any other
+    kind (those take the checked path). The key holds everything an op's validation depends on
+    (kind, shape, strides, dtype, device) and no pointer: torch's is ``torch_signature``; a
+    numba array's is read once and remembered while the array lives (its layout never changes),
+    with its context standing for the device."""
+    if SIMULATOR:
+        return None
+    cls = type(x)
+    if cls is torch_tensor_type():
+        return torch_signature(x), x.data_ptr()
+    try:
+        return _REPLAY_KEYS[x]
+    except (KeyError, TypeError):
+        pass
+    if not cls.__module__.startswith("numba") or not hasattr(x, "device_ctypes_pointer"):
+        return None
+    t = _numba_device_array(x)
+    gpu_data = getattr(x, "gpu_data", None)
+    context = id(getattr(gpu_data, "context", None))
+    found = (("numba", t.shape, t.strides, t.dtype, context), t.ptr)
+    try:
+        _REPLAY_KEYS[x] = found
+    except TypeError:
+        pass
+    return found
+
+
 _READERS = {}  # type -> reader, filled on first sight of each array type
 
 

@@ -13,10 +13,9 @@ import numpy as np
 from numba import types
 
 from .. import compile_check, ptx
-from .._arrays import (empty, kernel_buffer, stream_handle, torch_current_stream,
-                      torch_signature, torch_tensor_type)
+from .._arrays import empty, kernel_buffer, replay_key, stream_handle, torch_current_stream
 from .._checks import contiguous, output, same_dtype, shape, tensor
-from .._env import SIMULATOR, cuda
+from .._env import cuda
 from .._launch import Kernel, PreparedLaunch, array1d, jit
 
 TILE_M, TILE_N, TILE_K = 16, 8, 16
@@ -74,33 +73,42 @@ def _warp_tile_kernel(is_bf16):
     return Kernel(jit(_warp_tile_kernel_fn(is_bf16)), _SIGNATURE, "warp_tile_kernel")
 
 
-#: torch call signature -> (PreparedLaunch, allocate out?): repeated calls skip validation,
-#: which depends only on the signature, and replay the packed launch with new pointers.
+#: call signature (layouts of a, b, out; torch tensors or numba arrays) -> (PreparedLaunch,
+#: torch device index or None): repeated calls skip validation, which depends only on the
+#: signature, and replay the packed launch with new pointers.
 _PLANS = {}
 
 
 def _fast_call(a, b, out, stream):
-    """The recorded launch of this call's signature, or None (not torch), or the signature's key
-    (not seen yet)."""
-    tensor_type = torch_tensor_type()
-    if (SIMULATOR or tensor_type is None or type(a) is not tensor_type
-            or type(b) is not tensor_type or (out is not None and type(out) is not tensor_type)):
+    """The recorded launch of this call's signature, or None (not torch / numba arrays), or the
+    signature's key (not seen yet)."""
+    ka = replay_key(a)
+    kb = replay_key(b)
+    ko = None if out is None else replay_key(out)
+    if ka is None or kb is None or (out is not None and ko is None):
         return None
-    key = (torch_signature(a), torch_signature(b),
-           None if out is None else torch_signature(out), stream is None)
+    key = (ka[0], kb[0], None if ko is None else ko[0], stream is None)
     plan = _PLANS.get(key)
     if plan is None:
         return key
     launch, device_index = plan
-    a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
+    a_ptr, b_ptr = ka[1], kb[1]
     if (a_ptr | b_ptr) & 15:
         return key  # cp.async needs 16-byte aligned rows: the checked path raises
     if out is None:
+        if device_index is None:
+            return key  # numba arrays: the checked path allocates
         import torch
 
         out = torch.empty((TILE_M, TILE_N), dtype=torch.float32, device=device_index)
-    handle = torch_current_stream(device_index) if stream is None else stream_handle(stream)
-    launch((a_ptr, b_ptr, out.data_ptr()), handle)
+        out_ptr = out.data_ptr()
+    else:
+        out_ptr = ko[1]
+    if stream is None:
+        handle = 0 if device_index is None else torch_current_stream(device_index)
+    else:
+        handle = stream_handle(stream)
+    launch((a_ptr, b_ptr, out_ptr), handle)
     return out
 
 
@@ -132,8 +140,11 @@ def warp_tile_matmul(a, b, *, out=None, stream=None):
     kernel = _warp_tile_kernel(ta.dtype == "bfloat16")
     args = (kernel_buffer(ta), kernel_buffer(tb), kernel_buffer(to), k_total)
     kernel(1, 32, args, stream_handle(stream, (ta, tb)), SHARED_BYTES)
-    if fast is not None:  # first call of this torch signature: record it
-        _PLANS[fast] = (PreparedLaunch(kernel, 1, 32, args, SHARED_BYTES), ta.obj.get_device())
+    if fast is not None and fast not in _PLANS and ta.kind == tb.kind == to.kind:
+        # first call of this signature (one array kind, so the replay's stream and allocation
+        # are the checked path's): record it
+        device_index = ta.obj.get_device() if ta.kind == "torch" else None
+        _PLANS[fast] = (PreparedLaunch(kernel, 1, 32, args, SHARED_BYTES), device_index)
     return out
 
 
