@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from llmspeed_numba import SIMULATOR
+from llmspeed_numba import SIMULATOR, ptx
+from llmspeed_numba._env import cuda
 from llmspeed_numba.ops import _rowwise
 from llmspeed_numba.ops import softmax as sm_mod
 from llmspeed_numba.ops.softmax import argmax, softmax
@@ -116,6 +117,37 @@ def test_argmax_special_values_and_ties(path):
     # again (the split path's per-row keys and tickets were reset), and as fp16
     np.testing.assert_array_equal(host(argmax(dev(x_h))), want)
     np.testing.assert_array_equal(host(argmax(dev(x_h.astype(np.float16)))), want)
+
+
+def _key_reduce_kernel(threads):
+    reduce = _rowwise.row_pair_reducer(threads, sm_mod._key_max, False)
+    slots = 2 * _rowwise.scratch_slots(threads, 1)
+
+    @cuda.jit
+    def kernel(hi, lo, out_hi, out_lo):
+        scratch = cuda.shared.array(slots, np.float32)
+        t = cuda.threadIdx.x
+        h, lw = reduce(ptx.f32_from_bits(hi[t]), ptx.f32_from_bits(lo[t]), scratch)
+        out_hi[t] = ptx.f32_bits(h)
+        out_lo[t] = ptx.f32_bits(lw)
+
+    return kernel
+
+
+def test_argmax_key_reduction_keeps_nan_bit_patterns(rng):
+    """argmax's 64-bit keys ride through the float32 pair reducer as bits: signalling-NaN
+    patterns (the high word of a negative denormal, the low word of an index in [2^22, 2^23))
+    must come out unchanged, the low word breaking ties of the high word, over two warps."""
+    threads = 64
+    # high words of x = -denormal (0x805FFFFF, 0x806FFFFF), -0.5 and -1.0 in argmax's order
+    hi = rng.choice(np.array([0x7FA00000, 0x7F900000, 0x40FFFFFF, 0x407FFFFF], np.uint32),
+                    threads)
+    lo = (np.uint32(0xFFFFFFFF) - rng.integers(2**22, 2**23, threads)).astype(np.uint32)
+    out_hi, out_lo = np.zeros_like(hi), np.zeros_like(lo)
+    _key_reduce_kernel(threads)[1, threads](hi, lo, out_hi, out_lo)
+    best = int(((hi.astype(np.uint64) << np.uint64(32)) | lo).max())
+    np.testing.assert_array_equal(out_hi, np.full(threads, best >> 32, np.uint32))
+    np.testing.assert_array_equal(out_lo, np.full(threads, best & 0xFFFFFFFF, np.uint32))
 
 
 @pytest.fixture

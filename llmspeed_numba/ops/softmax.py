@@ -31,7 +31,8 @@ Kernels (``_rowwise`` layout):
   carries on: never a deadlock. The last block to leave resets the row's counters (workspace kept
   per device and stream, so calls on one stream reuse it and CUDA graphs can capture the kernel).
   ``SPLIT_PATH = "two_kernels"`` selects the previous layout (a stats kernel, then a write kernel
-  merging the partials), kept as a fallback and for comparison.
+  merging the partials, the same span code), never chosen by the planner: kept as a manual
+  fallback and for comparison (``benchmarks/probe_softmax.py``).
 - argmax: one kernel. Each thread scans its chunks cheaply (chunk max and a NaN probe, the exact
   index search only for a chunk that beats the thread's best), the block reduces 64-bit keys
   (ordered value bits above the complemented index), and with split rows each block merges its
@@ -156,6 +157,164 @@ def _argmax_scan(n):
     return scan
 
 
+@functools.lru_cache(maxsize=None)
+def _tail_element(vec):
+    """Device function ``tail_element(cols, last) -> (index, live)``: the element of the row's
+    scalar tail (``cols % vec`` elements, one a thread) this thread owns, live only in the row's
+    ``last`` span."""
+    has_tail = vec > 1
+
+    @cuda.jit(device=True, inline="always")
+    def tail_element(cols, last):
+        tail = (cols // vec) * vec + cuda.threadIdx.x
+        return tail, has_tail and last and tail < cols
+
+    return tail_element
+
+
+@functools.lru_cache(maxsize=None)
+def _span_stats(x_kind, vec, tpr, cpt, unroll):
+    """Device function ``stats(x, xo, c_begin, c_end, last, cols, scale, words, a, w1, scratch)
+    -> (max, sum of 2^((x - max) * scale))`` of chunks ``[c_begin, c_end)`` of the row at ``xo``
+    (thread t: chunks c_begin + t, + tpr, ...), the same in every thread of the block (every
+    thread calls it: it reduces over the block); the ``last`` span also holds the row's scalar
+    tail. ``cpt > 0``: the span (``cpt`` chunks a thread) is loaded into ``words`` and left
+    there; ``cpt == 0``: streamed, ``unroll`` chunks a thread in flight. Both give the same bits
+    (the stats kernel, the one-kernel paths and its fallback share them)."""
+    wpc = rw.words_per_chunk(vec)
+    load = rw.chunk_words_loader(x_kind, vec)
+    unpack = rw.chunk_unpacker(x_kind, vec)
+    load1 = rw.chunk_words_loader(x_kind, 1)
+    unpack1 = rw.chunk_unpacker(x_kind, 1)
+    update = _online_update(vec)
+    update1 = _online_update(1)
+    row_max = rw.row_reducer(tpr, rw.max_f32)
+    row_sum = rw.row_reducer(tpr, rw.add_f32)
+    tail_element = _tail_element(vec)
+    # the variant chosen here, not by a branch inside the device function: numba copies every
+    # branch of an inlined function into the kernel before typing it
+    if cpt > 0:
+        @cuda.jit(device=True, inline="always")
+        def resident_stats(x, xo, c_begin, c_end, last, cols, scale, words, a, w1, scratch):
+            t = cuda.threadIdx.x
+            tail, tail_live = tail_element(cols, last)
+            # the tail first: converted at once, its latency stalls the few tail threads (vocab
+            # % vec != 0 only) but keeps the kernel at 64 registers; loaded later it spills
+            tv = _NEG_INF
+            if tail_live:
+                load1(x, xo + tail, w1, 0)
+                unpack1(w1, 0, a)
+                tv = a[0]
+            for v in range(cpt):
+                c = c_begin + v * tpr + t
+                if c < c_end:
+                    load(x, xo + c * vec, words, v * wpc)
+            # online (max, sum) in one pass over the registers: a separate max pass keeps more
+            # values live (77 registers against 64 for two blocks of 512 threads an SM)
+            m = _NEG_INF
+            z = _F0
+            for v in range(cpt):
+                if c_begin + v * tpr + t < c_end:
+                    unpack(words, v * wpc, a)
+                    m, z = update(m, z, a, scale)
+            if tail_live:
+                a[0] = tv
+                m, z = update1(m, z, a, scale)
+            row_m = row_max(m, scratch)
+            return row_m, row_sum(_rescale(m, z, row_m, scale), scratch)
+
+        return resident_stats
+
+    @cuda.jit(device=True, inline="always")
+    def streamed_stats(x, xo, c_begin, c_end, last, cols, scale, words, a, w1, scratch):
+        tail, tail_live = tail_element(cols, last)
+        m = _NEG_INF
+        z = _F0
+        c = c_begin + cuda.threadIdx.x
+        while c < c_end:
+            for u in range(unroll):
+                if c + u * tpr < c_end:
+                    load(x, xo + (c + u * tpr) * vec, words, u * wpc)
+            for u in range(unroll):
+                if c + u * tpr < c_end:
+                    unpack(words, u * wpc, a)
+                    m, z = update(m, z, a, scale)
+            c += unroll * tpr
+        if tail_live:
+            load1(x, xo + tail, w1, 0)
+            unpack1(w1, 0, a)
+            m, z = update1(m, z, a, scale)
+        row_m = row_max(m, scratch)
+        return row_m, row_sum(_rescale(m, z, row_m, scale), scratch)
+
+    return streamed_stats
+
+
+@functools.lru_cache(maxsize=None)
+def _span_writer(x_kind, o_kind, vec, tpr, cpt, unroll):
+    """Device function ``write(x, out, xo, oo, c_begin, c_end, m, inv, scale, words, a)``:
+    probabilities ``2^((x - m) * scale) * inv`` of chunks ``[c_begin, c_end)`` (not the tail).
+    ``cpt > 0``: from the span ``_span_stats`` left in ``words`` (x not read); ``cpt == 0``: x
+    re-read, ``unroll`` chunks a thread in flight."""
+    wpc = rw.words_per_chunk(vec)
+    load = rw.chunk_words_loader(x_kind, vec)
+    unpack = rw.chunk_unpacker(x_kind, vec)
+    store = rw.chunk_storer(o_kind, vec)
+
+    if cpt > 0:
+        @cuda.jit(device=True, inline="always")
+        def resident_write(x, out, xo, oo, c_begin, c_end, m, inv, scale, words, a):
+            t = cuda.threadIdx.x
+            for v in range(cpt):
+                c = c_begin + v * tpr + t
+                if c < c_end:
+                    unpack(words, v * wpc, a)
+                    for i in range(vec):
+                        a[i] = ptx.ex2_approx((a[i] - m) * scale) * inv
+                    store(out, oo + c * vec, a, 0)
+
+        return resident_write
+
+    @cuda.jit(device=True, inline="always")
+    def streamed_write(x, out, xo, oo, c_begin, c_end, m, inv, scale, words, a):
+        c = c_begin + cuda.threadIdx.x
+        while c < c_end:
+            for u in range(unroll):
+                if c + u * tpr < c_end:
+                    load(x, xo + (c + u * tpr) * vec, words, u * wpc)
+            for u in range(unroll):
+                if c + u * tpr < c_end:
+                    unpack(words, u * wpc, a)
+                    for i in range(vec):
+                        a[i] = ptx.ex2_approx((a[i] - m) * scale) * inv
+                    store(out, oo + (c + u * tpr) * vec, a, 0)
+            c += unroll * tpr
+
+    return streamed_write
+
+
+@functools.lru_cache(maxsize=None)
+def _tail_writer(x_kind, o_kind, vec):
+    """Device function ``write_tail(x, out, xo, oo, last, cols, m, inv, scale, w1, a)``: the
+    row's scalar tail (``cols % vec`` elements, one a thread) when ``last`` (the row's last
+    span)."""
+    load1 = rw.chunk_words_loader(x_kind, 1)
+    unpack1 = rw.chunk_unpacker(x_kind, 1)
+    store1 = rw.chunk_storer(o_kind, 1)
+    tail_element = _tail_element(vec)
+
+    @cuda.jit(device=True, inline="always")
+    def write_tail(x, out, xo, oo, last, cols, m, inv, scale, w1, a):
+        tail, live = tail_element(cols, last)
+        if live:
+            load1(x, xo + tail, w1, 0)
+            unpack1(w1, 0, a)
+            a[0] = ptx.ex2_approx((a[0] - m) * scale) * inv
+            store1(out, oo + tail, a, 0)
+
+    return write_tail
+
+
 # ---- softmax kernels ---------------------------------------------------------------------------
 
 def _softmax_fused_kernel_fn(x_kind, o_kind, vec, tpr, rpb, cpt):
@@ -230,20 +389,11 @@ def _softmax_fused_kernel_fn(x_kind, o_kind, vec, tpr, rpb, cpt):
 def _softmax_split_kernel_fn(x_kind, o_kind, vec, tpr, unroll, write):
     """Split rows, grid (rows, splits): ``write=False`` computes each span's online state into
     ``pm`` / ``pl``; ``write=True`` merges the row's states and writes the span."""
-    wpc = rw.words_per_chunk(vec)
-    load = rw.chunk_words_loader(x_kind, vec)
-    unpack = rw.chunk_unpacker(x_kind, vec)
-    store = rw.chunk_storer(o_kind, vec)
-    load1 = rw.chunk_words_loader(x_kind, 1)
-    unpack1 = rw.chunk_unpacker(x_kind, 1)
-    store1 = rw.chunk_storer(o_kind, 1)
-    update = _online_update(vec)
-    update1 = _online_update(1)
-    row_max = rw.row_reducer(tpr, rw.max_f32)
-    row_sum = rw.row_reducer(tpr, rw.add_f32)
+    stats = _span_stats(x_kind, vec, tpr, 0, unroll)
+    write_span = _span_writer(x_kind, o_kind, vec, tpr, 0, unroll)
+    write_tail = _tail_writer(x_kind, o_kind, vec)
     slots = rw.scratch_slots(tpr, 1)
-    has_tail = vec > 1
-    nwords = unroll * wpc
+    nwords = unroll * rw.words_per_chunk(vec)
 
     def softmax_split_kernel(x, out, pm, pl, cols, x_stride, o_stride, span, scale):
         scratch = cuda.shared.array(slots, np.float32)
@@ -259,29 +409,11 @@ def _softmax_split_kernel_fn(x_kind, o_kind, vec, tpr, unroll, write):
         chunks = cols // vec
         c_begin = s * span
         c_end = min(c_begin + span, chunks)
-        tail = chunks * vec + t
-        tail_live = has_tail and s == splits - 1 and tail < cols
         if not write:
-            m = _NEG_INF
-            z = _F0
-            c = c_begin + t
-            while c < c_end:
-                for u in range(unroll):
-                    if c + u * tpr < c_end:
-                        load(x, xo + (c + u * tpr) * vec, words, u * wpc)
-                for u in range(unroll):
-                    if c + u * tpr < c_end:
-                        unpack(words, u * wpc, a)
-                        m, z = update(m, z, a, scale)
-                c += unroll * tpr
-            if tail_live:
-                load1(x, xo + tail, w1, 0)
-                unpack1(w1, 0, a)
-                m, z = update1(m, z, a, scale)
-            row_m = row_max(m, scratch)
-            z = row_sum(_rescale(m, z, row_m, scale), scratch)
+            m, z = stats(x, xo, c_begin, c_end, s == splits - 1, cols, scale, words, a, w1,
+                         scratch)
             if t == 0:
-                pm[row * splits + s] = row_m
+                pm[row * splits + s] = m
                 pl[row * splits + s] = z
         else:
             m = _NEG_INF
@@ -289,23 +421,8 @@ def _softmax_split_kernel_fn(x_kind, o_kind, vec, tpr, unroll, write):
             for j in range(splits):
                 m, z = _merge(m, z, pm[row * splits + j], pl[row * splits + j], scale)
             inv = _F1 / z
-            c = c_begin + t
-            while c < c_end:
-                for u in range(unroll):
-                    if c + u * tpr < c_end:
-                        load(x, xo + (c + u * tpr) * vec, words, u * wpc)
-                for u in range(unroll):
-                    if c + u * tpr < c_end:
-                        unpack(words, u * wpc, a)
-                        for i in range(vec):
-                            a[i] = ptx.ex2_approx((a[i] - m) * scale) * inv
-                        store(out, oo + (c + u * tpr) * vec, a, 0)
-                c += unroll * tpr
-            if tail_live:
-                load1(x, xo + tail, w1, 0)
-                unpack1(w1, 0, a)
-                a[0] = ptx.ex2_approx((a[0] - m) * scale) * inv
-                store1(out, oo + tail, a, 0)
+            write_span(x, out, xo, oo, c_begin, c_end, m, inv, scale, words, a)
+            write_tail(x, out, xo, oo, s == splits - 1, cols, m, inv, scale, w1, a)
 
     return softmax_split_kernel
 
@@ -337,80 +454,13 @@ def _softmax_one_kernel_fn(x_kind, o_kind, vec, tpr, cpt, unroll, polls):
     and merged across the row's blocks through ``parts`` / ``counts``, then the span written.
     ``cpt > 0``: the span (``cpt`` chunks a thread) stays in registers; ``cpt == 0``: streamed
     (``unroll`` chunks a thread in flight) and re-read for the write."""
-    wpc = rw.words_per_chunk(vec)
-    load = rw.chunk_words_loader(x_kind, vec)
-    unpack = rw.chunk_unpacker(x_kind, vec)
-    store = rw.chunk_storer(o_kind, vec)
-    load1 = rw.chunk_words_loader(x_kind, 1)
-    unpack1 = rw.chunk_unpacker(x_kind, 1)
-    store1 = rw.chunk_storer(o_kind, 1)
-    update = _online_update(vec)
-    update1 = _online_update(1)
-    row_max = rw.row_reducer(tpr, rw.max_f32)
-    row_sum = rw.row_reducer(tpr, rw.add_f32)
     slots = rw.scratch_slots(tpr, 1)
-    has_tail = vec > 1
-    resident = cpt > 0
-    nwords = (cpt if resident else unroll) * wpc
+    nwords = (cpt if cpt > 0 else unroll) * rw.words_per_chunk(vec)
     max_splits = MAX_SPLITS
     wait = polls >= 0
-
-    @cuda.jit(device=True, inline="always")
-    def load_span(x, xo, c_begin, c_end, words):
-        """The resident span's chunks into ``words`` (thread t: chunks t, t + tpr, ...)."""
-        t = cuda.threadIdx.x
-        for v in range(cpt):
-            c = c_begin + v * tpr + t
-            if c < c_end:
-                load(x, xo + c * vec, words, v * wpc)
-
-    @cuda.jit(device=True, inline="always")
-    def span_stats(x, xo, c_begin, c_end, last, cols, scale, words, a, w1, scratch):
-        """(max, sum of 2^((x - max) * scale)) of a span, the same in every thread; the last
-        span also holds the row's scalar tail. Resident: the span is left in ``words``."""
-        t = cuda.threadIdx.x
-        tail = (cols // vec) * vec + t
-        tail_live = has_tail and last and tail < cols
-        if resident:
-            # the tail first: converted at once, its latency stalls the few tail threads (vocab
-            # % vec != 0 only) but keeps the kernel at 64 registers; loaded later it spills
-            tv = _NEG_INF
-            if tail_live:
-                load1(x, xo + tail, w1, 0)
-                unpack1(w1, 0, a)
-                tv = a[0]
-            load_span(x, xo, c_begin, c_end, words)
-            # online (max, sum) in one pass over the registers: a separate max pass keeps more
-            # values live (77 registers against 64 for two blocks of 512 threads an SM)
-            m = _NEG_INF
-            z = _F0
-            for v in range(cpt):
-                if c_begin + v * tpr + t < c_end:
-                    unpack(words, v * wpc, a)
-                    m, z = update(m, z, a, scale)
-            if tail_live:
-                a[0] = tv
-                m, z = update1(m, z, a, scale)
-            row_m = row_max(m, scratch)
-            return row_m, row_sum(_rescale(m, z, row_m, scale), scratch)
-        m = _NEG_INF
-        z = _F0
-        c = c_begin + t
-        while c < c_end:
-            for u in range(unroll):
-                if c + u * tpr < c_end:
-                    load(x, xo + (c + u * tpr) * vec, words, u * wpc)
-            for u in range(unroll):
-                if c + u * tpr < c_end:
-                    unpack(words, u * wpc, a)
-                    m, z = update(m, z, a, scale)
-            c += unroll * tpr
-        if tail_live:
-            load1(x, xo + tail, w1, 0)
-            unpack1(w1, 0, a)
-            m, z = update1(m, z, a, scale)
-        row_m = row_max(m, scratch)
-        return row_m, row_sum(_rescale(m, z, row_m, scale), scratch)
+    span_stats = _span_stats(x_kind, vec, tpr, cpt, unroll)
+    write_span = _span_writer(x_kind, o_kind, vec, tpr, cpt, unroll)
+    write_tail = _tail_writer(x_kind, o_kind, vec)
 
     def softmax_one_kernel(x, out, parts, counts, cols, x_stride, o_stride, span, scale):
         scratch = cuda.shared.array(slots, np.float32)
@@ -481,33 +531,8 @@ def _softmax_one_kernel_fn(x_kind, o_kind, vec, tpr, cpt, unroll, polls):
             cuda.atomic.exch(counts, 2 * row, np.uint32(0))
             cuda.atomic.exch(counts, 2 * row + 1, np.uint32(0))
         inv = _F1 / row_z
-        if resident:
-            for v in range(cpt):
-                c = c_begin + v * tpr + t
-                if c < c_end:
-                    unpack(words, v * wpc, a)
-                    for i in range(vec):
-                        a[i] = ptx.ex2_approx((a[i] - row_m) * scale) * inv
-                    store(out, oo + c * vec, a, 0)
-        else:
-            c = c_begin + t
-            while c < c_end:
-                for u in range(unroll):
-                    if c + u * tpr < c_end:
-                        load(x, xo + (c + u * tpr) * vec, words, u * wpc)
-                for u in range(unroll):
-                    if c + u * tpr < c_end:
-                        unpack(words, u * wpc, a)
-                        for i in range(vec):
-                            a[i] = ptx.ex2_approx((a[i] - row_m) * scale) * inv
-                        store(out, oo + (c + u * tpr) * vec, a, 0)
-                c += unroll * tpr
-        tail = chunks * vec + t
-        if has_tail and s == splits - 1 and tail < cols:
-            load1(x, xo + tail, w1, 0)
-            unpack1(w1, 0, a)
-            a[0] = ptx.ex2_approx((a[0] - row_m) * scale) * inv
-            store1(out, oo + tail, a, 0)
+        write_span(x, out, xo, oo, c_begin, c_end, row_m, inv, scale, words, a)
+        write_tail(x, out, xo, oo, s == splits - 1, cols, row_m, inv, scale, w1, a)
 
     return softmax_one_kernel
 
@@ -531,45 +556,18 @@ def _argmax_key(bv, bi):
     return ordered, _U32_MAX - np.uint32(bi)
 
 
-@functools.lru_cache(maxsize=None)
-def _key_reducer(threads_per_row):
-    """Device function ``reduce(hi, lo, scratch) -> (hi, lo)``: the largest 64-bit key (two
-    uint32 words) over the row's threads, in every thread; ``scratch`` a uint32 shared array of
-    ``2 * scratch_slots`` (as ``rw.row_reducer``: called by every thread of the block)."""
-    width = min(threads_per_row, 32)
-    warps = threads_per_row // 32
-
-    @cuda.jit(device=True, inline="always")
-    def reduce(hi, lo, scratch):
-        mask = width // 2
-        while mask > 0:
-            h2 = np.uint32(ptx.shfl_xor_i32(np.int32(hi), mask))
-            l2 = np.uint32(ptx.shfl_xor_i32(np.int32(lo), mask))
-            if h2 > hi or (h2 == hi and l2 > lo):
-                hi = h2
-                lo = l2
-            mask //= 2
-        if warps > 1:
-            tid = cuda.threadIdx.x
-            warp = tid // 32
-            half = cuda.blockDim.x // 32
-            cuda.syncthreads()
-            if tid % 32 == 0:
-                scratch[warp] = hi
-                scratch[half + warp] = lo
-            cuda.syncthreads()
-            base = warp - warp % warps
-            hi = scratch[base]
-            lo = scratch[half + base]
-            for i in range(1, warps):
-                h2 = scratch[base + i]
-                l2 = scratch[half + base + i]
-                if h2 > hi or (h2 == hi and l2 > lo):
-                    hi = h2
-                    lo = l2
-        return hi, lo
-
-    return reduce
+@cuda.jit(device=True, inline="always")
+def _key_max(h1, l1, h2, l2):
+    """The larger of two 64-bit keys ``(high, low)``, each word carried as the bits of a float32
+    so that ``rw.row_pair_reducer`` can reduce them: they are only moved (shuffles, shared
+    memory, selects), never computed with, so every bit pattern (NaN ones too) survives."""
+    a = ptx.f32_bits(h1)
+    b = ptx.f32_bits(h2)
+    # one return: with a return in each branch NVVM leaves the 16-warp merge loop rolled
+    if b > a or (b == a and ptx.f32_bits(l2) > ptx.f32_bits(l1)):
+        h1 = h2
+        l1 = l2
+    return h1, l1
 
 
 @functools.lru_cache(maxsize=None)
@@ -605,13 +603,13 @@ def _argmax_kernel_fn(x_kind, vec, tpr, rpb, unroll, split):
     unpack1 = rw.chunk_unpacker(x_kind, 1)
     chunk = _argmax_chunk(vec)
     scan1 = _argmax_scan(1)
-    reduce = _key_reducer(tpr)
+    reduce = rw.row_pair_reducer(tpr, _key_max, False)
     pair_slots = 2 * rw.scratch_slots(tpr, rpb)
     has_tail = vec > 1
     nwords = unroll * wpc
 
     def argmax_kernel(x, out, keys, tickets, rows, cols, x_stride, span):
-        scratch = cuda.shared.array(pair_slots, np.uint32)
+        scratch = cuda.shared.array(pair_slots, np.float32)
         words = cuda.local.array(nwords, np.uint32)
         a = cuda.local.array(vec, np.float32)
         w1 = cuda.local.array(1, np.uint32)
@@ -642,7 +640,8 @@ def _argmax_kernel_fn(x_kind, vec, tpr, rpb, unroll, split):
             unpack1(w1, 0, a)
             bv, bi = scan1(bv, bi, a, np.int32(tail))
         hi, lo = _argmax_key(bv, bi)
-        hi, lo = reduce(hi, lo, scratch)
+        hf, lf = reduce(ptx.f32_from_bits(hi), ptx.f32_from_bits(lo), scratch)
+        hi, lo = ptx.f32_bits(hf), ptx.f32_bits(lf)
         if not live or t != 0:
             return
         if not split:
