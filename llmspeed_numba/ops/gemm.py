@@ -672,6 +672,10 @@ for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
         ptx_must_have=_TC_PTX, sass_must_have=_TC_SASS)
 # (the default SIMT tile with 16-byte global and shared loads, the fp32 path the benchmark
 # times; two blocks per SM: 128 registers through the launch bounds, and the no-spill check)
+# ptxas of nvJitLink 13.0 (the H200 image) spills 4 B (8 B stack) at the 128-register cap
+# (13.5 spills nothing); the H200 measurements of this kernel were made with that spill
+# (46.6 TFLOP/s, 0.91x cuBLAS fp32 at 4096^3, 3f6170a), so it is tolerated up to 8 B.
 compile_check.register(
     "gemm_simt_f32_nn", _compile_target(CONFIGS[SIMT_CONFIG], True, False, "float32", "float32"),
-    sass_must_have=("FFMA", "LDS.128", "LDG.E.128"))
+    sass_must_have=("FFMA", "LDS.128", "LDG.E.128"), allowed_local_bytes=8,
+    why="2-blocks/SM register cap: 0.91x cuBLAS as measured with 13.0's 4 B spill")
