@@ -234,9 +234,13 @@ def replay_key(x):
         pass
     if not cls.__module__.startswith("numba") or not hasattr(x, "device_ctypes_pointer"):
         return None
-    t = _numba_device_array(x)
-    gpu_data = getattr(x, "gpu_data", None)
-    context = id(getattr(gpu_data, "context", None))
+    try:
+        t = _numba_device_array(x)
+    except TypeError:  # unsupported dtype: the checked path raises, naming the argument
+        return None
+    # the context object itself (not its id): a plan keyed on it keeps it alive, so a later
+    # context can never match a closed one's compiled kernels
+    context = getattr(getattr(x, "gpu_data", None), "context", None)
     found = (("numba", t.shape, t.strides, t.dtype, context), t.ptr)
     try:
         _REPLAY_KEYS[x] = found

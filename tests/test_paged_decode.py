@@ -530,3 +530,15 @@ def test_gpu_split_paths_and_graph_replay():
         np.testing.assert_array_equal(f64(out), f64(folded))
     eager = paged_decode_attention(q, kc, vc, bt, sl, num_splits=7)  # after capture
     np.testing.assert_array_equal(f64(eager), f64(folded))
+    # a second graph captured on the same (default capture) stream has tickets of its own,
+    # zeroed in the graph: replaying it first, then both in turn, gives the same bits
+    out2 = torch.empty_like(q)
+    graph2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph2):
+        paged_decode_attention(q, kc, vc, bt, sl, out=out2, num_splits=7)
+    for g, o in ((graph2, out2), (graph, out), (graph2, out2)):
+        o.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        np.testing.assert_array_equal(f64(o), f64(folded))
+    assert _tickets_zero()

@@ -1056,12 +1056,14 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, *, softma
 #: Signatures kept (first come, first kept).
 _FAST_MAX = 256
 _FAST = {}
-#: (device, stream) -> _Workspace: split partials and folded-merge tickets, kept and grown, never
-#: shrunk (kernels on one stream run in order, so one stream's launches can share it; the folded
-#: merge leaves every ticket 0 again).
+#: (device, stream) -> _Workspace: split partials and folded-merge tickets of eager calls, kept
+#: and grown, never shrunk (kernels on one stream run in order, so one stream's launches can
+#: share it; the folded merge leaves every ticket 0 again). Calls captured into a CUDA graph
+#: never use these (``_torch_workspace``).
 _WORKSPACES = {}
-#: Replaced workspaces stay alive: a captured CUDA graph may still point at them.
-_RETIRED = []
+#: Workspaces of captured calls: each captured call's own, alive as long as the process (the
+#: graph replays into them).
+_CAPTURED = []
 
 
 def _sig(x):
@@ -1087,25 +1089,24 @@ def _fast_key(q, k_cache, v_cache, block_table, seq_lens, out, softmax_scale, wi
 
 class _Workspace:
     """Split partials (float32 part_o, part_lse, made uninitialised) and tickets (int32, made
-    zero) of one (device, stream). ``captured``: the tickets were made during CUDA-graph capture,
-    so their zeroing runs only when the graph replays; the first call outside capture replaces
-    them."""
+    zero) of one (device, stream) of eager calls; ``context``: the numba context the arrays
+    belong to (a closed context's arrays are not reused)."""
 
-    __slots__ = ("captured", "pl", "po", "tickets")
+    __slots__ = ("context", "pl", "po", "tickets")
 
-    def __init__(self):
+    def __init__(self, context=None):
         self.po = self.pl = self.tickets = None
-        self.captured = False
+        self.context = context
 
 
 def _grown(old, n, make):
-    """``old`` when it holds ``n`` elements, else ``make(max(n, old size))`` (old retired)."""
+    """``old`` when it holds ``n`` elements, else ``make(max(n, 2 x old size))``. The old one is
+    dropped: only calls on this workspace's stream used it, and they run before anything that
+    reuses its memory (torch's allocator orders by stream; numba frees synchronously)."""
     size = 0 if old is None else old.shape[0]
     if size >= max(n, 1):
         return old
-    if old is not None:
-        _RETIRED.append(old)
-    return make(max(n, size, 1))
+    return make(max(n, 2 * size, 1))
 
 
 def _as_buffer(array, dtype):
@@ -1121,14 +1122,22 @@ def _workspace(tq, stream, n_o, n_lse, n_tickets):
     zero int32 for split partials on ``stream``."""
     if tq.kind == "torch":
         return _torch_workspace(tq.obj.device, stream, n_o, n_lse, n_tickets)
-    device = 0 if SIMULATOR else cuda.get_current_device().id
-    ws = _WORKSPACES.setdefault((device, stream), _Workspace())
     if SIMULATOR:
+        device, context = 0, None
+
         def zeros(n, dtype):
             return np.zeros(n, dtype)
     else:
+        context = cuda.current_context()
+        device = context.device.id
+
         def zeros(n, dtype):
-            return cuda.to_device(np.zeros(n, dtype))
+            array = cuda.to_device(np.zeros(n, dtype))
+            cuda.synchronize()  # zero before any stream's kernel reads it (made rarely)
+            return array
+    ws = _WORKSPACES.get((device, stream))
+    if ws is None or ws.context is not context:
+        ws = _WORKSPACES[(device, stream)] = _Workspace(context)
     ws.po = _grown(ws.po, n_o, lambda n: zeros(n, np.float32))
     ws.pl = _grown(ws.pl, n_lse, lambda n: zeros(n, np.float32))
     ws.tickets = _grown(ws.tickets, n_tickets, lambda n: zeros(n, np.int32))
@@ -1137,28 +1146,46 @@ def _workspace(tq, stream, n_o, n_lse, n_tickets):
 
 
 def _torch_workspace(device, stream, n_o, n_lse, n_tickets):
+    """As ``_workspace``, for torch tensors. Under CUDA-graph capture each captured call gets a
+    workspace of its own, its tickets zeroed by a memset captured before the kernel: a graph
+    then starts every replay from zero tickets whatever ran before, and never shares partials
+    or tickets with another graph (replayed concurrently, or captured after it) or with eager
+    calls. Eager calls share one workspace per (device, stream), its tickets zeroed on that
+    stream when made."""
     import torch
 
-    ws = _WORKSPACES.get((device, stream))
-    if ws is None:
-        ws = _WORKSPACES[(device, stream)] = _Workspace()
-    elif ws.captured and not torch.cuda.is_current_stream_capturing():
-        _RETIRED.append(ws.tickets)
-        ws.tickets = None
-        ws.captured = False
-    if (ws.po is None or ws.po.shape[0] < n_o or ws.pl.shape[0] < n_lse
-            or ws.tickets is None or ws.tickets.shape[0] < max(n_tickets, 1)):
-        ws.po = _grown(ws.po, n_o, lambda n: torch.empty(n, dtype=torch.float32, device=device))
-        ws.pl = _grown(ws.pl, n_lse, lambda n: torch.empty(n, dtype=torch.float32,
-                                                            device=device))
-        tickets = ws.tickets
-        ws.tickets = _grown(tickets, n_tickets, lambda n: torch.zeros(n, dtype=torch.int32,
-                                                                      device=device))
-        if ws.tickets is not tickets:
-            ws.captured = torch.cuda.is_current_stream_capturing()
-    return (Buffer(ws.po.data_ptr(), ws.po.numel(), np.dtype(np.float32), ws.po),
-            Buffer(ws.pl.data_ptr(), ws.pl.numel(), np.dtype(np.float32), ws.pl),
-            Buffer(ws.tickets.data_ptr(), ws.tickets.numel(), np.dtype(np.int32), ws.tickets))
+    current = torch_current_stream(device.index)
+    if stream == current:
+        capturing = torch.cuda.is_current_stream_capturing()
+        launch_stream = None
+    else:
+        launch_stream = torch.cuda.ExternalStream(stream, device=device)
+        with torch.cuda.stream(launch_stream):
+            capturing = torch.cuda.is_current_stream_capturing()
+
+    def alloc(n, dtype, make=torch.empty):
+        # on the launch stream, so torch's allocator orders the memory's reuse after our kernels
+        if launch_stream is None:
+            return make(n, dtype=dtype, device=device)
+        with torch.cuda.stream(launch_stream):
+            return make(n, dtype=dtype, device=device)
+
+    if capturing:
+        po = alloc(max(n_o, 1), torch.float32)
+        pl = alloc(max(n_lse, 1), torch.float32)
+        tickets = alloc(max(n_tickets, 1), torch.int32, torch.zeros)
+        _CAPTURED.append((po, pl, tickets))
+    else:
+        ws = _WORKSPACES.get((device, stream))
+        if ws is None:
+            ws = _WORKSPACES[(device, stream)] = _Workspace()
+        ws.po = _grown(ws.po, n_o, lambda n: alloc(n, torch.float32))
+        ws.pl = _grown(ws.pl, n_lse, lambda n: alloc(n, torch.float32))
+        ws.tickets = _grown(ws.tickets, n_tickets, lambda n: alloc(n, torch.int32, torch.zeros))
+        po, pl, tickets = ws.po, ws.pl, ws.tickets
+    return (Buffer(po.data_ptr(), po.numel(), np.dtype(np.float32), po),
+            Buffer(pl.data_ptr(), pl.numel(), np.dtype(np.float32), pl),
+            Buffer(tickets.data_ptr(), tickets.numel(), np.dtype(np.int32), tickets))
 
 
 class _FastCall:
