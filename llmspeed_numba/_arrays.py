@@ -216,6 +216,23 @@ def _numba_device_array(obj):
 _REPLAY_KEYS = weakref.WeakKeyDictionary()
 
 
+class _SameObject:
+    """A key part that matches only the very same object (numba's ``Context`` is unhashable).
+    It holds the object, so a plan keyed on a context keeps that context alive and no later
+    context can match a closed one's compiled kernels."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, _SameObject) and self.obj is other.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+
 def replay_key(x):
     """``(layout key, data pointer)`` of a torch tensor or a numba device array, for an op's
     launch replay path (``PreparedLaunch`` keyed on its call's layouts), or None for any other
@@ -238,9 +255,7 @@ def replay_key(x):
         t = _numba_device_array(x)
     except TypeError:  # unsupported dtype: the checked path raises, naming the argument
         return None
-    # the context object itself (not its id): a plan keyed on it keeps it alive, so a later
-    # context can never match a closed one's compiled kernels
-    context = getattr(getattr(x, "gpu_data", None), "context", None)
+    context = _SameObject(getattr(getattr(x, "gpu_data", None), "context", None))
     found = (("numba", t.shape, t.strides, t.dtype, context), t.ptr)
     try:
         _REPLAY_KEYS[x] = found
