@@ -1109,12 +1109,13 @@ def _grown(old, n, make):
     return make(max(n, 2 * size, 1))
 
 
-def _as_buffer(array, dtype):
-    if SIMULATOR:
-        return array
-    ptr = (array.data_ptr() if hasattr(array, "data_ptr")
-           else array.__cuda_array_interface__["data"][0])
-    return Buffer(ptr, array.shape[0], np.dtype(dtype), array)
+_F32, _I32 = np.dtype(np.float32), np.dtype(np.int32)
+
+
+def _torch_buffer(t, dtype):
+    """The ``Buffer`` of a 1-D torch workspace tensor, read directly (this runs on the fast
+    path, where ``kernel_buffer(tensor(...))`` would cost about a microsecond an array)."""
+    return Buffer(t.data_ptr(), t.numel(), dtype, t)
 
 
 def _workspace(tq, stream, n_o, n_lse, n_tickets):
@@ -1141,8 +1142,7 @@ def _workspace(tq, stream, n_o, n_lse, n_tickets):
     ws.po = _grown(ws.po, n_o, lambda n: zeros(n, np.float32))
     ws.pl = _grown(ws.pl, n_lse, lambda n: zeros(n, np.float32))
     ws.tickets = _grown(ws.tickets, n_tickets, lambda n: zeros(n, np.int32))
-    return (_as_buffer(ws.po, np.float32), _as_buffer(ws.pl, np.float32),
-            _as_buffer(ws.tickets, np.int32))
+    return tuple(kernel_buffer(tensor(a, "workspace")) for a in (ws.po, ws.pl, ws.tickets))
 
 
 def _torch_workspace(device, stream, n_o, n_lse, n_tickets):
@@ -1183,9 +1183,7 @@ def _torch_workspace(device, stream, n_o, n_lse, n_tickets):
         ws.pl = _grown(ws.pl, n_lse, lambda n: alloc(n, torch.float32))
         ws.tickets = _grown(ws.tickets, n_tickets, lambda n: alloc(n, torch.int32, torch.zeros))
         po, pl, tickets = ws.po, ws.pl, ws.tickets
-    return (Buffer(po.data_ptr(), po.numel(), np.dtype(np.float32), po),
-            Buffer(pl.data_ptr(), pl.numel(), np.dtype(np.float32), pl),
-            Buffer(tickets.data_ptr(), tickets.numel(), np.dtype(np.int32), tickets))
+    return _torch_buffer(po, _F32), _torch_buffer(pl, _F32), _torch_buffer(tickets, _I32)
 
 
 class _FastCall:
