@@ -145,6 +145,10 @@ def compile_kernel(check: KernelCheck) -> CompileReport:
     for s, n in sass_found.items():
         if n == 0:
             report.problems.append(f"SASS lacks {s}")
+    # e.g. C7515 "wgmma ... serialized": the kernel would run, several times slower
+    for line in log.splitlines():
+        if "warning" in line.lower():
+            report.problems.append(f"ptxas: {line.strip()}")
     worst = max(report.spill_store_bytes, report.spill_load_bytes, report.stack_frame_bytes)
     tolerated = 0 < check.allowed_local_bytes and worst <= check.allowed_local_bytes
     if (local or worst) and not tolerated:

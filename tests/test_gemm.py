@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from llmspeed_numba import SIMULATOR
 from llmspeed_numba._arrays import numpy_dtype
-from llmspeed_numba.ops.gemm import CONFIGS, GemmConfig, gemm, resolve_config
+from llmspeed_numba.ops.gemm import CONFIGS, GemmConfig, gemm, resolve_config, wgmma_supported
 from llmspeed_numba.reference.gemm import gemm_plain, gemm_reference
 from llmspeed_numba.testing import derived_check, f64, poison, random_array, to_device
 
@@ -165,6 +165,36 @@ def test_padded_leading_dimension_vectorised(rng):
     got = gemm(place(a_big, False)[:, :K], place(b_big, False)[:, :N], config=SIM_TC,
                out_dtype="float32")
     check(got, a_big[:, :K], b_big[:, :N], out_dtype="float32")
+
+
+# ---- Hopper wgmma kernel (simulator: the twins decode the descriptors and swizzled tiles) ----
+
+SIM_WG = "wg_64x64x64_s3"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layouts_wgmma(layout, rng):
+    """Every operand orientation (K-major and M- / N-major tiles, descriptors, transpose bits);
+    edge blocks along M and N (72 = 64 + 8), K = 136: two full K tiles and a partial one."""
+    run_and_check(72, 72, 136, "bfloat16", layout, SIM_WG, rng)
+
+
+def test_wgmma_one_k_tile(rng):
+    """K inside one tile: only the peeled first tile runs (no main loop)."""
+    run_and_check(8, 64, 40, "float16", "NT", SIM_WG, rng, out_dtype="float32")
+
+
+def test_wgmma_split_k_epilogue(rng):
+    M, N = 64, 80
+    run_and_check(M, N, 200, "float16", "NT", SIM_WG + "_k2", rng,
+                  c=random_array((M, N), "float32", rng), beta=0.5,
+                  bias=random_array((N,), "float16", rng), activation="gelu")
+
+
+def test_wgmma_unaligned_falls_back(rng):
+    """N = 17 (b's rows are not 16-byte multiples): no 16-byte copies, so the call runs on the
+    mma.sync kernel, still correct."""
+    run_and_check(20, 17, 24, "float16", "NN", SIM_WG, rng, out_dtype="float32")
 
 
 # ---- epilogue ------------------------------------------------------------------------------
@@ -451,6 +481,10 @@ def test_error_backend_and_config(rng):
 def test_configs_are_valid():
     for cfg in CONFIGS.values():
         assert resolve_config(cfg.name) is cfg
+        if cfg.wgmma and not wgmma_supported():   # a GPU other than Hopper
+            with pytest.raises(ValueError, match="sm_90"):
+                cfg.check()
+            continue
         cfg.check()
     assert resolve_config(SIM_TC + "_k4").split_k == 4
     assert resolve_config({"backend": "simt", "block_m": 16, "block_n": 16, "block_k": 8,
@@ -490,6 +524,17 @@ def test_gpu_every_tensor_core_config(config, rng):
 def test_gpu_layouts_fused_epilogue(layout, rng):
     M, N, K = 296, 264, 520
     run_and_check(M, N, K, "bfloat16", layout, "tc_128x128x32_w2x2_s4_k1", rng,
+                  c=random_array((M, N), "bfloat16", rng), alpha=0.5, beta=0.75,
+                  bias=random_array((N,), "float32", rng), activation="gelu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_wgmma_layouts_fused_epilogue(layout, rng):
+    """The Hopper kernel's default tile in every orientation, with edges along M, N and K and
+    the whole epilogue."""
+    M, N, K = 296, 264, 520
+    run_and_check(M, N, K, "bfloat16", layout, "wg_128x256x64_s4_k1", rng,
                   c=random_array((M, N), "bfloat16", rng), alpha=0.5, beta=0.75,
                   bias=random_array((N,), "float32", rng), activation="gelu")
 

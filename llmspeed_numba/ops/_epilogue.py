@@ -156,6 +156,45 @@ def vector_epilogue(out_dtype, c_dtype, bias_dtype, act):
     return apply16
 
 
+
+@functools.cache
+def tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bias_dtype, act):
+    """Device function storing a block's fp32 result tile, staged in shared memory, through the
+    epilogue: ``(tile, tid, m0, n0, M, N, out, out_base, so_m, so_n, c, sc_m, sc_n, bias, alpha,
+    beta, out_vec)``. ``tile[r * tile_ld + col]`` holds output (m0 + r, n0 + col); every thread
+    takes ``vector_width`` consecutive columns of a row at a time, one 16-byte store when
+    ``out_vec`` (unit column stride, 16-byte aligned rows), else element by element; rows and
+    columns past M and N are not stored. Coalesced, and one small loop instead of an unrolled
+    copy per accumulator register (which spills)."""
+    apply_epilogue = epilogue(out_dtype, c_dtype, bias_dtype, act)
+    apply_vector = vector_epilogue(out_dtype, c_dtype, bias_dtype, act)
+    vec = vector_width(out_dtype)
+    groups_per_row = block_n // vec
+
+    @cuda.jit(device=True, inline="always")
+    def store_tile(tile, tid, m0, n0, M, N, out, out_base, so_m, so_n, c, sc_m, sc_n, bias,
+                   alpha, beta, out_vec):
+        rows = min(block_m, M - m0)
+        cols = min(block_n, N - n0)
+        for gi in range(tid, rows * groups_per_row, threads):
+            r = gi // groups_per_row
+            col = (gi % groups_per_row) * vec
+            m = m0 + r
+            n = n0 + col
+            t_off = r * tile_ld + col
+            if out_vec != 0 and col + vec <= cols:
+                apply_vector(tile, t_off, n, out, out_base + m * so_m + n, c,
+                             m * sc_m + n * sc_n, sc_n, bias, alpha, beta)
+            else:
+                for e in range(vec):
+                    if col + e < cols:
+                        apply_epilogue(tile[t_off + e], n + e, out,
+                                       out_base + m * so_m + (n + e) * so_n, c,
+                                       m * sc_m + (n + e) * sc_n, bias, alpha, beta)
+
+    return store_tile
+
+
 @cuda.jit(device=True, inline="always")
 def grouped_tile(pid, tiles_m, tiles_n, group_m):
     """(tile row, tile column) of block ``pid`` in grouped order: blocks walk down a group of

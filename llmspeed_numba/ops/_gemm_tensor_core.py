@@ -45,7 +45,7 @@ import numpy as np
 
 from .. import ptx
 from .._env import cuda
-from ._epilogue import epilogue, grouped_tile, vector_epilogue, vector_width
+from ._epilogue import grouped_tile, tile_epilogue
 
 
 def _swizzle_params(inner):
@@ -58,7 +58,7 @@ def _swizzle_params(inner):
     return max(1, 8 // chunks), min(chunks, 8)
 
 
-def _tile_loader(rows, inner, threads, vec, full):
+def tile_loader(rows, inner, threads, vec, full, panels=False):
     """Device function copying one ``rows x inner`` tile (global -> shared, swizzled).
 
     ``(smem, s_base, src, g_base, ld, rows_left, inner_left, tid)``: the tile's element (r, i) is
@@ -68,7 +68,11 @@ def _tile_loader(rows, inner, threads, vec, full):
 
     Thread ``tid`` copies chunk column ``tid % chunks_per_row`` of rows ``tid // chunks_per_row +
     it * row_step``: its column, and hence its edge predicate along the row, is the same for
-    every chunk it copies."""
+    every chunk it copies.
+
+    ``panels``: the tile is stored as ``inner // 64`` panels of ``rows x 64`` elements (rows of
+    128 bytes, 128-byte swizzle), the layout wgmma reads; the same as the plain layout when
+    ``inner == 64``."""
     chunks_per_row = inner // 8
     row_step = threads // chunks_per_row
     per_thread = (rows + row_step - 1) // row_step
@@ -90,7 +94,11 @@ def _tile_loader(rows, inner, threads, vec, full):
             r = np.int32(r0 + it * row_step)
             if exact or r < rows:
                 sw = (r0 // sw_div) % sw_mod if same_swizzle else (r // sw_div) % sw_mod
-                s_off = np.int32(s_base + r * inner + ((cc ^ sw) * 8))
+                if panels:
+                    s_off = np.int32(s_base + (cc // 8) * (rows * 64) + r * 64
+                                     + ((cc ^ sw) % 8) * 8)
+                else:
+                    s_off = np.int32(s_base + r * inner + ((cc ^ sw) * 8))
                 if full:
                     ptx.cp_async_16(smem, s_off, src, g_row0 + it * row_step * ld, 16)
                 elif vec:
@@ -107,6 +115,36 @@ def _tile_loader(rows, inner, threads, vec, full):
                         smem[s_off + e] = v
 
     return load
+
+
+def stage_loader(block_m, block_n, block_k, stages, threads, a_k_inner, b_k_inner, a_vec,
+                 b_vec, full, panels=False):
+    """Device function ``(smem, stage, k0, k_end, a, b, m0, n0, M, N, lda, ldb, tid)`` copying
+    pipeline stage ``stage``: A's ``block_m x block_k`` and B's ``block_k x block_n`` tile at K
+    offset ``k0`` (``tile_loader`` each, in the orientation of the operand in global memory).
+    Shared layout: ``stages`` A tiles, then ``stages`` B tiles."""
+    a_rows, a_inner = (block_m, block_k) if a_k_inner else (block_k, block_m)
+    b_rows, b_inner = (block_n, block_k) if b_k_inner else (block_k, block_n)
+    a_stage = block_m * block_k
+    b_stage = block_n * block_k
+    b_base = stages * a_stage
+    load_a = tile_loader(a_rows, a_inner, threads, a_vec, full, panels)
+    load_b = tile_loader(b_rows, b_inner, threads, b_vec, full, panels)
+
+    @cuda.jit(device=True, inline="always")
+    def load_stage(smem, stage, k0, k_end, a, b, m0, n0, M, N, lda, ldb, tid):
+        if a_k_inner:
+            load_a(smem, stage * a_stage, a, m0 * lda + k0, lda, M - m0, k_end - k0, tid)
+        else:
+            load_a(smem, stage * a_stage, a, k0 * lda + m0, lda, k_end - k0, M - m0, tid)
+        if b_k_inner:
+            load_b(smem, b_base + stage * b_stage, b, n0 * ldb + k0, ldb, N - n0, k_end - k0,
+                   tid)
+        else:
+            load_b(smem, b_base + stage * b_stage, b, k0 * ldb + n0, ldb, k_end - k0, N - n0,
+                   tid)
+
+    return load_stage
 
 
 def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
@@ -135,39 +173,20 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
     b_stage = block_n * block_k
     b_base = stages * a_stage
     wait_pending = stages - 2
-    apply_epilogue = epilogue(out_dtype, c_dtype, bias_dtype, act)
-    apply_vector = vector_epilogue(out_dtype, c_dtype, bias_dtype, act)
-    vec = vector_width(out_dtype)
-    groups_per_row = block_n // vec
-    tile_ld = _tile_ld(block_n)
+    tile_ld = epilogue_tile_ld(block_n)
+    store_tile = tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype,
+                               bias_dtype, act)
 
-    a_rows, a_inner = (block_m, block_k) if a_k_inner else (block_k, block_m)
-    b_rows, b_inner = (block_n, block_k) if b_k_inner else (block_k, block_n)
+    a_inner = block_k if a_k_inner else block_m
+    b_inner = block_k if b_k_inner else block_n
     a_div, a_mod = _swizzle_params(a_inner)
     b_div, b_mod = _swizzle_params(b_inner)
     fast_path = a_vec and b_vec
 
-    def stage_loader(full):
-        load_a = _tile_loader(a_rows, a_inner, threads, a_vec, full)
-        load_b = _tile_loader(b_rows, b_inner, threads, b_vec, full)
-
-        @cuda.jit(device=True, inline="always")
-        def load_stage(smem, stage, k0, k_end, a, b, m0, n0, M, N, lda, ldb, tid):
-            if a_k_inner:
-                load_a(smem, stage * a_stage, a, m0 * lda + k0, lda, M - m0, k_end - k0, tid)
-            else:
-                load_a(smem, stage * a_stage, a, k0 * lda + m0, lda, k_end - k0, M - m0, tid)
-            if b_k_inner:
-                load_b(smem, b_base + stage * b_stage, b, n0 * ldb + k0, ldb, N - n0,
-                       k_end - k0, tid)
-            else:
-                load_b(smem, b_base + stage * b_stage, b, k0 * ldb + n0, ldb, k_end - k0,
-                       N - n0, tid)
-
-        return load_stage
-
-    load_stage_edge = stage_loader(False)
-    load_stage_full = stage_loader(True)
+    load_stage_edge = stage_loader(block_m, block_n, block_k, stages, threads, a_k_inner,
+                                   b_k_inner, a_vec, b_vec, False)
+    load_stage_full = stage_loader(block_m, block_n, block_k, stages, threads, a_k_inner,
+                                   b_k_inner, a_vec, b_vec, True)
 
     # ldmatrix addressing. The XOR swizzle of a row depends only on row % 8 (divisor * modulus
     # = 8), which is lane % 8 for every fragment, so a lane's offsets are precomputed once: one
@@ -388,31 +407,13 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
                 tile[idx + 8 * tile_ld] = acc[i, j, 2]
                 tile[idx + 8 * tile_ld + 1] = acc[i, j, 3]
         cuda.syncthreads()
-        # each step: ``vec`` consecutive columns of one row, one 16-byte store when the output
-        # allows it (``out_vec``: unit column stride, aligned rows), else element by element
-        out_base = z * out_z
-        rows = min(block_m, M - m0)
-        cols = min(block_n, N - n0)
-        for gi in range(tid, rows * groups_per_row, threads):
-            r = gi // groups_per_row
-            col = (gi % groups_per_row) * vec
-            m = m0 + r
-            n = n0 + col
-            t_off = r * tile_ld + col
-            if out_vec != 0 and col + vec <= cols:
-                apply_vector(tile, t_off, n, out, out_base + m * so_m + n, c,
-                             m * sc_m + n * sc_n, sc_n, bias, alpha, beta)
-            else:
-                for e in range(vec):
-                    if col + e < cols:
-                        apply_epilogue(tile[t_off + e], n + e, out,
-                                       out_base + m * so_m + (n + e) * so_n, c,
-                                       m * sc_m + (n + e) * sc_n, bias, alpha, beta)
+        store_tile(tile, tid, m0, n0, M, N, out, z * out_z, so_m, so_n, c, sc_m, sc_n, bias,
+                   alpha, beta, out_vec)
 
     return gemm_tensor_core_kernel
 
 
-def _tile_ld(block_n):
+def epilogue_tile_ld(block_n):
     # fp32 row stride of the epilogue tile: +4 floats puts the 8 rows a warp writes at once in
     # different banks (4 * row + column) and keeps rows 16-byte aligned
     return block_n + 4
@@ -421,4 +422,5 @@ def _tile_ld(block_n):
 def shared_bytes(block_m, block_n, block_k, stages):
     """Dynamic shared memory of one block: the pipeline's ``stages`` A and B tiles of b16, or
     the fp32 epilogue tile if larger (they reuse the same memory)."""
-    return max(2 * stages * (block_m + block_n) * block_k, 4 * block_m * _tile_ld(block_n))
+    return max(2 * stages * (block_m + block_n) * block_k,
+               4 * block_m * epilogue_tile_ld(block_n))

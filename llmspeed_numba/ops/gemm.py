@@ -37,7 +37,7 @@ from ..autotune import enabled as _autotune_enabled
 from ..autotune import generation as _autotune_generation
 from ..autotune import lookup as _autotune_lookup
 from ..autotune import tune_gemm_problem as _tune_gemm_problem
-from . import _gemm_simt, _gemm_tensor_core
+from . import _gemm_simt, _gemm_tensor_core, _gemm_wgmma
 from ._activations_device import ACTIVATIONS
 from ._epilogue import epilogue, vector_width
 
@@ -64,7 +64,9 @@ class GemmConfig:
     K splits (None: chosen by shape), rasterisation in groups of ``group_m`` block rows, and
     ``min_blocks``: launch bounds asking ptxas to fit that many blocks per SM (registers capped
     at 65536 / (threads * min_blocks); 0: no bound; None: ``_min_blocks``' default; name suffix
-    ``_b<min_blocks>`` when set).
+    ``_b<min_blocks>`` when set). ``wgmma``: the Hopper kernel (``_gemm_wgmma``, sm_90 only):
+    ``block_m / 64`` warpgroups, ``block_k`` 64, warp fields unused; it needs both operands
+    16-byte aligned and otherwise runs as the ``mma.sync`` kernel of ``LARGE_CONFIG``.
     """
     backend: str = "tensor_core"
     block_m: int = 128
@@ -78,11 +80,14 @@ class GemmConfig:
     split_k: int = None
     group_m: int = 8
     min_blocks: int = None
+    wgmma: bool = False
 
     @property
     def name(self):
         tile = f"{self.block_m}x{self.block_n}x{self.block_k}"
-        if self.backend == "tensor_core":
+        if self.wgmma:
+            body = f"wg_{tile}_s{self.stages}"
+        elif self.backend == "tensor_core":
             body = f"tc_{tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}"
         else:
             body = f"simt_{tile}_t{self.thread_m}x{self.thread_n}"
@@ -94,11 +99,15 @@ class GemmConfig:
 
     @property
     def threads(self):
+        if self.wgmma:
+            return _gemm_wgmma.threads_for(self.block_m)
         if self.backend == "tensor_core":
             return 32 * self.warps_m * self.warps_n
         return _gemm_simt.threads(self.block_m, self.block_n, self.thread_m, self.thread_n)
 
     def shared_bytes(self):
+        if self.wgmma:
+            return _gemm_wgmma.shared_bytes(self.block_m, self.block_n, self.stages)
         if self.backend == "tensor_core":
             return _gemm_tensor_core.shared_bytes(self.block_m, self.block_n, self.block_k,
                                                   self.stages)
@@ -123,7 +132,18 @@ class GemmConfig:
         if self.min_blocks is not None and (not isinstance(self.min_blocks, int) or
                                             not 0 <= self.min_blocks <= 32):
             bad(f"min_blocks must be None or an int in [0, 32], got {self.min_blocks!r}")
-        if self.backend == "tensor_core":
+        if self.wgmma:
+            if self.backend != "tensor_core" or self.block_m not in (64, 128) or \
+                    self.block_n not in (64, 128, 256) or self.block_k != 64 or self.stages < 3:
+                bad("wgmma needs backend 'tensor_core', block_m 64 or 128, block_n 64, 128 or "
+                    "256, block_k 64 and stages >= 3")
+            if not wgmma_supported():
+                bad("wgmma needs an sm_90 GPU (Hopper)")
+            limit = max_shared_per_block_optin()
+            if self.shared_bytes() > limit:
+                bad(f"needs {self.shared_bytes()} bytes of shared memory, the device allows "
+                    f"{limit}")
+        elif self.backend == "tensor_core":
             if not all(pow2(x) for x in (self.block_m, self.block_n, self.block_k,
                                          self.warps_m, self.warps_n)):
                 bad("block sizes and warp counts must be powers of 2")
@@ -165,6 +185,9 @@ CONFIGS = {c.name: c for c in (
     GemmConfig("tensor_core", 16, 128, 64, 1, 4, 4),
     GemmConfig("tensor_core", 16, 256, 64, 1, 8, 4),
     GemmConfig("tensor_core", 32, 128, 64, 1, 4, 4),
+    # Hopper (sm_90): two warpgroups of m64n256 (128 fp32 accumulators a thread) or m64n128
+    GemmConfig("tensor_core", 128, 256, 64, stages=4, wgmma=True),
+    GemmConfig("tensor_core", 128, 128, 64, stages=5, wgmma=True),
     # SIMT: 8 x 8 per thread, 256 threads, two blocks per SM (128 registers); BK = 16 halves
     # the barriers per FMA
     GemmConfig("simt", 128, 128, 8, thread_m=8, thread_n=8),
@@ -174,6 +197,7 @@ CONFIGS = {c.name: c for c in (
     GemmConfig("tensor_core", 16, 16, 16, 1, 1, 2),
     GemmConfig("tensor_core", 32, 32, 16, 2, 1, 3),
     GemmConfig("tensor_core", 16, 16, 32, 1, 1, 2),   # two k16 steps per K tile
+    GemmConfig("tensor_core", 64, 64, 64, stages=3, wgmma=True),
     GemmConfig("simt", 16, 16, 8, thread_m=2, thread_n=2),
 )}
 
@@ -182,6 +206,9 @@ CONFIGS = {c.name: c for c in (
 #: 4a69216, TFLOP/s at 4096^3 / 8192^3 fp16: 128x256x64 s3 448 / 455, 128x128x64 s3 429 / 445;
 #: bf16 454 / 445 vs 435 / 433; 4 stages or group_m = 16 within 1-3 %).
 LARGE_CONFIG = "tc_128x256x64_w2x4_s3"
+#: Hopper's large tiles, most promising first (H200 at 4096^3 / 8192^3, ratio to cuBLAS in
+#: the same run: 128x256 0.90-0.93, 128x128 0.71-0.72; mma.sync 128x256 0.58-0.60)
+WGMMA_CONFIGS = ("wg_128x256x64_s4", "wg_128x128x64_s5")
 #: The autotuner's candidates for M > 32, most promising first (256x128x64 is the transpose
 #: of 128x256x64).
 LARGE_CANDIDATES = ("tc_128x128x64_w2x2_s3", "tc_128x256x64_w2x4_s3", "tc_256x128x64_w4x2_s3",
@@ -196,6 +223,17 @@ SMALL_M_CANDIDATES = ("tc_16x128x64_w1x4_s4", "tc_16x256x64_w1x8_s4", "tc_32x128
 
 _SIM_TC = CONFIGS["tc_16x16x16_w1x1_s2"]
 _SIM_SIMT = CONFIGS["simt_16x16x8_t2x2"]
+
+
+def wgmma_supported():
+    """The Hopper kernel can run: compute capability 9.0 (numba builds sm_90a there), or the
+    simulator, whose twins model the instructions."""
+    return SIMULATOR or _compute_capability() == (9, 0)
+
+
+@functools.cache
+def _compute_capability():
+    return tuple(cuda.get_current_device().compute_capability)
 
 
 def resolve_config(config):
@@ -233,8 +271,13 @@ def _heuristic(backend, M, N, K):
     # 128x14336x4096 0.650 / 0.528, 128x4096x14336 0.696 / 0.713
     if M <= 128 or N <= 64:
         return CONFIGS["tc_64x128x64_w1x4_s4"]
-    # the largest tile that still gives about a wave of blocks; else 128 x 128 with split-K
-    for name in (LARGE_CONFIG, "tc_128x128x64_w2x2_s3", "tc_64x128x64_w1x4_s4"):
+    # the largest tile that still gives about a wave of blocks; else 128 x 128 with split-K.
+    # Hopper: the wgmma kernel first (``_run`` swaps it for LARGE_CONFIG when an operand is
+    # not 16-byte aligned)
+    names = (LARGE_CONFIG, "tc_128x128x64_w2x2_s3", "tc_64x128x64_w1x4_s4")
+    if wgmma_supported():
+        names = WGMMA_CONFIGS + names
+    for name in names:
         cfg = CONFIGS[name]
         if _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n) >= 0.75 * sm_count():
             return cfg
@@ -284,6 +327,10 @@ def _kernel_fn(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_d
     """The kernel function and its ``cuda.jit`` options (launch bounds)."""
     min_blocks = _min_blocks(cfg, a_vec, b_vec, in_dtype)
     options = {"launch_bounds": (cfg.threads, min_blocks)} if min_blocks else {}
+    if cfg.wgmma:
+        return _gemm_wgmma.make_kernel(
+            cfg.block_m, cfg.block_n, cfg.stages, cfg.group_m, a_k_inner, b_k_inner,
+            in_dtype == "bfloat16", out_dtype, c_dtype, bias_dtype, act), options
     if cfg.backend == "tensor_core":
         return _gemm_tensor_core.make_kernel(
             cfg.block_m, cfg.block_n, cfg.block_k, cfg.warps_m, cfg.warps_n, cfg.stages,
@@ -501,6 +548,8 @@ def _launch_reduce(p, ws, splits):
 
 def _run(p, cfg):
     """Launch ``cfg`` for problem ``p`` (M, N, K >= 1)."""
+    if cfg.wgmma and not (p.a_vec and p.b_vec):   # wgmma tiles are filled by 16-byte copies
+        cfg = (_SIM_TC if SIMULATOR else CONFIGS[LARGE_CONFIG]).replace(split_k=cfg.split_k)
     splits = split_count(cfg, p.M, p.N, p.K)
     k_split = _cdiv(_cdiv(p.K, splits), cfg.block_k) * cfg.block_k  # whole K tiles per split
     splits = _cdiv(p.K, k_split)
@@ -587,6 +636,8 @@ def candidates(p):
             pool = pool[2:]
     else:
         pool = [CONFIGS[n] for n in LARGE_CANDIDATES]
+        if wgmma_supported() and p.a_vec and p.b_vec:
+            pool = [CONFIGS[n] for n in WGMMA_CONFIGS] + pool
     out = []
     for cfg in pool:
         out.append(cfg)
@@ -670,6 +721,17 @@ for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
     compile_check.register(
         _name, _compile_target(CONFIGS[_cfg], _a_k, _b_k, _in, _out, **_extra),
         ptx_must_have=_TC_PTX, sass_must_have=_TC_SASS)
+_WGMMA_PTX = ("wgmma.mma_async.sync.aligned", "cp.async.cg.shared")
+_WGMMA_SASS = ("HGMMA", "LDGSTS")
+for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
+        ("gemm_wgmma_bf16_nn", "wg_128x256x64_s4", True, False, "bfloat16", "bfloat16", {}),
+        ("gemm_wgmma_f16_nt", "wg_128x256x64_s4", True, True, "float16", "float16", {}),
+        ("gemm_wgmma_f16_tn_epilogue", "wg_128x128x64_s5", False, False, "float16", "float32",
+         {"c_dtype": "float16", "bias_dtype": "float32", "act": "silu"}),
+):
+    compile_check.register(
+        _name, _compile_target(CONFIGS[_cfg], _a_k, _b_k, _in, _out, **_extra),
+        ptx_must_have=_WGMMA_PTX, sass_must_have=_WGMMA_SASS)
 # (the default SIMT tile with 16-byte global and shared loads, the fp32 path the benchmark
 # times; two blocks per SM: 128 registers through the launch bounds, and the no-spill check)
 # ptxas of nvJitLink 13.0 (the H200 image) spills 4 B (8 B stack) at the 128-register cap

@@ -1,0 +1,200 @@
+"""The Hopper GEMM kernel: cp.async pipeline -> 128-byte-swizzled shared tiles -> wgmma.
+
+One thread block of ``block_m / 64`` warpgroups computes a ``block_m x block_n`` tile of
+``a @ b`` over the K range of its split (``blockIdx.y``); warpgroup g owns rows ``64 g .. 64 g +
+63`` and all ``block_n`` columns, as ``block_n / 2`` fp32 accumulators per thread that
+``wgmma.mma_async.m64n{block_n}k16`` reads both operands for straight from shared memory (no
+ldmatrix, no fragments in registers: the warps only issue copies and MMAs).
+
+Shared memory (dynamic, one ``uint16`` buffer, realigned to 1024 bytes because the hardware
+swizzle follows address bits 7-9): ``stages`` A tiles, then ``stages`` B tiles, each stored in
+the orientation of the operand in global memory (``tile_loader`` with ``panels``): 64-element
+panels of 128-byte rows whose 16-byte chunks are XOR-ed with ``row % 8``. That is wgmma's
+128-byte-swizzle canonical layout in both orientations, so K-major operands (A row-major, B
+column-major) and M- / N-major ones (A column-major, B row-major) differ only in the
+descriptor and the instruction's transpose bit:
+- K-major: 128-byte rows along K, 8-row groups 1024 bytes apart (SBO); a k16 step moves the
+  start address 32 bytes.
+- M- / N-major: rows along K, panels of 64 M / N elements ``rows * 128`` bytes apart (LBO), 8
+  K rows 1024 bytes apart (SBO); a k16 step moves 16 rows.
+
+Pipeline: ``stages - 2`` K tiles are loaded ahead of the one being multiplied, and one group of
+wgmma stays in flight while the next is issued (``wgmma_wait(1)``). A stage is refilled only
+after every warpgroup has waited for the MMAs that read it: the barrier at the top of K tile kt
+follows each warpgroup's wait for tile kt - 2, whose stage the copies of tile kt + stages - 2
+then reuse. The first K tile is issued before the loop, its first k16 step with scale-d = 0:
+ptxas serialises every wgmma (warning C7515) if any other instruction defines the accumulator
+on a path into the final wait. Edges as in ``_gemm_tensor_core``: rows / columns past M, N and
+K elements past the split's end are zero-filled by cp.async's ``src_bytes``; interior blocks
+run a K loop with unpredicated copies. Both operands must allow 16-byte copies (aligned
+pointers and leading strides): the caller runs ``_gemm_tensor_core`` otherwise.
+
+Epilogue: as ``_gemm_tensor_core``, through an fp32 tile in shared memory (``tile_epilogue``).
+"""
+
+import numpy as np
+
+from .. import ptx
+from .._env import cuda
+from ._epilogue import grouped_tile, tile_epilogue
+from ._gemm_tensor_core import epilogue_tile_ld, stage_loader
+
+BLOCK_K = 64          # one 128-byte swizzle row of b16 per tile row along K
+_ALIGN_BYTES = 1024   # the 128-byte swizzle repeats every 8 rows of 128 bytes
+
+
+def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16, out_dtype,
+                c_dtype, bias_dtype, act):
+    """The kernel function (not yet jitted) for one configuration; same parameters and launch
+    as ``_gemm_tensor_core.make_kernel`` with ``threads(block_m)`` threads and
+    ``shared_bytes(...)`` of dynamic shared memory."""
+    threads = threads_for(block_m)
+    is_bf16 = int(is_bf16)     # the intrinsic takes compile-time integers
+    regs = block_n // 2
+    a_stage = block_m * BLOCK_K
+    b_stage = block_n * BLOCK_K
+    b_base = stages * a_stage
+    lead = stages - 2          # K tiles in flight ahead of the one multiplied
+    tile_pending = lead - 1    # cp.async groups that may still run when a tile is needed
+    trans_a = 0 if a_k_inner else 1
+    trans_b = 0 if b_k_inner else 1
+    # descriptors: LBO (unused by K-major swizzled tiles: 16), SBO, and the k16 step (elements)
+    a_lbo = 16 if a_k_inner else BLOCK_K * 128
+    b_lbo = 16 if b_k_inner else BLOCK_K * 128
+    a_step = 16 if a_k_inner else 16 * 64
+    b_step = 16 if b_k_inner else 16 * 64
+    # warpgroup g's 64 rows of A: 64 rows of 64 (K-major) or panel g (M-major), 4096 elements
+    a_group = 64 * 64
+    tile_ld = epilogue_tile_ld(block_n)
+    store_tile = tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype,
+                               bias_dtype, act)
+    load_edge = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
+                             True, True, False, panels=True)
+    load_full = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
+                             True, True, True, panels=True)
+
+    @cuda.jit(device=True, inline="always")
+    def mma_tile(tiles, stage, a_row0, acc, first):
+        """Issue the four k16 steps of one K tile as one wgmma group. ``first``: the very
+        first tile, whose first step overwrites the accumulator (scale-d = 0)."""
+        a_s = np.int32(stage * a_stage + a_row0)
+        b_s = np.int32(b_base + stage * b_stage)
+        ptx.wgmma_fence()
+        for j in range(BLOCK_K // 16):
+            da = ptx.smem_desc(tiles, a_s + j * a_step, a_lbo, 1024, 1)
+            db = ptx.smem_desc(tiles, b_s + j * b_step, b_lbo, 1024, 1)
+            ptx.wgmma_m64k16(acc, da, db, 0 if first and j == 0 else 1, block_n, is_bf16,
+                             trans_a, trans_b)
+        ptx.wgmma_commit()
+
+    def tile_step(full):
+        load = load_full if full else load_edge
+
+        @cuda.jit(device=True, inline="always")
+        def step(tiles, kt, k_tiles, read_stage, write_stage, a, b, m0, n0, M, N, lda, ldb,
+                 k_begin, k_end, tid, a_row0, acc):
+            ptx.cp_async_wait(tile_pending)   # tile kt landed (this thread's copies)
+            ptx.fence_proxy_async()       # ... and is visible to wgmma's async proxy
+            cuda.syncthreads()            # everyone's copies; every group waited for kt - 2
+            mma_tile(tiles, read_stage, a_row0, acc, False)
+            nxt = kt + lead
+            if full or nxt < k_tiles:
+                load(tiles, write_stage, k_begin + nxt * BLOCK_K, k_end, a, b, m0, n0, M, N,
+                     lda, ldb, tid)
+            ptx.cp_async_commit()
+            ptx.wgmma_wait(acc, regs, 1)  # tile kt - 1's group is done: its stage is free
+            return (read_stage + 1 if read_stage < stages - 1 else 0,
+                    write_stage + 1 if write_stage < stages - 1 else 0)
+
+        return step
+
+    step_full = tile_step(True)
+    step_edge = tile_step(False)
+
+    def gemm_wgmma_kernel(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, out_z, sc_m, sc_n,
+                          alpha, beta, k_split, tiles_m, tiles_n, out_vec):
+        smem = cuda.shared.array(0, np.uint16)
+        pad = ((_ALIGN_BYTES - (ptx.shared_address(smem, 0) & (_ALIGN_BYTES - 1)))
+               & (_ALIGN_BYTES - 1)) >> 1
+        tiles = smem[pad:]
+        tid = np.int32(cuda.threadIdx.x)
+        a_row0 = np.int32((tid >> 7) * a_group)
+
+        pid_m, pid_n = grouped_tile(cuda.blockIdx.x, tiles_m, tiles_n, group_m)
+        m0 = pid_m * block_m
+        n0 = pid_n * block_n
+        z = cuda.blockIdx.y
+        k_begin = z * k_split
+        k_end = min(K, k_begin + k_split)
+        k_tiles = (k_end - k_begin + BLOCK_K - 1) // BLOCK_K
+        interior = m0 + block_m <= M and n0 + block_n <= N
+        k_full = (k_end - k_begin) // BLOCK_K if interior else 0
+
+        for s in range(lead):
+            if s < k_tiles:
+                if s < k_full:
+                    load_full(tiles, s, k_begin + s * BLOCK_K, k_end, a, b, m0, n0, M, N, lda,
+                              ldb, tid)
+                else:
+                    load_edge(tiles, s, k_begin + s * BLOCK_K, k_end, a, b, m0, n0, M, N, lda,
+                              ldb, tid)
+            ptx.cp_async_commit()
+
+        acc = cuda.local.array(regs, np.float32)
+        # K tile 0, peeled (see the module note), then its prefetch of tile ``lead``
+        ptx.cp_async_wait(tile_pending)
+        ptx.fence_proxy_async()
+        cuda.syncthreads()
+        mma_tile(tiles, 0, a_row0, acc, True)
+        if lead < k_tiles:
+            if lead < k_full:
+                load_full(tiles, lead, k_begin + lead * BLOCK_K, k_end, a, b, m0, n0, M, N,
+                          lda, ldb, tid)
+            else:
+                load_edge(tiles, lead, k_begin + lead * BLOCK_K, k_end, a, b, m0, n0, M, N,
+                          lda, ldb, tid)
+        ptx.cp_async_commit()
+
+        read_stage = 1
+        write_stage = lead + 1 if lead + 1 < stages else 0
+        kt = 1
+        main_tiles = min(k_tiles, k_full - lead)   # tiles whose prefetch is a full tile
+        while kt < main_tiles:
+            read_stage, write_stage = step_full(
+                tiles, kt, k_tiles, read_stage, write_stage, a, b, m0, n0, M, N, lda, ldb,
+                k_begin, k_end, tid, a_row0, acc)
+            kt += 1
+        while kt < k_tiles:
+            read_stage, write_stage = step_edge(
+                tiles, kt, k_tiles, read_stage, write_stage, a, b, m0, n0, M, N, lda, ldb,
+                k_begin, k_end, tid, a_row0, acc)
+            kt += 1
+        ptx.wgmma_wait(acc, regs, 0)
+
+        # epilogue through shared memory (the pipeline's buffers, once every group is done)
+        ptx.cp_async_wait(0)
+        cuda.syncthreads()
+        tile = cuda.shared.array(0, np.float32)
+        lane = tid & 31
+        row = np.int32((tid >> 5) * 16 + (lane >> 2))    # warp w of the block: rows 16 w ..
+        col = np.int32(2 * (lane & 3))
+        for jb in range(block_n // 8):
+            for q in range(4):
+                tile[(row + 8 * (q // 2)) * tile_ld + 8 * jb + col + q % 2] = acc[jb * 4 + q]
+        cuda.syncthreads()
+        store_tile(tile, tid, m0, n0, M, N, out, z * out_z, so_m, so_n, c, sc_m, sc_n, bias,
+                   alpha, beta, out_vec)
+
+    return gemm_wgmma_kernel
+
+
+def threads_for(block_m):
+    """Threads of a block: one warpgroup (128) per 64 rows."""
+    return 2 * block_m
+
+
+def shared_bytes(block_m, block_n, stages):
+    """Dynamic shared memory of one block: the pipeline's tiles plus the realignment slack, or
+    the fp32 epilogue tile if larger (they reuse the same memory)."""
+    return max(2 * stages * (block_m + block_n) * BLOCK_K + _ALIGN_BYTES,
+               4 * block_m * epilogue_tile_ld(block_n))
