@@ -206,3 +206,20 @@ def grouped_tile(pid, tiles_m, tiles_n, group_m):
     rows = np.uint32(min(np.uint32(tiles_m) - first_m, np.uint32(group_m)))
     r = np.uint32(pid % in_group)
     return np.int32(first_m + np.uint32(r % rows)), np.int32(r // rows)
+
+
+@functools.cache
+def block_work(block_m, block_n, block_k, group_m):
+    """Device function ``(tiles_m, tiles_n, K, k_split) -> (m0, n0, z, k_begin, k_end,
+    k_tiles)``: the output tile of this block (``grouped_tile`` order) and the K range of its
+    split ``z = blockIdx.y``, in ``block_k`` tiles."""
+    @cuda.jit(device=True, inline="always")
+    def work(tiles_m, tiles_n, K, k_split):
+        pid_m, pid_n = grouped_tile(cuda.blockIdx.x, tiles_m, tiles_n, group_m)
+        z = cuda.blockIdx.y
+        k_begin = z * k_split
+        k_end = min(K, k_begin + k_split)
+        return (pid_m * block_m, pid_n * block_n, z, k_begin, k_end,
+                (k_end - k_begin + block_k - 1) // block_k)
+
+    return work

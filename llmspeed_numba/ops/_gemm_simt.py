@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import ptx
 from .._env import cuda
-from ._epilogue import epilogue, grouped_tile, loader
+from ._epilogue import block_work, epilogue, loader
 
 _PAD = 4
 
@@ -167,6 +167,7 @@ def make_kernel(block_m, block_n, block_k, thread_m, thread_n, group_m, a_k_inne
     threads_m = block_m // thread_m
     threads_n = block_n // thread_n
     n_threads = threads_m * threads_n
+    work = block_work(block_m, block_n, block_k, group_m)
     a_row = block_m + _PAD
     b_row = block_n + _PAD
     a_buf = block_k * a_row
@@ -321,13 +322,7 @@ def make_kernel(block_m, block_n, block_k, thread_m, thread_n, group_m, a_k_inne
         else:
             ty = np.int32(tid // threads_n)
             tx = np.int32(tid % threads_n)
-        pid_m, pid_n = grouped_tile(cuda.blockIdx.x, tiles_m, tiles_n, group_m)
-        m0 = pid_m * block_m
-        n0 = pid_n * block_n
-        z = cuda.blockIdx.y
-        k_begin = z * k_split
-        k_end = min(K, k_begin + k_split)
-        k_tiles = (k_end - k_begin + block_k - 1) // block_k
+        m0, n0, z, k_begin, k_end, k_tiles = work(tiles_m, tiles_n, K, k_split)
 
         acc = cuda.local.array((thread_m, thread_n), np.float32)
         for i in range(thread_m):

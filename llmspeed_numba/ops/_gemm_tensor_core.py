@@ -45,7 +45,7 @@ import numpy as np
 
 from .. import ptx
 from .._env import cuda
-from ._epilogue import grouped_tile, tile_epilogue
+from ._epilogue import block_work, tile_epilogue
 
 
 def _swizzle_params(inner):
@@ -147,6 +147,22 @@ def stage_loader(block_m, block_n, block_k, stages, threads, a_k_inner, b_k_inne
     return load_stage
 
 
+def either_loader(block_k, load_full, load_edge):
+    """Device function ``(smem, stage, kt, k_full, k_begin, k_end, a, b, m0, n0, M, N, lda, ldb,
+    tid)`` loading K tile ``kt`` of the split into ``stage``: unpredicated copies for the
+    block's first ``k_full`` tiles (whole tiles of an interior block), predicated ones after."""
+    @cuda.jit(device=True, inline="always")
+    def load(smem, stage, kt, k_full, k_begin, k_end, a, b, m0, n0, M, N, lda, ldb, tid):
+        if kt < k_full:
+            load_full(smem, stage, k_begin + kt * block_k, k_end, a, b, m0, n0, M, N, lda, ldb,
+                      tid)
+        else:
+            load_edge(smem, stage, k_begin + kt * block_k, k_end, a, b, m0, n0, M, N, lda, ldb,
+                      tid)
+
+    return load
+
+
 def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
                 a_k_inner, b_k_inner, a_vec, b_vec, is_bf16,
                 out_dtype, c_dtype, bias_dtype, act, min_blocks=0):
@@ -163,6 +179,7 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
     that numba's disk cache (keyed on the closure, not on launch bounds) keeps variants apart.
     """
     threads = 32 * warps_m * warps_n
+    work = block_work(block_m, block_n, block_k, group_m)
     wm = block_m // warps_m
     wn = block_n // warps_n
     mf = wm // 16             # 16-row A fragments per warp
@@ -187,6 +204,7 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
                                    b_k_inner, a_vec, b_vec, False)
     load_stage_full = stage_loader(block_m, block_n, block_k, stages, threads, a_k_inner,
                                    b_k_inner, a_vec, b_vec, True)
+    load_stage_any = either_loader(block_k, load_stage_full, load_stage_edge)
 
     # ldmatrix addressing. The XOR swizzle of a row depends only on row % 8 (divisor * modulus
     # = 8), which is lane % 8 for every fragment, so a lane's offsets are precomputed once: one
@@ -336,13 +354,7 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
         wm0 = np.int32((warp // warps_n) * wm)
         wn0 = np.int32((warp % warps_n) * wn)
 
-        pid_m, pid_n = grouped_tile(cuda.blockIdx.x, tiles_m, tiles_n, group_m)
-        m0 = pid_m * block_m
-        n0 = pid_n * block_n
-        z = cuda.blockIdx.y
-        k_begin = z * k_split
-        k_end = min(K, k_begin + k_split)
-        k_tiles = (k_end - k_begin + block_k - 1) // block_k
+        m0, n0, z, k_begin, k_end, k_tiles = work(tiles_m, tiles_n, K, k_split)
 
         acc = cuda.local.array((mf, nf, 4), np.float32)
         for i in range(mf):
@@ -361,12 +373,8 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
 
         for s in range(stages - 1):
             if s < k_tiles:
-                if s < k_full:
-                    load_stage_full(smem, s, k_begin + s * block_k, k_end, a, b, m0, n0, M, N,
-                                    lda, ldb, tid)
-                else:
-                    load_stage_edge(smem, s, k_begin + s * block_k, k_end, a, b, m0, n0, M, N,
-                                    lda, ldb, tid)
+                load_stage_any(smem, s, s, k_full, k_begin, k_end, a, b, m0, n0, M, N, lda, ldb,
+                               tid)
             ptx.cp_async_commit()
 
         # Fragments are double-buffered across k16 steps and across K tiles: the ldmatrix of

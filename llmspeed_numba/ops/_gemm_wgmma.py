@@ -36,8 +36,8 @@ import numpy as np
 
 from .. import ptx
 from .._env import cuda
-from ._epilogue import grouped_tile, tile_epilogue
-from ._gemm_tensor_core import epilogue_tile_ld, stage_loader
+from ._epilogue import block_work, tile_epilogue
+from ._gemm_tensor_core import either_loader, epilogue_tile_ld, stage_loader
 
 BLOCK_K = 64          # one 128-byte swizzle row of b16 per tile row along K
 _ALIGN_BYTES = 1024   # the 128-byte swizzle repeats every 8 rows of 128 bytes
@@ -49,6 +49,7 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
     as ``_gemm_tensor_core.make_kernel`` with ``threads(block_m)`` threads and
     ``shared_bytes(...)`` of dynamic shared memory."""
     threads = threads_for(block_m)
+    work = block_work(block_m, block_n, BLOCK_K, group_m)
     is_bf16 = int(is_bf16)     # the intrinsic takes compile-time integers
     regs = block_n // 2
     a_stage = block_m * BLOCK_K
@@ -72,6 +73,7 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
                              True, True, False, panels=True)
     load_full = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
                              True, True, True, panels=True)
+    load_any = either_loader(BLOCK_K, load_full, load_edge)
 
     @cuda.jit(device=True, inline="always")
     def mma_tile(tiles, stage, a_row0, acc, first):
@@ -120,24 +122,13 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
         tid = np.int32(cuda.threadIdx.x)
         a_row0 = np.int32((tid >> 7) * a_group)
 
-        pid_m, pid_n = grouped_tile(cuda.blockIdx.x, tiles_m, tiles_n, group_m)
-        m0 = pid_m * block_m
-        n0 = pid_n * block_n
-        z = cuda.blockIdx.y
-        k_begin = z * k_split
-        k_end = min(K, k_begin + k_split)
-        k_tiles = (k_end - k_begin + BLOCK_K - 1) // BLOCK_K
+        m0, n0, z, k_begin, k_end, k_tiles = work(tiles_m, tiles_n, K, k_split)
         interior = m0 + block_m <= M and n0 + block_n <= N
         k_full = (k_end - k_begin) // BLOCK_K if interior else 0
 
         for s in range(lead):
             if s < k_tiles:
-                if s < k_full:
-                    load_full(tiles, s, k_begin + s * BLOCK_K, k_end, a, b, m0, n0, M, N, lda,
-                              ldb, tid)
-                else:
-                    load_edge(tiles, s, k_begin + s * BLOCK_K, k_end, a, b, m0, n0, M, N, lda,
-                              ldb, tid)
+                load_any(tiles, s, s, k_full, k_begin, k_end, a, b, m0, n0, M, N, lda, ldb, tid)
             ptx.cp_async_commit()
 
         acc = cuda.local.array(regs, np.float32)
@@ -147,12 +138,8 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
         cuda.syncthreads()
         mma_tile(tiles, 0, a_row0, acc, True)
         if lead < k_tiles:
-            if lead < k_full:
-                load_full(tiles, lead, k_begin + lead * BLOCK_K, k_end, a, b, m0, n0, M, N,
-                          lda, ldb, tid)
-            else:
-                load_edge(tiles, lead, k_begin + lead * BLOCK_K, k_end, a, b, m0, n0, M, N,
-                          lda, ldb, tid)
+            load_any(tiles, lead, lead, k_full, k_begin, k_end, a, b, m0, n0, M, N, lda, ldb,
+                     tid)
         ptx.cp_async_commit()
 
         read_stage = 1

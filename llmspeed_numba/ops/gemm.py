@@ -7,17 +7,20 @@ contiguous extent (a sliced sub-matrix works too): NN, NT, TN and TT all run wit
 ``c`` (M, N) may have any non-negative strides and is read only when ``beta != 0`` (BLAS
 convention); ``bias`` is a contiguous length-N vector; ``c`` and ``bias`` may be fp16, bf16 or fp32.
 
-Precision: fp16 / bf16 inputs run on Tensor Cores (``mma.sync.m16n8k16``) with fp32 accumulation
-(or on the SIMT kernel with ``backend="simt"``); fp32 inputs run on the SIMT kernel in fp32. The
-epilogue is computed in fp32 and rounded once to ``out_dtype`` (default: ``out``'s dtype when
-given, else the input dtype).
+Precision: fp16 / bf16 inputs run on Tensor Cores (``wgmma`` on Hopper, else ``mma.sync``) with fp32
+accumulation (or on the SIMT kernel with ``backend="simt"``); fp32 inputs run on the SIMT kernel in
+fp32. The epilogue is computed in fp32 and rounded once to ``out_dtype`` (default: ``out``'s dtype
+when given, else the input dtype).
 
-Kernels (one module each): ``_gemm_tensor_core`` (cp.async multi-stage pipeline, swizzled shared
-tiles, ldmatrix, warp tiling, grouped rasterisation, fused epilogue), ``_gemm_simt`` (register
-blocked, double buffered). Shapes with few output tiles (decode-time M of 1-16, or small M x N
-with long K) split K across ``split_k`` blocks: each writes fp32 partial sums to a workspace and
-``_splitk_reduce_kernel`` adds them and applies the epilogue. The tile configuration comes from
-``config=``, else from the autotune cache (``llmspeed_numba.autotune``), else from ``_heuristic``.
+Kernels (one module each): ``_gemm_wgmma`` (Hopper, sm_90: cp.async into 128-byte-swizzled tiles
+read by ``wgmma.mma_async``, two warpgroups, the large-problem default there), ``_gemm_tensor_core``
+(cp.async multi-stage pipeline, swizzled shared tiles, ldmatrix, ``mma.sync``, warp tiling, grouped
+rasterisation, fused epilogue: other GPUs, small problems and operands that are not 16-byte
+aligned), ``_gemm_simt`` (register blocked, double buffered). Shapes with few output tiles (decode-
+time M of 1-16, or small M x N with long K) split K across ``split_k`` blocks: each writes fp32
+partial sums to a workspace and ``_splitk_reduce_kernel`` adds them and applies the epilogue. The
+tile configuration comes from ``config=``, else from the autotune cache
+(``llmspeed_numba.autotune``), else from ``_heuristic``.
 """
 
 import dataclasses

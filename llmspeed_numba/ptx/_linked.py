@@ -14,7 +14,7 @@ as ``unsigned``; numba ABI: ``int f(T* ret, args...)`` returning 0.
 from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
-from ._intrinsics import _element_pointer, _shared_address, _check_memory_operand, _I64
+from ._intrinsics import _I64, _check_memory_operand, _element_pointer, shared_address
 
 _SOURCE = r"""
 struct llm_f32x4 { float v[4]; };
@@ -98,18 +98,6 @@ _cp_commit = _declare("llm_cp_async_commit", types.int32())
 
 
 @intrinsic
-def _shared_addr(typingctx, smem, offset):
-    _check_memory_operand(smem, offset, "shared address")
-
-    def codegen(context, builder, signature, args):
-        ptr = _element_pointer(context, builder, signature.args[0], args[0],
-                               signature.args[1], args[1])
-        return _shared_address(builder, ptr)
-
-    return types.uint32(smem, offset), codegen
-
-
-@intrinsic
 def _global_addr(typingctx, gmem, offset):
     _check_memory_operand(gmem, offset, "global address")
 
@@ -138,37 +126,37 @@ def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
 
 @_inline
 def ldmatrix_x1(smem, offset):
-    return _ldsm_x1(_shared_addr(smem, offset))
+    return _ldsm_x1(shared_address(smem, offset))
 
 
 @_inline
 def ldmatrix_x1_trans(smem, offset):
-    return _ldsm_x1_t(_shared_addr(smem, offset))
+    return _ldsm_x1_t(shared_address(smem, offset))
 
 
 @_inline
 def ldmatrix_x2(smem, offset):
-    return _ldsm_x2(_shared_addr(smem, offset))
+    return _ldsm_x2(shared_address(smem, offset))
 
 
 @_inline
 def ldmatrix_x2_trans(smem, offset):
-    return _ldsm_x2_t(_shared_addr(smem, offset))
+    return _ldsm_x2_t(shared_address(smem, offset))
 
 
 @_inline
 def ldmatrix_x4(smem, offset):
-    return _ldsm_x4(_shared_addr(smem, offset))
+    return _ldsm_x4(shared_address(smem, offset))
 
 
 @_inline
 def ldmatrix_x4_trans(smem, offset):
-    return _ldsm_x4_t(_shared_addr(smem, offset))
+    return _ldsm_x4_t(shared_address(smem, offset))
 
 
 @_inline
 def cp_async_16(smem, smem_offset, gmem, gmem_offset, src_bytes):
-    _cp_async(_shared_addr(smem, smem_offset), _global_addr(gmem, gmem_offset), _U32(src_bytes))
+    _cp_async(shared_address(smem, smem_offset), _global_addr(gmem, gmem_offset), _U32(src_bytes))
 
 
 @_inline
