@@ -156,7 +156,6 @@ def vector_epilogue(out_dtype, c_dtype, bias_dtype, act):
     return apply16
 
 
-
 @functools.cache
 def tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bias_dtype, act):
     """Device function storing a block's fp32 result tile, staged in shared memory, through the

@@ -142,10 +142,6 @@ class GemmConfig:
                     "256, block_k 64 and stages >= 3")
             if not wgmma_supported():
                 bad("wgmma needs an sm_90 GPU (Hopper)")
-            limit = max_shared_per_block_optin()
-            if self.shared_bytes() > limit:
-                bad(f"needs {self.shared_bytes()} bytes of shared memory, the device allows "
-                    f"{limit}")
         elif self.backend == "tensor_core":
             if not all(pow2(x) for x in (self.block_m, self.block_n, self.block_k,
                                          self.warps_m, self.warps_n)):
@@ -157,10 +153,6 @@ class GemmConfig:
                 bad("a tile row has more 16-byte chunks than the block has threads")
             if self.stages < 2:
                 bad("needs stages >= 2")
-            limit = max_shared_per_block_optin()
-            if self.shared_bytes() > limit:
-                bad(f"needs {self.shared_bytes()} bytes of shared memory, the device allows "
-                    f"{limit}")
         else:
             if self.block_m % self.thread_m or self.block_n % self.thread_n:
                 bad("block_m / block_n must be multiples of thread_m / thread_n")
@@ -169,6 +161,11 @@ class GemmConfig:
                 bad(f"{t} threads must divide both tiles' elements (and be <= 1024)")
             if 8 * self.block_k * (self.block_m + self.block_n + 8) > 48 * 1024:
                 bad("needs more than 48 KB of static shared memory")
+        if self.backend == "tensor_core":   # dynamic shared memory, opted in beyond 48 KB
+            limit = max_shared_per_block_optin()
+            if self.shared_bytes() > limit:
+                bad(f"needs {self.shared_bytes()} bytes of shared memory, the device allows "
+                    f"{limit}")
         return self
 
 
@@ -707,6 +704,8 @@ def _compile_target(cfg, a_k_inner, b_k_inner, in_dtype, out_dtype, c_dtype=None
 
 _TC_PTX = ("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x4", "cp.async.cg.shared")
 _TC_SASS = ("HMMA", "LDSM", "LDGSTS")
+_WGMMA_PTX = ("wgmma.mma_async.sync.aligned", "cp.async.cg.shared")
+_WGMMA_SASS = ("HGMMA", "LDGSTS")
 for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
         ("gemm_tc_f16_nn", "tc_128x128x32_w2x2_s4", True, False, "float16", "float16", {}),
         # the heuristic's large tile (follows the LARGE_CONFIG switch) and its fallback
@@ -720,21 +719,17 @@ for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
         ("gemm_tc_f16_128x256", "tc_128x256x32_w2x4_s3", True, False, "float16", "float16", {}),
         ("gemm_tc_f16_decode_nt", "tc_16x128x64_w1x4_s4", True, True, "float16", "float32", {}),
         ("gemm_tc_f16_decode_nn", "tc_16x128x64_w1x4_s4", True, False, "float16", "float32", {}),
-):
-    compile_check.register(
-        _name, _compile_target(CONFIGS[_cfg], _a_k, _b_k, _in, _out, **_extra),
-        ptx_must_have=_TC_PTX, sass_must_have=_TC_SASS)
-_WGMMA_PTX = ("wgmma.mma_async.sync.aligned", "cp.async.cg.shared")
-_WGMMA_SASS = ("HGMMA", "LDGSTS")
-for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
+        # Hopper
         ("gemm_wgmma_bf16_nn", "wg_128x256x64_s4", True, False, "bfloat16", "bfloat16", {}),
         ("gemm_wgmma_f16_nt", "wg_128x256x64_s4", True, True, "float16", "float16", {}),
         ("gemm_wgmma_f16_tn_epilogue", "wg_128x128x64_s5", False, False, "float16", "float32",
          {"c_dtype": "float16", "bias_dtype": "float32", "act": "silu"}),
 ):
+    _wg = CONFIGS[_cfg].wgmma
     compile_check.register(
         _name, _compile_target(CONFIGS[_cfg], _a_k, _b_k, _in, _out, **_extra),
-        ptx_must_have=_WGMMA_PTX, sass_must_have=_WGMMA_SASS)
+        ptx_must_have=_WGMMA_PTX if _wg else _TC_PTX,
+        sass_must_have=_WGMMA_SASS if _wg else _TC_SASS)
 # (the default SIMT tile with 16-byte global and shared loads, the fp32 path the benchmark
 # times; two blocks per SM: 128 registers through the launch bounds, and the no-spill check)
 # ptxas of nvJitLink 13.0 (the H200 image) spills 4 B (8 B stack) at the 128-register cap
