@@ -208,6 +208,16 @@ def test_query_tile_from_shared_memory(rng):
     derived_check(f64(out), out64, plain)
 
 
+def test_swizzled_rings(rng):
+    """Head dims from ``SWIZZLE_FROM`` keep their K/V rows unpadded and XOR-swizzled in shared
+    memory (the cp.async destinations and the ldmatrix rows must agree): the smallest such dim,
+    a ragged last tile and 8-key pages (a tile from two pages)."""
+    assert pd.SWIZZLE_FROM == 64
+    case = Case(rng, batch=1, seq_lens=[27], block_size=8, nheads=2, nheads_k=1,
+                headdim=64, dtype="bfloat16")
+    case.check(num_splits=1)
+
+
 def test_append_then_decode(rng):
     """paged_kv_append writes at seq_lens (pre-append), then decode with q_len new tokens
     equals attention over the concatenated original K/V."""

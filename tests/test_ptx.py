@@ -110,26 +110,38 @@ def test_ldmatrix(count, trans, rng):
 
 # ---- cp.async ------------------------------------------------------------------------------
 
-@cuda.jit
-def _cp_async_kernel(src, src_bytes, out):
-    lane = cuda.threadIdx.x
-    smem = cuda.shared.array(32 * 8, np.uint16, alignment=16)
-    for i in range(lane, 32 * 8, 32):
-        smem[i] = 0xFFFF
-    cuda.syncthreads()
-    ptx.cp_async_16(smem, lane * 8, src, lane * 8, src_bytes[lane])
-    ptx.cp_async_commit()
-    ptx.cp_async_wait(0)
-    cuda.syncthreads()
-    for i in range(lane, 32 * 8, 32):
-        out[i] = smem[i]
+def _cp_async_kernel(prefetch):
+    """One warp: lane l copies 16 bytes (``src_bytes[l]`` of them read) into poisoned shared
+    memory; ``prefetch`` None: ``cp_async_16``, else ``cp_async_16_l2`` with that hint."""
+    plain = prefetch is None
+    hint = 0 if plain else prefetch
+
+    @cuda.jit
+    def cp_async_kernel(src, src_bytes, out):
+        lane = cuda.threadIdx.x
+        smem = cuda.shared.array(32 * 8, np.uint16, alignment=16)
+        for i in range(lane, 32 * 8, 32):
+            smem[i] = 0xFFFF
+        cuda.syncthreads()
+        if plain:
+            ptx.cp_async_16(smem, lane * 8, src, lane * 8, src_bytes[lane])
+        else:
+            ptx.cp_async_16_l2(smem, lane * 8, src, lane * 8, src_bytes[lane], hint)
+        ptx.cp_async_commit()
+        ptx.cp_async_wait(0)
+        cuda.syncthreads()
+        for i in range(lane, 32 * 8, 32):
+            out[i] = smem[i]
+
+    return cp_async_kernel
 
 
-def test_cp_async_zero_fill(rng):
+@pytest.mark.parametrize("prefetch", [None, 256], ids=["plain", "l2_prefetch"])
+def test_cp_async_zero_fill(rng, prefetch):
     src = rng.integers(1, 2**16, size=32 * 8, dtype=np.uint16)
     src_bytes = rng.choice([0, 2, 4, 8, 14, 16], size=32).astype(np.int32)
     out = np.zeros(32 * 8, np.uint16)
-    _cp_async_kernel[1, 32](src, src_bytes, out)
+    _cp_async_kernel(prefetch)[1, 32](src, src_bytes, out)
     expected = src.reshape(32, 8).copy()
     for lane, nbytes in enumerate(src_bytes):
         expected[lane, nbytes // 2:] = 0

@@ -90,6 +90,16 @@ TILE = 16
 #: stages: same speed at batch 32 (90.1% vs 89.4% of copy with 8 KV heads), faster at batch 1
 #: x 32K keys (59.1% vs 58.3% with 8 KV heads, 86.0% vs 75-84% with 32) on the H200.
 CONFIGS = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (8, 2), 256: (2, 3)}
+#: ``(warps, stages)`` by head dimension when batch x KV heads x row tiles fill every SM without
+#: splitting: two 4-warp blocks an SM instead of one of 8 (the same warps, a wave of 264 blocks
+#: instead of two of 132). On the H200 with swizzled rings: B32 S8192 Hk8 255.2 vs 262.5 us,
+#: Hk32 977.7 vs 984.3; at batch 1 (split) the 8-warp block stays faster (46.4-47.3 vs 49.0).
+BATCH_CONFIGS = {128: (4, 2)}
+
+#: L2 prefetch-size hint of the K/V copies (bytes, ``ptx.cp_async_16_l2``; 0: none). 128 was
+#: 0.3-2.5% faster than none in every comparison on the H200 (B32 S8192 Hk8 246.0 vs 247.7 us,
+#: B1 S32768 Hk8 42.6 vs 43.0); 256 was erratic (up to 9% slower).
+L2_PREFETCH = 128
 
 #: Head dimensions from which Q's A fragments are read from shared memory (``ldmatrix``) for every
 #: tile instead of being kept in registers: at 256 the registers would spill.
@@ -127,16 +137,30 @@ _SM_THREADS = 2048
 _SM_BLOCKS = 32
 
 
+#: Head dimensions from which the K/V rings' rows are unpadded and swizzled (16-byte chunk
+#: ``c`` of row ``r`` stored at chunk ``c ^ (r % 8)``): each 128-byte line of a key row lands in
+#: one 128-byte line of shared memory, so a warp's cp.async asks the L2 for whole lines once.
+#: With the 16-byte pad (below 64: rows under 128 bytes) the lines straddle shared-memory lines
+#: and the L2 served 1.5x the sectors (45% of them twice), its throughput the limit (B32 S8192
+#: Hk8 on the H200: 50.4 M sectors for 33.6 M from DRAM, L2 at 90% of peak, DRAM at 81%).
+SWIZZLE_FROM = 64
+
+
 def _pitch(head_dim):
-    """Shared-memory row length (elements): the 16-byte pad spreads the 8 rows one ldmatrix
-    phase reads over 8 bank groups."""
+    """Row length (elements) of the Q tile and, below ``SWIZZLE_FROM``, of the K/V rings: the
+    16-byte pad spreads the 8 rows one ldmatrix phase reads over 8 bank groups."""
     return head_dim + 8
+
+
+def _ring_pitch(head_dim):
+    """Row length (elements) of the K/V rings: unpadded when swizzled."""
+    return head_dim if head_dim >= SWIZZLE_FROM else _pitch(head_dim)
 
 
 def shared_bytes(head_dim, warps, stages, q_smem):
     """Dynamic shared memory of a block: the warps' K/V rings (and the Q tile)."""
     q_tile = 16 * _pitch(head_dim) if q_smem else 0
-    return (warps * stages * 2 * TILE * _pitch(head_dim) + q_tile) * 2
+    return (warps * stages * 2 * TILE * _ring_pitch(head_dim) + q_tile) * 2
 
 
 # ---- device helpers -------------------------------------------------------------------------
@@ -185,20 +209,23 @@ def _merge_state(m, l, a0, a1, a2, a3, m2, l2, b0, b1, b2, b3):
 
 # ---- kernels ------------------------------------------------------------------------------
 
-def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
+def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch=0):
     """The decode kernel for one compile-time configuration.
 
     ``m16``: 16 query rows a tile (else 8, and the mma's rows 8..15 are zero); ``page8``: block
     size 8, so a 16-key tile spans two pages; ``q_smem``: Q's A fragments are re-read from a
-    shared-memory Q tile for every key tile instead of living in registers."""
+    shared-memory Q tile for every key tile instead of living in registers; ``l2_prefetch``:
+    the cp.async L2 prefetch-size hint in bytes (0: none)."""
     D = head_dim
     KSTEPS = D // 16           # k16 steps of Q K^T; also pairs of n8 tiles of P V
     NT = D // 8                # n8 tiles of O
     CPR = D // 8               # 16-byte chunks a row
     TPJ = 32 // CPR            # rows one warp-wide round of cp.async covers
     ROUNDS = TILE // TPJ       # rounds a tile (K and V each)
-    PITCH = _pitch(D)
-    TILE_ELEMS = TILE * PITCH
+    PITCH = _pitch(D)          # Q tile
+    RING_PITCH = _ring_pitch(D)
+    SWIZZLE = D >= SWIZZLE_FROM
+    TILE_ELEMS = TILE * RING_PITCH
     STAGE_ELEMS = 2 * TILE_ELEMS
     WARP_ELEMS = stages * STAGE_ELEMS
     WARP_F = WARP_ELEMS // 2   # the same region in float32 words (merge)
@@ -220,6 +247,15 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
     one_f = np.float32(1.0)
     ln2 = np.float32(LN2)
     COLS4 = D // 4             # 16-byte columns of a row (folded merge)
+    L2_HINT = l2_prefetch
+    OPITCH = D + 8             # row of a warp's partial O in the merge (2-way bank conflicts, not 8)
+
+    @_device
+    def _ring_at(row, chunk):
+        """Element offset of 16-byte chunk ``chunk`` of row ``row`` in a K or V ring tile."""
+        if SWIZZLE:
+            return row * RING_PITCH + ((chunk ^ (row & 7)) << 3)
+        return row * RING_PITCH + (chunk << 3)
 
     def paged_decode_kernel(q, kc, vc, bt, sl, out, lse, part_o, part_lse, tickets,
                             sqb, sqt, sqh, sqd, skb, skt, skh, svb, svt, svh, sbtb, sbts, ssl,
@@ -287,14 +323,6 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
                 lo_1 = hi_1 - window_left
 
         qa = cuda.local.array(Q_REGS, np.uint32)
-        q0 = 0
-        if r0 < rows_total:
-            tq = r0 // group
-            q0 = b * sqb + tq * sqt + (kvh * group + r0 - tq * group) * sqh
-        q1 = 0
-        if m16 and r1 < rows_total:
-            tq = r1 // group
-            q1 = b * sqb + tq * sqt + (kvh * group + r1 - tq * group) * sqh
         if Q_SMEM:
             # the block's Q tile, zero rows past rows_total
             for e in range(tid, ROWS * D, THREADS):
@@ -309,17 +337,38 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
                 smem[Q_BASE + r * PITCH + d] = value
             cuda.syncthreads()
         else:
+            # Every load issued before any is used, none behind a branch: rows past rows_total
+            # read the block's first row (always valid) and are zeroed afterwards. (Loaded
+            # and packed pair by pair, each pair waited for its own round trip: 16 L2 round
+            # trips in every block's prologue at D 128.)
+            r0c = min(r0, rows_total - 1)
+            tq = r0c // group
+            q0 = b * sqb + tq * sqt + (kvh * group + r0c - tq * group) * sqh
+            r1c = min(r1, rows_total - 1)
+            tq = r1c // group
+            q1 = b * sqb + tq * sqt + (kvh * group + r1c - tq * group) * sqh
+            raw = cuda.local.array((KSTEPS, 2, 2, 2), np.uint16)   # (ks, half, row, pair)
             for ks in range(KSTEPS):
                 for half in range(2):
                     d = (16 * ks + 8 * half + 2 * t4) * sqd
-                    v0 = zero_u32
-                    if r0 < rows_total:
-                        v0 = np.uint32(q[q0 + d]) | (np.uint32(q[q0 + d + sqd]) << np.uint32(16))
+                    raw[ks, half, 0, 0] = q[q0 + d]
+                    raw[ks, half, 0, 1] = q[q0 + d + sqd]
                     if m16:
-                        v1 = zero_u32
-                        if r1 < rows_total:
-                            v1 = np.uint32(q[q1 + d]) | (
-                                np.uint32(q[q1 + d + sqd]) << np.uint32(16))
+                        raw[ks, half, 1, 0] = q[q1 + d]
+                        raw[ks, half, 1, 1] = q[q1 + d + sqd]
+            live0 = r0 < rows_total
+            live1 = m16 and r1 < rows_total
+            for ks in range(KSTEPS):
+                for half in range(2):
+                    v0 = np.uint32(raw[ks, half, 0, 0]) | (
+                        np.uint32(raw[ks, half, 0, 1]) << np.uint32(16))
+                    if not live0:
+                        v0 = zero_u32
+                    if m16:
+                        v1 = np.uint32(raw[ks, half, 1, 0]) | (
+                            np.uint32(raw[ks, half, 1, 1]) << np.uint32(16))
+                        if not live1:
+                            v1 = zero_u32
                         qa[QR * ks + 2 * half] = v0
                         qa[QR * ks + 2 * half + 1] = v1
                     else:
@@ -330,13 +379,17 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
         # ---- per-lane constants of the copies and the fragment loads ----------------------
         cp_tok = lane // CPR                 # row of this lane's first chunk in a copy round
         cp_col = (lane % CPR) * 8            # column of its chunks
-        cp_smem = cp_tok * PITCH + cp_col
+        cp_chunk = lane % CPR
         k_head = kvh * skh + cp_col
         v_head = kvh * svh + cp_col
         step_k = TPJ * skt
         step_v = TPJ * svt
-        k_ld = (((lane >> 4) << 3) + (lane & 7)) * PITCH + ((lane >> 3) & 1) * 8
-        v_ld = ((((lane >> 3) & 1) << 3) + (lane & 7)) * PITCH + (lane >> 4) * 8
+        # ldmatrix rows of this lane (K: x4 over key rows 0-15 in two column halves; V: .trans
+        # over key rows 0-15), their first 16-byte chunk, and the row's swizzle
+        k_row = ((lane >> 4) << 3) + (lane & 7)
+        k_chunk = (lane >> 3) & 1
+        v_row = (((lane >> 3) & 1) << 3) + (lane & 7)
+        v_chunk = lane >> 4
         wbase = warp * WARP_ELEMS
         bt_row = b * sbtb
         page_mask = (1 << bs_shift) - 1
@@ -394,7 +447,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
                 pg_b = pg_a
                 if page8:
                     pg_b = np.int64(min(max(ptx.shfl_idx_i32(cur_b, il), 0), num_blocks - 1))
-                sk = wbase + issue_stage * STAGE_ELEMS + cp_smem
+                sk = wbase + issue_stage * STAGE_ELEMS
                 in_page = issue_pos & page_mask   # 0 with 8-key pages (tiles start on one)
                 src_k = pg_a * skb + (in_page + cp_tok) * skt + k_head
                 src_v = pg_a * svb + (in_page + cp_tok) * svt + v_head
@@ -413,8 +466,9 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
                         nbytes = 0
                         ck = 0
                         cv = 0
-                    ptx.cp_async_16(smem, sk + j * TPJ * PITCH, kc, ck, nbytes)
-                    ptx.cp_async_16(smem, sk + j * TPJ * PITCH + TILE_ELEMS, vc, cv, nbytes)
+                    dst = sk + _ring_at(cp_tok + j * TPJ, cp_chunk)
+                    ptx.cp_async_16_l2(smem, dst, kc, ck, nbytes, L2_HINT)
+                    ptx.cp_async_16_l2(smem, dst + TILE_ELEMS, vc, cv, nbytes, L2_HINT)
                     src_k += step_k
                     src_v += step_v
                 issue_pos += tile_step
@@ -437,7 +491,8 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
                 sb2 = zero_f
                 sb3 = zero_f
                 for ks in range(KSTEPS):
-                    b0, b1, b2, b3 = ptx.ldmatrix_x4(smem, kbase + k_ld + 16 * ks)
+                    b0, b1, b2, b3 = ptx.ldmatrix_x4(smem,
+                                                     kbase + _ring_at(k_row, k_chunk + 2 * ks))
                     if Q_SMEM:
                         if m16:
                             a0, a1, a2, a3 = ptx.ldmatrix_x4(smem, q_ld + 16 * ks)
@@ -501,7 +556,8 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
                     p1 = pack(sa2, sa3)
                     p3 = pack(sb2, sb3)
                 for pair in range(KSTEPS):
-                    b0, b1, b2, b3 = ptx.ldmatrix_x4_trans(smem, vbase + v_ld + 16 * pair)
+                    b0, b1, b2, b3 = ptx.ldmatrix_x4_trans(
+                        smem, vbase + _ring_at(v_row, v_chunk + 2 * pair))
                     n0 = 2 * pair
                     n1 = n0 + 1
                     if m16:
@@ -533,17 +589,17 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
         fb = warp * WARP_F
         for nt in range(NT):
             d = nt * 8 + 2 * t4
-            smem_f[fb + g * D + d] = o[nt, 0]
-            smem_f[fb + g * D + d + 1] = o[nt, 1]
+            smem_f[fb + g * OPITCH + d] = o[nt, 0]
+            smem_f[fb + g * OPITCH + d + 1] = o[nt, 1]
             if m16:
-                smem_f[fb + (g + 8) * D + d] = o[nt, 2]
-                smem_f[fb + (g + 8) * D + d + 1] = o[nt, 3]
+                smem_f[fb + (g + 8) * OPITCH + d] = o[nt, 2]
+                smem_f[fb + (g + 8) * OPITCH + d + 1] = o[nt, 3]
         if t4 == 0:
-            smem_f[fb + ROWS * D + g] = m_0
-            smem_f[fb + ROWS * D + ROWS + g] = l_0
+            smem_f[fb + ROWS * OPITCH + g] = m_0
+            smem_f[fb + ROWS * OPITCH + ROWS + g] = l_0
             if m16:
-                smem_f[fb + ROWS * D + g + 8] = m_1
-                smem_f[fb + ROWS * D + ROWS + g + 8] = l_1
+                smem_f[fb + ROWS * OPITCH + g + 8] = m_1
+                smem_f[fb + ROWS * OPITCH + ROWS + g + 8] = l_1
         cuda.syncthreads()
 
         for e in range(tid, ROWS * D, THREADS):
@@ -553,14 +609,14 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
             if gr < rows_total:
                 big = NEG_INF
                 for w in range(warps):
-                    big = max(big, smem_f[w * WARP_F + ROWS * D + r])
+                    big = max(big, smem_f[w * WARP_F + ROWS * OPITCH + r])
                 acc = zero_f
                 total = zero_f
                 if big != NEG_INF:
                     for w in range(warps):
-                        f = ptx.ex2_approx(smem_f[w * WARP_F + ROWS * D + r] - big)
-                        total += smem_f[w * WARP_F + ROWS * D + ROWS + r] * f
-                        acc += smem_f[w * WARP_F + r * D + d] * f
+                        f = ptx.ex2_approx(smem_f[w * WARP_F + ROWS * OPITCH + r] - big)
+                        total += smem_f[w * WARP_F + ROWS * OPITCH + ROWS + r] * f
+                        acc += smem_f[w * WARP_F + r * OPITCH + d] * f
                 lse2 = NEG_INF
                 if total > zero_f:
                     acc = acc / total
@@ -740,8 +796,9 @@ REDUCE_WARPS = 4
 
 
 @functools.lru_cache(maxsize=None)
-def _decode_kernel(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
-    return Kernel(jit(_decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem)),
+def _decode_kernel(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch):
+    return Kernel(jit(_decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem,
+                                        l2_prefetch)),
                   _DECODE_SIGNATURE, "paged_decode_kernel")
 
 
@@ -754,11 +811,11 @@ def _reduce_kernel(head_dim, is_bf16):
 # ---- split count ----------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
-def resident_blocks_per_sm(head_dim, m16, page8, is_bf16, warps, stages, q_smem):
+def resident_blocks_per_sm(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch):
     """Blocks of the decode kernel one SM holds at once (registers, shared memory, threads)."""
     if SIMULATOR:
         return 1
-    kernel = _decode_kernel(head_dim, m16, page8, is_bf16, warps, stages, q_smem)
+    kernel = _decode_kernel(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch)
     regs = max(kernel.resources()["registers"], 1)
     warp_regs = -(-regs * 32 // 256) * 256
     by_regs = _SM_REGISTERS // (warp_regs * warps)
@@ -905,7 +962,7 @@ def _validate(q, k_cache, v_cache, block_table, seq_lens):
 def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_per_seq,
                 dtype, num_splits=None, tuning=None, split_path=None):
     """How ``paged_decode_attention`` runs these shapes: the kernel configuration
-    ``(headdim, m16, page8, is_bf16, warps, stages, q_smem)``, the split count, the query rows
+    ``(headdim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch)``, the split count, the query rows
     a KV head has (``group * q_len``) and their row tiles, the blocks a split, and whether the
     splits are merged in the decode kernel (``folded``; ``split_path`` None: ``SPLIT_PATH``)."""
     folded = (SPLIT_PATH if split_path is None else split_path) == "folded"
@@ -913,12 +970,21 @@ def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_
     rows_total = group * q_len
     m16 = rows_total > 8
     row_tiles = -(-rows_total // (16 if m16 else 8))
-    warps, stages = SIMULATOR_CONFIG if SIMULATOR else CONFIGS[headdim]
-    q_smem = headdim >= Q_IN_SHARED_FROM
-    if tuning is not None:  # tests and benchmark sweeps: (warps, stages, q_smem)
-        warps, stages, q_smem = tuning
-    config = (headdim, m16, block_size == 8, dtype == "bfloat16", warps, stages, q_smem)
     blocks = batch * nheads_k * row_tiles
+    if SIMULATOR:
+        warps, stages = SIMULATOR_CONFIG
+    elif headdim in BATCH_CONFIGS and blocks >= sm_count():
+        warps, stages = BATCH_CONFIGS[headdim]
+    else:
+        warps, stages = CONFIGS[headdim]
+    q_smem = headdim >= Q_IN_SHARED_FROM
+    l2_prefetch = L2_PREFETCH
+    if tuning is not None:  # tests and benchmark sweeps: (warps, stages, q_smem[, l2_prefetch])
+        warps, stages, q_smem = tuning[:3]
+        if len(tuning) > 3:
+            l2_prefetch = tuning[3]
+    config = (headdim, m16, block_size == 8, dtype == "bfloat16", warps, stages, q_smem,
+              l2_prefetch)
     if num_splits is None:
         slots = sm_count() * resident_blocks_per_sm(*config)
         num_splits = choose_num_splits(blocks, max_blocks_per_seq * block_size, warps, slots,
@@ -992,7 +1058,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, *, softma
                        tq.dtype, None if num_splits is None else int(num_splits),
                        None if _tuning is None else tuple(_tuning), split_path)
     config, num_splits, folded = plan["config"], plan["num_splits"], plan["folded"]
-    warps, stages, q_smem = config[4:]
+    warps, stages, q_smem = config[4:7]
     group, rows_total, row_tiles = plan["group"], plan["rows_total"], plan["row_tiles"]
     blocks, max_slots = plan["blocks"], tbt.shape[1]
 
@@ -1229,16 +1295,21 @@ def _compile_target(*config):
     return lambda: (_decode_kernel_fn(*config), _DECODE_SIGNATURE)
 
 
-# D 128 m8 bf16 is the benchmarked batch-1 / batch-32 decode (GQA 4 and MHA alike)
-for _dim, _m16, _page8, _bf16 in ((128, False, False, True), (128, True, False, True),
-                                  (128, False, True, False), (64, False, False, True),
-                                  (256, False, False, False), (256, True, False, True)):
-    _warps, _stages = CONFIGS[_dim]
+# D 128 m8 bf16 is the benchmarked batch-1 / batch-32 decode (GQA 4 and MHA alike); "_batch":
+# the configuration taken when the blocks fill the GPU unsplit
+for _dim, _m16, _page8, _bf16, _batch in ((128, False, False, True, False),
+                                          (128, False, False, True, True),
+                                          (128, True, False, True, False),
+                                          (128, False, True, False, False),
+                                          (64, False, False, True, False),
+                                          (256, False, False, False, False),
+                                          (256, True, False, True, False)):
+    _warps, _stages = (BATCH_CONFIGS if _batch else CONFIGS)[_dim]
     compile_check.register(
         f"paged_decode_d{_dim}_{'m16' if _m16 else 'm8'}{'_page8' if _page8 else ''}_"
-        f"{'bf16' if _bf16 else 'f16'}",
+        f"{'bf16' if _bf16 else 'f16'}{'_batch' if _batch else ''}",
         _compile_target(_dim, _m16, _page8, _bf16, _warps, _stages,
-                        _dim >= Q_IN_SHARED_FROM),
+                        _dim >= Q_IN_SHARED_FROM, L2_PREFETCH),
         ptx_must_have=("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x4.shared",
                        "ldmatrix.sync.aligned.m8n8.x4.trans", "cp.async.cg.shared.global"),
         sass_must_have=("HMMA", "LDSM", "LDGSTS"))

@@ -138,14 +138,8 @@ ldmatrix_x4_trans = _make_ldmatrix(4, True)
 # cp.async (16 bytes, .cg: L2 only) with zero fill, commit / wait
 # --------------------------------------------------------------------------------------------
 
-@intrinsic
-def cp_async_16(typingctx, smem, smem_offset, gmem, gmem_offset, src_bytes):
-    """Copy 16 bytes global -> shared asynchronously; bytes past ``src_bytes`` are zero-filled
-    and not read, so ``src_bytes == 0`` reads nothing (predicated-off edge rows)."""
-    _check_memory_operand(smem, smem_offset, "cp_async_16 smem")
-    _check_memory_operand(gmem, gmem_offset, "cp_async_16 gmem")
-    if not isinstance(src_bytes, types.Integer):
-        raise TypingError(f"cp_async_16: src_bytes must be an integer, got {src_bytes}")
+def _cp_async_16_codegen(hint):
+    """Codegen of a 16-byte cp.async (.cg) with src-size; ``hint`` an L2 prefetch-size suffix."""
 
     def codegen(context, builder, signature, args):
         s_ptr = _element_pointer(context, builder, signature.args[0], args[0],
@@ -154,12 +148,47 @@ def cp_async_16(typingctx, smem, smem_offset, gmem, gmem_offset, src_bytes):
                                  signature.args[3], args[3])
         size = context.cast(builder, args[4], signature.args[4], types.uint32)
         _asm(builder, ir.VoidType(), [_I32, _I64, _I32],
-             "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}",
+             f"cp.async.cg.shared.global{hint} [$0], [$1], 16, $2;", "r,l,r,~{memory}",
              [_shared_address(builder, s_ptr), builder.ptrtoint(g_ptr, _I64), size],
              side_effect=True)
         return context.get_dummy_value()
 
-    return types.void(smem, smem_offset, gmem, gmem_offset, src_bytes), codegen
+    return codegen
+
+
+def _check_cp_async_operands(name, smem, smem_offset, gmem, gmem_offset, src_bytes):
+    _check_memory_operand(smem, smem_offset, f"{name} smem")
+    _check_memory_operand(gmem, gmem_offset, f"{name} gmem")
+    if not isinstance(src_bytes, types.Integer):
+        raise TypingError(f"{name}: src_bytes must be an integer, got {src_bytes}")
+
+
+@intrinsic
+def cp_async_16(typingctx, smem, smem_offset, gmem, gmem_offset, src_bytes):
+    """Copy 16 bytes global -> shared asynchronously; bytes past ``src_bytes`` are zero-filled
+    and not read, so ``src_bytes == 0`` reads nothing (predicated-off edge rows)."""
+    _check_cp_async_operands("cp_async_16", smem, smem_offset, gmem, gmem_offset, src_bytes)
+    return (types.void(smem, smem_offset, gmem, gmem_offset, src_bytes),
+            _cp_async_16_codegen(""))
+
+
+#: ``cp_async_16_l2``'s prefetch sizes (bytes; 0: no hint, as ``cp_async_16``).
+L2_PREFETCH_SIZES = (0, 64, 128, 256)
+
+
+@intrinsic
+def cp_async_16_l2(typingctx, smem, smem_offset, gmem, gmem_offset, src_bytes, prefetch):
+    """``cp_async_16`` with an L2 prefetch-size hint (``.L2::64B`` / ``128B`` / ``256B``, a
+    compile-time literal): the L2 may fetch that aligned span around the 16 bytes from DRAM in
+    one go, for streams whose rows are that long but whose requests arrive spread in time."""
+    _check_cp_async_operands("cp_async_16_l2", smem, smem_offset, gmem, gmem_offset, src_bytes)
+    if not (isinstance(prefetch, types.IntegerLiteral)
+            and prefetch.literal_value in L2_PREFETCH_SIZES):
+        raise TypingError(f"cp_async_16_l2: prefetch must be a compile-time literal in "
+                          f"{L2_PREFETCH_SIZES}, got {prefetch}")
+    size_hint = int(prefetch.literal_value)
+    return (types.void(smem, smem_offset, gmem, gmem_offset, src_bytes, prefetch),
+            _cp_async_16_codegen(f".L2::{size_hint}B" if size_hint else ""))
 
 
 @intrinsic
@@ -365,7 +394,7 @@ __all__ = [
     "mma_f16", "mma_bf16",
     "ldmatrix_x1", "ldmatrix_x2", "ldmatrix_x4",
     "ldmatrix_x1_trans", "ldmatrix_x2_trans", "ldmatrix_x4_trans",
-    "cp_async_16", "cp_async_commit", "cp_async_wait",
+    "cp_async_16", "cp_async_16_l2", "cp_async_commit", "cp_async_wait",
     "load_u32x4", "store_u32x4",
     "pack_f16x2", "pack_bf16x2", "unpack_f16x2", "unpack_bf16x2",
     "f16_to_f32", "bf16_to_f32", "f32_to_f16", "f32_to_bf16",

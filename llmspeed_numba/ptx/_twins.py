@@ -152,6 +152,10 @@ def cp_async_16(smem, smem_offset, gmem, gmem_offset, src_bytes):
         smem[smem_offset + i] = gmem[gmem_offset + i] if i < valid else 0
 
 
+def cp_async_16_l2(smem, smem_offset, gmem, gmem_offset, src_bytes, prefetch):
+    cp_async_16(smem, smem_offset, gmem, gmem_offset, src_bytes)  # the hint moves no data
+
+
 def cp_async_commit():
     pass
 

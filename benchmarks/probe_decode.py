@@ -1,0 +1,106 @@
+"""Paged decode variants side by side in one run (one H200 call): kernel configurations
+(warps, stages, q_smem, L2 prefetch hint), a contiguous-page layout with the same bytes, SDPA and
+the copy bandwidth, each variant's output checked against the default's.
+
+    python benchmarks/probe_decode.py [--variants NAME,...]
+
+Prints one line a variant (us, GB/s of K/V, % of copy, x SDPA) and appends ``paged_decode_probe``
+rows to ``decode.csv``.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import Results, copy_bandwidth, time_gpu  # noqa: E402
+from bench_decode import HEADDIM, gbs, kv_bytes, make_inputs, sdpa_baselines  # noqa: E402
+
+from llmspeed_numba.ops import paged_decode as pd  # noqa: E402
+
+#: (label, batch, seq_len, nheads, nheads_k, tuning or None). Hk1 B256 H8: the bytes of
+#: B32 Hk8 in pages whose K (and V) rows are one 4 KB contiguous run (one KV head).
+SHAPES = {
+    "b32_hk8": (32, 8192, 32, 8),
+    "b32_hk32": (32, 8192, 32, 32),
+    "b1_hk8": (1, 32768, 32, 8),
+    "b1_hk32": (1, 32768, 32, 32),
+    "b256_hk1": (256, 8192, 8, 1),
+}
+VARIANTS = {
+    "default": None,
+    "w8s2": (8, 2, False, 0),
+    "w8s2_pf128": (8, 2, False, 128),
+    "w8s3": (8, 3, False, 0),
+    "w8s3_pf128": (8, 3, False, 128),
+    "w4s2_pf128": (4, 2, False, 128),
+    "w4s2_pf256": (4, 2, False, 256),
+}
+PLAN = [
+    ("b32_hk8", ["default", "w8s2", "w4s2_pf128", "w4s2_pf256"]),
+    ("b1_hk8", ["default", "w8s2_pf128", "w8s3", "w8s3_pf128"]),
+    ("b32_hk32", ["default", "w4s2_pf128"]),
+    ("b1_hk32", ["default", "w8s3"]),
+]
+
+
+def main(argv=None):
+    import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--shapes", default=",".join(s for s, _ in PLAN))
+    args = ap.parse_args(argv)
+    wanted = set(args.shapes.split(","))
+    results = Results("decode")
+    copy_gbs = copy_bandwidth()
+    print(f"copy {copy_gbs:.0f} GB/s")
+    dtype = torch.bfloat16
+    for shape_name, variants in PLAN:
+        if shape_name not in wanted:
+            continue
+        batch, seq_len, nheads, nheads_k = SHAPES[shape_name]
+        q, kc, vc, bt, sl, k, v = make_inputs(batch, seq_len, nheads_k, dtype, 16)
+        q = torch.randn((batch, nheads, HEADDIM), device="cuda", dtype=dtype)
+        nbytes = kv_bytes(batch, seq_len, nheads_k, HEADDIM)
+        shape = f"B{batch} H{nheads}/{nheads_k} S{seq_len} D{HEADDIM} page16"
+        sdpa = sdpa_baselines(q, k, v)
+        best = None
+        for name, (call, _note) in sdpa.items():
+            t = time_gpu(call, rep=args.reps)
+            if best is None or t["median"] < best[1]["median"]:
+                best = (name, t)
+        print(f"{shape_name}: SDPA {best[0]} {best[1]['median'] * 1e3:.1f} us "
+              f"({gbs(nbytes, best[1]):.0f} GB/s)")
+        want = None
+        for vname in variants:
+            tuning = VARIANTS[vname]
+            out = torch.empty_like(q)
+
+            def call(out=out, tuning=tuning, args=(q, kc, vc, bt, sl)):
+                return pd.paged_decode_attention(*args, out=out, _tuning=tuning)
+
+            call()
+            torch.cuda.synchronize()
+            if want is None:
+                want = out.clone()
+            err = (out.float() - want.float()).abs().max().item()
+            t = time_gpu(call, rep=args.reps)
+            plan = pd.launch_plan(batch, 1, nheads, nheads_k, HEADDIM, 16, bt.shape[1],
+                                  "bfloat16", tuning=tuning)
+            ours = gbs(nbytes, t)
+            print(f"  {vname:12s} splits {plan['num_splits']:3d}: {t['median'] * 1e3:7.1f} us "
+                  f"{ours:5.0f} GB/s {100 * ours / copy_gbs:5.1f}% of copy "
+                  f"x{best[1]['median'] / t['median']:.3f} SDPA  max|diff| {err:.2g}")
+            results.add("paged_decode_probe", f"{vname} {shape_name}", shape, "bfloat16", t,
+                        f"sdpa_{best[0]}", best[1], "GB/s", ours, gbs(nbytes, best[1]),
+                        note=f"tuning {tuning}; splits {plan['num_splits']}; copy "
+                             f"{copy_gbs:.0f} GB/s; {100 * ours / copy_gbs:.1f}% of copy")
+        del q, kc, vc, bt, sl, k, v, sdpa
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

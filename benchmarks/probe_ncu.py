@@ -1,0 +1,77 @@
+"""One call of an op between cudaProfilerStart / Stop, for Nsight Compute (``ncu
+--profile-from-start off``): where a memory-bound kernel's time goes (DRAM throughput, stalls).
+
+    ncu --profile-from-start off --clock-control none --section ... \
+        python benchmarks/probe_ncu.py CASE
+
+Cases: ``decode_b32_hk8``, ``decode_b1_hk8`` (ours, paged), ``sdpa_b32_hk8``, ``sdpa_b1_hk8``
+(torch SDPA, contiguous K/V), ``softmax_bf16``, ``argmax_bf16`` (64 x 128256), ``copy_16m``
+(a same-size device-to-device copy). Warm-up calls (compiles, workspaces) run before the
+profiled one.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def _decode_case(batch, seq_len, nheads_k, sdpa):
+    import torch
+
+    from bench_decode import make_inputs, sdpa_baselines
+
+    from llmspeed_numba.ops import paged_decode as pd
+
+    q, kc, vc, bt, sl, k, v = make_inputs(batch, seq_len, nheads_k, torch.bfloat16, 16)
+    if sdpa:
+        return sdpa_baselines(q, k, v)["cudnn" if "cudnn" in sdpa_baselines(q, k, v)
+                                       else "default"][0]
+    out = torch.empty_like(q)
+    return lambda: pd.paged_decode_attention(q, kc, vc, bt, sl, out=out)
+
+
+def _vocab_case(op):
+    import torch
+
+    from llmspeed_numba.ops.softmax import argmax, softmax
+
+    x = torch.randn((64, 128256), device="cuda", dtype=torch.bfloat16)
+    if op == "softmax":
+        out = torch.empty_like(x)
+        return lambda: softmax(x, temperature=0.7, out=out)
+    if op == "argmax":
+        out = torch.empty((64,), device="cuda", dtype=torch.int64)
+        return lambda: argmax(x, out=out)
+    y = torch.empty_like(x)
+    return lambda: y.copy_(x)
+
+
+CASES = {
+    "decode_b32_hk8": lambda: _decode_case(32, 8192, 8, False),
+    "decode_b32_hk32": lambda: _decode_case(32, 8192, 32, False),
+    "decode_b1_hk8": lambda: _decode_case(1, 32768, 8, False),
+    "sdpa_b32_hk8": lambda: _decode_case(32, 8192, 8, True),
+    "sdpa_b1_hk8": lambda: _decode_case(1, 32768, 8, True),
+    "softmax_bf16": lambda: _vocab_case("softmax"),
+    "argmax_bf16": lambda: _vocab_case("argmax"),
+    "copy_16m": lambda: _vocab_case("copy"),
+}
+
+
+def main():
+    import torch
+
+    fn = CASES[sys.argv[1]]()
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+if __name__ == "__main__":
+    main()
