@@ -22,10 +22,13 @@ Kernel (one block per (batch, kv head, split, row tile), ``WARPS`` warps):
   several row tiles, each of which reads the pages again (mostly from L2: they run together).
 - Keys. The block's key range (its split of the sequence, clipped to the causal window) is cut
   into 16-key tiles; warp ``w`` takes tiles ``w, w + WARPS, ...`` and streams them through its own
-  ``STAGES``-deep ring of shared-memory buffers with 16-byte ``cp.async`` (L2 only), so
-  ``STAGES - 1`` tiles (8 KB each at headdim 128) per warp are in flight while it computes. Page
-  ids are read 32 tiles at a time, one per lane, a batch ahead, and handed out by a warp shuffle,
-  so no dependent page-table load stands between a tile's copies and the next tile's.
+  ``STAGES``-deep ring of shared-memory buffers with 16-byte ``cp.async`` (L2 only, with an L2
+  prefetch-size hint), so ``STAGES - 1`` tiles (8 KB each at headdim 128) per warp are in flight
+  while it computes. From headdim 64 the ring's rows are unpadded and XOR-swizzled (see
+  ``SWIZZLE_FROM``), so that every 128-byte line of K/V is asked of the L2 once. Page ids are
+  read 32 tiles at a time, one per lane, a batch ahead, and handed out by a warp shuffle, so no
+  dependent page-table load stands between a tile's copies and the next tile's. The block's
+  query fragments are loaded all at once, before any is used (one round trip of prologue).
 - Math (per tile, FlashAttention-2 style): ``S = Q K^T`` with K read by ``ldmatrix.x4`` (K rows are
   columns of K^T); masking only on tiles that cross a window edge or the sequence end; online
   softmax in registers (running max and sum per row, two ``shfl.bfly`` per row); ``O += P V`` with
@@ -41,6 +44,9 @@ Kernel (one block per (batch, kv head, split, row tile), ``WARPS`` warps):
   to ``_reduce_kernel`` (one warp per output row, 8 splits' loads in flight at a time), a second
   launch. The workspace is kept per (device, stream) and reused; repeated call signatures launch
   through a recorded fast path (see "the launch fast path" below).
+
+Configuration: ``CONFIGS`` (warps, stages) by head dimension, or ``BATCH_CONFIGS`` (two smaller
+blocks an SM) when batch x kv heads x row tiles fill every SM without splitting.
 
 Split count (``num_splits=None``): from batch, kv heads, row tiles and the longest possible
 sequence (``max_blocks_per_seq * block_size``: no device-to-host read), the count with the lowest
@@ -81,11 +87,11 @@ BLOCK_SIZES = tuple(1 << s for s in range(3, 9))  # 8 .. 256
 #: Keys per tile: the n of two m16n8k16 score tiles and the k of one P V step.
 TILE = 16
 
-#: ``(warps, stages)`` by head dimension. A stage of a warp is K + V of 16 keys, 16 x (D + 8) x
-#: 2 x 2 B (8.5 KB at D 128); 8 warps x 3 stages is 102 KB a block at D 128 and, at 172-200
+#: ``(warps, stages)`` by head dimension. A stage of a warp is K + V of 16 keys, 16 x D (D + 8
+#: below 64) x 2 x 2 B (8 KB at D 128); 8 warps x 3 stages is 96 KB a block at D 128 and, at 172-206
 #: registers a thread, one block (8 warps, 16-24 tiles = 128-192 KB in flight) per SM, the same
 #: warps per SM as 2 blocks of 4 but half the blocks' prologues and merges; on the H200 it was
-#: the faster of the two on all four target shapes (first sweep). D 256 takes 2 warps (109 KB
+#: the faster of the two on all four target shapes (first sweep). D 256 takes 2 warps (107 KB
 #: with its Q tile) to keep 2 blocks, and 2 x 2 x 2 tiles in flight, per SM. D 128 runs 2
 #: stages: same speed at batch 32 (90.1% vs 89.4% of copy with 8 KV heads), faster at batch 1
 #: x 32K keys (59.1% vs 58.3% with 8 KV heads, 86.0% vs 75-84% with 32) on the H200.
@@ -248,7 +254,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
     ln2 = np.float32(LN2)
     COLS4 = D // 4             # 16-byte columns of a row (folded merge)
     L2_HINT = l2_prefetch
-    OPITCH = D + 8             # row of a warp's partial O in the merge (2-way bank conflicts, not 8)
+    OPITCH = D + 8             # a warp's partial O row in the merge: 2-way bank conflicts, not 8
 
     @_device
     def _ring_at(row, chunk):
@@ -962,9 +968,10 @@ def _validate(q, k_cache, v_cache, block_table, seq_lens):
 def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_per_seq,
                 dtype, num_splits=None, tuning=None, split_path=None):
     """How ``paged_decode_attention`` runs these shapes: the kernel configuration
-    ``(headdim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch)``, the split count, the query rows
-    a KV head has (``group * q_len``) and their row tiles, the blocks a split, and whether the
-    splits are merged in the decode kernel (``folded``; ``split_path`` None: ``SPLIT_PATH``)."""
+    ``(headdim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch)``, the split count,
+    the query rows a KV head has (``group * q_len``) and their row tiles, the blocks a split, and
+    whether the splits are merged in the decode kernel (``folded``; ``split_path`` None:
+    ``SPLIT_PATH``)."""
     folded = (SPLIT_PATH if split_path is None else split_path) == "folded"
     group = nheads // nheads_k
     rows_total = group * q_len
