@@ -209,10 +209,10 @@ def test_query_tile_from_shared_memory(rng):
 
 
 def test_swizzled_rings(rng):
-    """Head dims from ``SWIZZLE_FROM`` keep their K/V rows unpadded and XOR-swizzled in shared
+    """Head dims in ``SWIZZLE_DIMS`` keep their K/V rows unpadded and XOR-swizzled in shared
     memory (the cp.async destinations and the ldmatrix rows must agree): the smallest such dim,
     a ragged last tile and 8-key pages (a tile from two pages)."""
-    assert pd.SWIZZLE_FROM == 64
+    assert 64 in pd.SWIZZLE_DIMS
     case = Case(rng, batch=1, seq_lens=[27], block_size=8, nheads=2, nheads_k=1,
                 headdim=64, dtype="bfloat16")
     case.check(num_splits=1)

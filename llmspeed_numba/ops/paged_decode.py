@@ -24,8 +24,8 @@ Kernel (one block per (batch, kv head, split, row tile), ``WARPS`` warps):
   into 16-key tiles; warp ``w`` takes tiles ``w, w + WARPS, ...`` and streams them through its own
   ``STAGES``-deep ring of shared-memory buffers with 16-byte ``cp.async`` (L2 only, with an L2
   prefetch-size hint), so ``STAGES - 1`` tiles (8 KB each at headdim 128) per warp are in flight
-  while it computes. From headdim 64 the ring's rows are unpadded and XOR-swizzled (see
-  ``SWIZZLE_FROM``), so that every 128-byte line of K/V is asked of the L2 once. Page ids are
+  while it computes. At headdim 64 and 128 the ring's rows are unpadded and XOR-swizzled (see
+  ``SWIZZLE_DIMS``), so that every 128-byte line of K/V is asked of the L2 once. Page ids are
   read 32 tiles at a time, one per lane, a batch ahead, and handed out by a warp shuffle, so no
   dependent page-table load stands between a tile's copies and the next tile's. The block's
   query fragments are loaded all at once, before any is used (one round trip of prologue).
@@ -143,24 +143,26 @@ _SM_THREADS = 2048
 _SM_BLOCKS = 32
 
 
-#: Head dimensions from which the K/V rings' rows are unpadded and swizzled (16-byte chunk
-#: ``c`` of row ``r`` stored at chunk ``c ^ (r % 8)``): each 128-byte line of a key row lands in
-#: one 128-byte line of shared memory, so a warp's cp.async asks the L2 for whole lines once.
-#: With the 16-byte pad (below 64: rows under 128 bytes) the lines straddle shared-memory lines
-#: and the L2 served 1.5x the sectors (45% of them twice), its throughput the limit (B32 S8192
-#: Hk8 on the H200: 50.4 M sectors for 33.6 M from DRAM, L2 at 90% of peak, DRAM at 81%).
-SWIZZLE_FROM = 64
+#: Head dimensions whose K/V rings' rows are unpadded and swizzled (16-byte chunk ``c`` of row
+#: ``r`` stored at chunk ``c ^ (r % 8)``): each 128-byte line of a key row lands in one 128-byte
+#: line of shared memory, so a warp's cp.async asks the L2 for whole lines once. With the
+#: 16-byte pad the lines straddle shared-memory lines and the L2 served 1.5x the sectors (45% of
+#: them twice), its throughput the limit (B32 S8192 Hk8 on the H200: 50.4 M sectors for 33.6 M
+#: from DRAM, L2 at 90% of peak, DRAM at 81%). Rows under 128 bytes (D < 64) have no whole line
+#: to keep; at D 256 the 16 copy rounds' swizzled offsets, hoisted out of the tile loop, push the
+#: 2-warp kernel past 255 registers (12-16 bytes of spills), so it keeps the pad.
+SWIZZLE_DIMS = (64, 128)
 
 
 def _pitch(head_dim):
-    """Row length (elements) of the Q tile and, below ``SWIZZLE_FROM``, of the K/V rings: the
+    """Row length (elements) of the Q tile and, outside ``SWIZZLE_DIMS``, of the K/V rings: the
     16-byte pad spreads the 8 rows one ldmatrix phase reads over 8 bank groups."""
     return head_dim + 8
 
 
 def _ring_pitch(head_dim):
     """Row length (elements) of the K/V rings: unpadded when swizzled."""
-    return head_dim if head_dim >= SWIZZLE_FROM else _pitch(head_dim)
+    return head_dim if head_dim in SWIZZLE_DIMS else _pitch(head_dim)
 
 
 def shared_bytes(head_dim, warps, stages, q_smem):
@@ -230,7 +232,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
     ROUNDS = TILE // TPJ       # rounds a tile (K and V each)
     PITCH = _pitch(D)          # Q tile
     RING_PITCH = _ring_pitch(D)
-    SWIZZLE = D >= SWIZZLE_FROM
+    SWIZZLE = D in SWIZZLE_DIMS
     TILE_ELEMS = TILE * RING_PITCH
     STAGE_ELEMS = 2 * TILE_ELEMS
     WARP_ELEMS = stages * STAGE_ELEMS
@@ -241,6 +243,8 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
     Q_SMEM = q_smem
     Q_REGS = 1 if Q_SMEM else QR * KSTEPS
     Q_BASE = warps * WARP_ELEMS  # the Q tile (Q_SMEM), after the rings
+    Q_PER_THREAD = -(-ROWS * D // (32 * warps))   # Q tile elements a thread loads (Q_SMEM)
+    Q_GROUP = min(16, Q_PER_THREAD)
     THREADS = 32 * warps
     WAIT = stages - 1
     LANE_PAGE = TPJ > 8        # 8-key pages and one copy round: the page depends on the lane
@@ -330,17 +334,25 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
 
         qa = cuda.local.array(Q_REGS, np.uint32)
         if Q_SMEM:
-            # the block's Q tile, zero rows past rows_total
-            for e in range(tid, ROWS * D, THREADS):
-                r = e // D
-                d = e - r * D
-                value = np.uint16(0)
-                gr = row_first + r
-                if gr < rows_total:
+            # the block's Q tile, zero rows past rows_total; Q_GROUP loads in flight a thread
+            # (clamped to a valid row, zeroed when stored) before any is stored
+            for e0 in range(0, Q_PER_THREAD, Q_GROUP):
+                vals = cuda.local.array(Q_GROUP, np.uint16)
+                for u in range(Q_GROUP):
+                    e = min(tid + (e0 + u) * THREADS, ROWS * D - 1)
+                    r = e // D
+                    gr = min(row_first + r, rows_total - 1)
                     tq = gr // group
-                    value = q[b * sqb + tq * sqt + (kvh * group + gr - tq * group) * sqh
-                              + d * sqd]
-                smem[Q_BASE + r * PITCH + d] = value
+                    vals[u] = q[b * sqb + tq * sqt + (kvh * group + gr - tq * group) * sqh
+                                + (e - r * D) * sqd]
+                for u in range(Q_GROUP):
+                    e = tid + (e0 + u) * THREADS
+                    if e < ROWS * D:
+                        r = e // D
+                        value = vals[u]
+                        if row_first + r >= rows_total:
+                            value = np.uint16(0)
+                        smem[Q_BASE + r * PITCH + e - r * D] = value
             cuda.syncthreads()
         else:
             # Every load issued before any is used, none behind a branch: rows past rows_total
@@ -392,10 +404,15 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
         step_v = TPJ * svt
         # ldmatrix rows of this lane (K: x4 over key rows 0-15 in two column halves; V: .trans
         # over key rows 0-15), their first 16-byte chunk, and the row's swizzle
+        # (chunk c + 8a of a row sits 8a chunks after chunk c: the swizzle only permutes a row's
+        # chunks within each aligned group of 8, so 4 offsets a lane cover every k16 step)
         k_row = ((lane >> 4) << 3) + (lane & 7)
-        k_chunk = (lane >> 3) & 1
         v_row = (((lane >> 3) & 1) << 3) + (lane & 7)
-        v_chunk = lane >> 4
+        k_sw = cuda.local.array(4, np.int32)
+        v_sw = cuda.local.array(4, np.int32)
+        for j in range(4):
+            k_sw[j] = _ring_at(k_row, ((lane >> 3) & 1) + 2 * j)
+            v_sw[j] = _ring_at(v_row, (lane >> 4) + 2 * j)
         wbase = warp * WARP_ELEMS
         bt_row = b * sbtb
         page_mask = (1 << bs_shift) - 1
@@ -497,8 +514,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
                 sb2 = zero_f
                 sb3 = zero_f
                 for ks in range(KSTEPS):
-                    b0, b1, b2, b3 = ptx.ldmatrix_x4(smem,
-                                                     kbase + _ring_at(k_row, k_chunk + 2 * ks))
+                    b0, b1, b2, b3 = ptx.ldmatrix_x4(smem, kbase + k_sw[ks % 4] + (ks // 4) * 64)
                     if Q_SMEM:
                         if m16:
                             a0, a1, a2, a3 = ptx.ldmatrix_x4(smem, q_ld + 16 * ks)
@@ -563,7 +579,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
                     p3 = pack(sb2, sb3)
                 for pair in range(KSTEPS):
                     b0, b1, b2, b3 = ptx.ldmatrix_x4_trans(
-                        smem, vbase + _ring_at(v_row, v_chunk + 2 * pair))
+                        smem, vbase + v_sw[pair % 4] + (pair // 4) * 64)
                     n0 = 2 * pair
                     n1 = n0 + 1
                     if m16:
