@@ -39,9 +39,9 @@ VARIANTS = {
     "w4s2_pf256": (4, 2, False, 256),
 }
 PLAN = [
-    ("b32_hk8", ["default", "w8s2"]),
-    ("b256_hk1", ["default", "w8s2"]),
+    ("b32_hk8", ["default"]),
     ("b1_hk8", ["default"]),
+    ("b32_hk32", ["default"]),
 ]
 
 
