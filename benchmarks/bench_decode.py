@@ -246,7 +246,7 @@ def quick_variants(plan):
     and half / double the chosen split count."""
     s = plan["num_splits"]
     out = [("default", {})]
-    out += [(f"cfg {c[:2]}", {"_tuning": c}) for c in QUICK_CONFIGS if c != plan["config"][4:]]
+    out += [(f"cfg {c[:2]}", {"_tuning": c}) for c in QUICK_CONFIGS if c != plan["config"][4:7]]
     if s > 1:
         out.append((f"splits {max(1, s // 2)}", {"num_splits": max(1, s // 2)}))
     out.append((f"splits {min(pd.MAX_SPLITS, 2 * s)}", {"num_splits": min(pd.MAX_SPLITS, 2 * s)}))

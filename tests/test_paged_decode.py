@@ -480,9 +480,14 @@ def test_gpu_append_then_decode_torch_strided_out():
 
 @pytest.mark.gpu
 def test_gpu_every_output_written_large_batch():
+    """batch x KV heads = 144 blocks >= the SMs: the planner takes ``BATCH_CONFIGS`` (two 4-warp
+    blocks an SM) at D 128; then the 8-warp configuration split 5 ways."""
     rng = np.random.default_rng(5)
-    case = Case(rng, batch=64, seq_lens=rng.integers(1, 600, 64), block_size=32, nheads=16,
-                nheads_k=2, headdim=128, dtype="float16")
+    batch = 72
+    case = Case(rng, batch=batch, seq_lens=rng.integers(1, 600, batch), block_size=32,
+                nheads=16, nheads_k=2, headdim=128, dtype="float16")
+    plan = pd.launch_plan(batch, 1, 16, 2, 128, 32, case.block_table.shape[1], "float16")
+    assert plan["config"][4:6] == pd.BATCH_CONFIGS[128]
     case.check()
     case.check(num_splits=5)
 

@@ -28,7 +28,8 @@ Kernel (one block per (batch, kv head, split, row tile), ``WARPS`` warps):
   ``SWIZZLE_DIMS``), so that every 128-byte line of K/V is asked of the L2 once. Page ids are
   read 32 tiles at a time, one per lane, a batch ahead, and handed out by a warp shuffle, so no
   dependent page-table load stands between a tile's copies and the next tile's. The block's
-  query fragments are loaded all at once, before any is used (one round trip of prologue).
+  query fragments are loaded all at once, before any is used (one round trip of prologue; the
+  shared-memory Q tile of D 256, 16 loads a thread at a time).
 - Math (per tile, FlashAttention-2 style): ``S = Q K^T`` with K read by ``ldmatrix.x4`` (K rows are
   columns of K^T); masking only on tiles that cross a window edge or the sequence end; online
   softmax in registers (running max and sum per row, two ``shfl.bfly`` per row); ``O += P V`` with
@@ -88,7 +89,8 @@ BLOCK_SIZES = tuple(1 << s for s in range(3, 9))  # 8 .. 256
 TILE = 16
 
 #: ``(warps, stages)`` by head dimension. A stage of a warp is K + V of 16 keys, 16 x D (D + 8
-#: below 64) x 2 x 2 B (8 KB at D 128); 8 warps x 3 stages is 96 KB a block at D 128 and, at 172-206
+#: outside SWIZZLE_DIMS) x 2 x 2 B (8 KB at D 128); 8 warps x 3 stages is 192 KB a block at D 128
+#: (x 2 stages: 128 KB) and, at 172-224
 #: registers a thread, one block (8 warps, 16-24 tiles = 128-192 KB in flight) per SM, the same
 #: warps per SM as 2 blocks of 4 but half the blocks' prologues and merges; on the H200 it was
 #: the faster of the two on all four target shapes (first sweep). D 256 takes 2 warps (107 KB
@@ -224,6 +226,10 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
     size 8, so a 16-key tile spans two pages; ``q_smem``: Q's A fragments are re-read from a
     shared-memory Q tile for every key tile instead of living in registers; ``l2_prefetch``:
     the cp.async L2 prefetch-size hint in bytes (0: none)."""
+    if stages < 2:
+        # the warps' partial O and (max, sum) of the end merge reuse each warp's ring; one
+        # stage of unpadded rows is too small for them
+        raise ValueError(f"stages: expected at least 2, got {stages}")
     D = head_dim
     KSTEPS = D // 16           # k16 steps of Q K^T; also pairs of n8 tiles of P V
     NT = D // 8                # n8 tiles of O
@@ -356,7 +362,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
             cuda.syncthreads()
         else:
             # Every load issued before any is used, none behind a branch: rows past rows_total
-            # read the block's first row (always valid) and are zeroed afterwards. (Loaded
+            # read the last valid row and are zeroed afterwards. (Loaded
             # and packed pair by pair, each pair waited for its own round trip: 16 L2 round
             # trips in every block's prologue at D 128.)
             r0c = min(r0, rows_total - 1)
@@ -1334,7 +1340,9 @@ for _dim, _m16, _page8, _bf16, _batch in ((128, False, False, True, False),
         _compile_target(_dim, _m16, _page8, _bf16, _warps, _stages,
                         _dim >= Q_IN_SHARED_FROM, L2_PREFETCH),
         ptx_must_have=("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x4.shared",
-                       "ldmatrix.sync.aligned.m8n8.x4.trans", "cp.async.cg.shared.global"),
+                       "ldmatrix.sync.aligned.m8n8.x4.trans",
+                       f"cp.async.cg.shared.global.L2::{L2_PREFETCH}B" if L2_PREFETCH
+                       else "cp.async.cg.shared.global"),
         sass_must_have=("HMMA", "LDSM", "LDGSTS"))
 
 compile_check.register(

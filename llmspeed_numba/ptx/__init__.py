@@ -7,8 +7,9 @@ at import:
 - on a GPU, by ``LLMSPEED_NUMBA_PTX_BACKEND``:
   ``intrinsic`` (default): ``@intrinsic`` + llvmlite ``InlineAsm`` (``_intrinsics.py``), inlined
   without LTO, kernels stay cacheable;
-  ``linked``: mma, ldmatrix and cp.async as CUDA C inline asm linked through
-  ``cuda.declare_device`` and inlined by LTO (``_linked.py``); other ops stay intrinsics.
+  ``linked``: mma, ldmatrix and cp.async (``cp_async_16``; not the hinted ``cp_async_16_l2``)
+  as CUDA C inline asm linked through ``cuda.declare_device`` and inlined by LTO
+  (``_linked.py``); other ops stay intrinsics.
 
 Data conventions (both backends): fp16/bf16 values travel as raw ``uint16`` bits, two of them
 packed low-index-first in a ``uint32``; memory operands are ``(array, element_offset)``.

@@ -153,6 +153,9 @@ def cp_async_16(smem, smem_offset, gmem, gmem_offset, src_bytes):
 
 
 def cp_async_16_l2(smem, smem_offset, gmem, gmem_offset, src_bytes, prefetch):
+    if prefetch not in (0, 64, 128, 256):  # as the GPU build (L2_PREFETCH_SIZES) rejects it
+        raise TypeError(f"cp_async_16_l2: prefetch must be one of (0, 64, 128, 256), got "
+                        f"{prefetch}")
     cp_async_16(smem, smem_offset, gmem, gmem_offset, src_bytes)  # the hint moves no data
 
 
