@@ -253,6 +253,11 @@ def _run_varlen(q, k, v, cu_q, cu_k, impl=None, config=None, **options):
        causal=st.booleans(), window=st.tuples(windows, windows),
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1))
 def test_varlen_simt_matches_reference(lengths, group, headdim, causal, window, dtype, seed):
+    _check_varlen_case(lengths, group, headdim, causal, window, dtype, seed, impl="simt")
+
+
+def _check_varlen_case(lengths, group, headdim, causal, window, dtype, seed, **run_options):
+    """A drawn varlen problem ((q, k) length pairs; at least one query) against the reference."""
     rng = np.random.default_rng(seed)
     lengths_q = [a for a, _ in lengths]
     if sum(lengths_q) == 0:
@@ -260,7 +265,7 @@ def test_varlen_simt_matches_reference(lengths, group, headdim, causal, window, 
     q, k, v, cu_q, cu_k = _varlen_problem(rng, lengths_q, [b for _, b in lengths], 2 * group,
                                           2, headdim, dtype)
     options = {"causal": causal, "window_size": window}
-    out, lse = _run_varlen(q, k, v, cu_q, cu_k, impl="simt", **options)
+    out, lse = _run_varlen(q, k, v, cu_q, cu_k, **run_options, **options)
     _check(out, lse, q, k, v, dtype, reference=lambda *a, **o: attention_varlen(
         *a, cu_q, cu_k, **o), **options)
 
@@ -405,16 +410,7 @@ def test_gpu_misaligned_input_takes_the_simt_fallback():
        causal=st.booleans(), window=st.tuples(windows, windows),
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1))
 def test_gpu_varlen_matches_reference(lengths, group, headdim, causal, window, dtype, seed):
-    rng = np.random.default_rng(seed)
-    lengths_q = [a for a, _ in lengths]
-    if sum(lengths_q) == 0:
-        lengths_q[0] = 1
-    q, k, v, cu_q, cu_k = _varlen_problem(rng, lengths_q, [b for _, b in lengths], 2 * group,
-                                          2, headdim, dtype)
-    options = {"causal": causal, "window_size": window}
-    out, lse = _run_varlen(q, k, v, cu_q, cu_k, **options)
-    _check(out, lse, q, k, v, dtype, reference=lambda *a, **o: attention_varlen(
-        *a, cu_q, cu_k, **o), **options)
+    _check_varlen_case(lengths, group, headdim, causal, window, dtype, seed)
 
 
 @pytest.mark.gpu
