@@ -219,7 +219,7 @@ def _merge_state(m, l, a0, a1, a2, a3, m2, l2, b0, b1, b2, b3):
 
 # ---- kernels ------------------------------------------------------------------------------
 
-def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch=0):
+def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch):
     """The decode kernel for one compile-time configuration.
 
     ``m16``: 16 query rows a tile (else 8, and the mma's rows 8..15 are zero); ``page8``: block
@@ -362,9 +362,9 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
             cuda.syncthreads()
         else:
             # Every load issued before any is used, none behind a branch: rows past rows_total
-            # read the last valid row and are zeroed afterwards. (Loaded
-            # and packed pair by pair, each pair waited for its own round trip: 16 L2 round
-            # trips in every block's prologue at D 128.)
+            # read the last valid row and are zeroed afterwards. (Loaded and packed pair by
+            # pair, each pair waited for its own round trip: 16 L2 round trips in every block's
+            # prologue at D 128.)
             r0c = min(r0, rows_total - 1)
             tq = r0c // group
             q0 = b * sqb + tq * sqt + (kvh * group + r0c - tq * group) * sqh

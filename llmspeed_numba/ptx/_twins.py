@@ -12,6 +12,8 @@ import weakref
 
 import numpy as np
 
+from ._intrinsics import L2_PREFETCH_SIZES
+
 _RENDEZVOUS_TIMEOUT_S = 120.0  # a lane that never arrives (exception, divergence) breaks the wait
 
 
@@ -153,8 +155,8 @@ def cp_async_16(smem, smem_offset, gmem, gmem_offset, src_bytes):
 
 
 def cp_async_16_l2(smem, smem_offset, gmem, gmem_offset, src_bytes, prefetch):
-    if prefetch not in (0, 64, 128, 256):  # as the GPU build (L2_PREFETCH_SIZES) rejects it
-        raise TypeError(f"cp_async_16_l2: prefetch must be one of (0, 64, 128, 256), got "
+    if prefetch not in L2_PREFETCH_SIZES:  # as the GPU build rejects it
+        raise TypeError(f"cp_async_16_l2: prefetch must be one of {L2_PREFETCH_SIZES}, got "
                         f"{prefetch}")
     cp_async_16(smem, smem_offset, gmem, gmem_offset, src_bytes)  # the hint moves no data
 
