@@ -94,6 +94,17 @@ def make_inputs(batch, seq_len, nheads_k, dtype, block_size, seed=0):
     return q, k_cache, v_cache, block_table, seq_lens, k, v
 
 
+def sequential_pages(k_cache, v_cache, block_table):
+    """The same caches re-laid so each sequence's pages are consecutive blocks, in order (the
+    block table an identity): shuffled pages against sequential ones isolates page locality
+    (TLB reach, DRAM pages) from the paging itself."""
+    import torch
+
+    order = block_table.reshape(-1).long()
+    table = torch.arange(order.numel(), device=block_table.device, dtype=torch.int32)
+    return k_cache[order], v_cache[order], table.reshape(block_table.shape)
+
+
 def _sdpa_call(qt, k, v, backend, gqa):
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel

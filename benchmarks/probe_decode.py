@@ -9,6 +9,7 @@ rows to ``decode.csv``.
 """
 
 import argparse
+import importlib
 import os
 import sys
 
@@ -16,7 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _harness import Results, copy_bandwidth, time_gpu  # noqa: E402
-from bench_decode import HEADDIM, gbs, kv_bytes, make_inputs, sdpa_baselines  # noqa: E402
+from bench_decode import (HEADDIM, gbs, kv_bytes, make_inputs, sdpa_baselines,  # noqa: E402
+                          sequential_pages)
 
 from llmspeed_numba.ops import paged_decode as pd  # noqa: E402
 
@@ -37,7 +39,13 @@ VARIANTS = {
     "w8s3_pf128": (8, 3, False, 128),
     "w4s2_pf128": (4, 2, False, 128),
     "w4s2_pf256": (4, 2, False, 256),
+    "w2s3_x2": (2, 3, False, 128),
+    "w2s2_x2": (2, 2, False, 128),
 }
+#: variants that force the split count (with VARIANTS' tuning if also named there, else the
+#: planned configuration): name -> num_splits
+SPLIT_VARIANTS = {"splits1": 1, "splits2": 2, "splits3": 3, "splits4": 4, "w2s3_x2": 2,
+                  "w2s2_x2": 2}
 PLAN = [
     ("b32_hk8", ["default"]),
     ("b1_hk8", ["default"]),
@@ -52,7 +60,20 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--shapes", default=",".join(s for s, _ in PLAN))
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=None,
+                    help="override every shape's sequence length (time-vs-length fits)")
+    ap.add_argument("--sequential-pages", action="store_true",
+                    help="each sequence's pages consecutive and in order (page locality)")
+    ap.add_argument("--module", default=None,
+                    help="time this copy of the op module instead (A/B against a revision, "
+                         "e.g. git show REV:llmspeed_numba/ops/paged_decode.py saved as "
+                         "llmspeed_numba/ops/_paged_decode_rev.py)")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated variants run on every shape instead of PLAN's")
     args = ap.parse_args(argv)
+    global pd
+    if args.module is not None:
+        pd = importlib.import_module(args.module)
     wanted = set(args.shapes.split(","))
     results = Results("decode")
     copy_gbs = copy_bandwidth()
@@ -62,27 +83,37 @@ def main(argv=None):
         if shape_name not in wanted:
             continue
         batch, seq_len, nheads, nheads_k = SHAPES[shape_name]
+        if args.seq_len is not None:
+            seq_len = args.seq_len
+        if args.variants is not None:
+            variants = args.variants.split(",")
         q, kc, vc, bt, sl, k, v = make_inputs(batch, seq_len, nheads_k, dtype,
                                                args.block_size)
         q = torch.randn((batch, nheads, HEADDIM), device="cuda", dtype=dtype)
+        if args.sequential_pages:
+            kc, vc, bt = sequential_pages(kc, vc, bt)
         nbytes = kv_bytes(batch, seq_len, nheads_k, HEADDIM)
         shape = f"B{batch} H{nheads}/{nheads_k} S{seq_len} D{HEADDIM} page{args.block_size}"
+        if args.sequential_pages:
+            shape += " sequential pages"
         sdpa = sdpa_baselines(q, k, v)
         best = None
         for name, (call, _note) in sdpa.items():
             t = time_gpu(call, rep=args.reps)
             if best is None or t["median"] < best[1]["median"]:
                 best = (name, t)
-        print(f"{shape_name} page{args.block_size}: SDPA {best[0]} "
+        print(f"{shape}: SDPA {best[0]} "
               f"{best[1]['median'] * 1e3:.1f} us "
               f"({gbs(nbytes, best[1]):.0f} GB/s)")
         want = None
         for vname in variants:
-            tuning = VARIANTS[vname]
+            tuning = VARIANTS.get(vname)
+            splits = SPLIT_VARIANTS.get(vname)
             out = torch.empty_like(q)
 
-            def call(out=out, tuning=tuning, args=(q, kc, vc, bt, sl)):
-                return pd.paged_decode_attention(*args, out=out, _tuning=tuning)
+            def call(out=out, tuning=tuning, splits=splits, args=(q, kc, vc, bt, sl)):
+                return pd.paged_decode_attention(*args, out=out, num_splits=splits,
+                                                 _tuning=tuning)
 
             call()
             torch.cuda.synchronize()
@@ -91,12 +122,14 @@ def main(argv=None):
             err = (out.float() - want.float()).abs().max().item()
             t = time_gpu(call, rep=args.reps)
             plan = pd.launch_plan(batch, 1, nheads, nheads_k, HEADDIM, args.block_size,
-                                  bt.shape[1], "bfloat16", tuning=tuning)
+                                  bt.shape[1], "bfloat16", num_splits=splits, tuning=tuning)
             ours = gbs(nbytes, t)
             print(f"  {vname:12s} splits {plan['num_splits']:3d}: {t['median'] * 1e3:7.1f} us "
                   f"{ours:5.0f} GB/s {100 * ours / copy_gbs:5.1f}% of copy "
                   f"x{best[1]['median'] / t['median']:.3f} SDPA  max|diff| {err:.2g}")
-            results.add("paged_decode_probe", f"{vname} {shape_name} page{args.block_size}",
+            label = f"{vname} {shape_name} S{seq_len} page{args.block_size}" + (
+                " seqpages" if args.sequential_pages else "")
+            results.add("paged_decode_probe", label,
                         shape, "bfloat16", t, f"sdpa_{best[0]}", best[1], "GB/s", ours,
                         gbs(nbytes, best[1]),
                         note=f"tuning {tuning}; splits {plan['num_splits']}; copy "

@@ -4,7 +4,8 @@
     ncu --profile-from-start off --clock-control none --section ... \
         python benchmarks/probe_ncu.py CASE
 
-Cases: ``decode_b32_hk8``, ``decode_b1_hk8`` (ours, paged), ``sdpa_b32_hk8``, ``sdpa_b1_hk8``
+Cases: ``decode_b32_hk8``, ``decode_b1_hk8`` (ours, paged; ``_s512``: 512 keys, ``_seqpages``:
+each sequence's pages consecutive), ``sdpa_b32_hk8``, ``sdpa_b1_hk8``
 (torch SDPA, contiguous K/V), ``softmax_bf16``, ``argmax_bf16`` (64 x 128256), ``copy_16m``
 (a same-size device-to-device copy). Warm-up calls (compiles, workspaces) run before the
 profiled one.
@@ -17,14 +18,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def _decode_case(batch, seq_len, nheads_k, sdpa):
+def _decode_case(batch, seq_len, nheads_k, sdpa, sequential=False):
     import torch
 
-    from bench_decode import make_inputs, sdpa_baselines
+    from bench_decode import make_inputs, sdpa_baselines, sequential_pages
 
     from llmspeed_numba.ops import paged_decode as pd
 
     q, kc, vc, bt, sl, k, v = make_inputs(batch, seq_len, nheads_k, torch.bfloat16, 16)
+    if sequential:
+        kc, vc, bt = sequential_pages(kc, vc, bt)
     if sdpa:
         return sdpa_baselines(q, k, v)["cudnn" if "cudnn" in sdpa_baselines(q, k, v)
                                        else "default"][0]
@@ -51,6 +54,9 @@ def _vocab_case(op):
 CASES = {
     "decode_b32_hk8": lambda: _decode_case(32, 8192, 8, False),
     "decode_b32_hk32": lambda: _decode_case(32, 8192, 32, False),
+    "decode_b32_hk8_seqpages": lambda: _decode_case(32, 8192, 8, False, sequential=True),
+    "decode_b32_hk8_s512": lambda: _decode_case(32, 512, 8, False),
+    "sdpa_b32_hk8_s512": lambda: _decode_case(32, 512, 8, True),
     "decode_b1_hk8": lambda: _decode_case(1, 32768, 8, False),
     "sdpa_b32_hk8": lambda: _decode_case(32, 8192, 8, True),
     "sdpa_b1_hk8": lambda: _decode_case(1, 32768, 8, True),

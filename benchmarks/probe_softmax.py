@@ -143,6 +143,50 @@ def two_kernel_parts(x, out, splits):
     return parts, (pm, pl)
 
 
+def read_floor_call(x, blocks, threads, unroll=8):
+    """A call of a kernel that only reads ``x`` (16-byte loads, ``unroll`` in flight a thread,
+    the words folded, one word a thread written), launched like the ops: the floor of a one-pass
+    reduction over these bytes, with nothing of argmax's index search or merge."""
+    import torch
+    from numba import types
+
+    from llmspeed_numba import ptx
+    from llmspeed_numba._arrays import stream_handle
+    from llmspeed_numba._env import cuda
+    from llmspeed_numba._launch import Kernel, array1d, jit
+
+    def read_floor(x, out, n16, per):
+        t = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        acc = np.uint32(0)
+        c = t
+        while c < n16:
+            w = cuda.local.array((unroll, 4), np.uint32)
+            for u in range(unroll):  # all loads before any use
+                cu = min(c + u * stride, n16 - 1)
+                w[u, 0], w[u, 1], w[u, 2], w[u, 3] = ptx.load_u32x4(x, cu * per)
+            for u in range(unroll):
+                acc ^= w[u, 0] ^ w[u, 1] ^ w[u, 2] ^ w[u, 3]
+            c += unroll * stride
+        out[t] = np.int32(acc & np.uint32(0x7FFFFFFF))
+
+    tx = tensor(x, "x")
+    flat = kernel_buffer(tx)
+    elem = np.dtype(flat.dtype)
+    kernel = Kernel(jit(read_floor), (array1d(elem), array1d(np.int32), types.int64,
+                                      types.int64), "read_floor")
+    out = torch.empty(blocks * threads, dtype=torch.int32, device="cuda")
+    tout = kernel_buffer(tensor(out, "out"))
+    per = 16 // elem.itemsize
+    handle = stream_handle(None, (tx,))
+    args = (flat, tout, x.numel() // per, per)
+
+    def call():
+        kernel(blocks, threads, args, handle)
+
+    return call
+
+
 def old_splits(rows, chunks):
     """The split count of the previous planner (about 4 blocks per SM, at least 4 chunks a
     thread, what fits at once not considered)."""
@@ -221,6 +265,26 @@ def probe(dtype, rows, vocab, row, same_size):
             row(dtype, "argmax", label, time_us(call_argmax), am_bytes,
                 note=f"grid ({-(-rows // rpb)}, {planned}) x {tpr * rpb}; "
                 f"{kernel_note(kernel, tpr * rpb)}; {bad} mismatches")
+    # loads in flight a thread (UNROLL chunks) x blocks an SM: one load round trip or two
+    for unroll, per_sm in ((8, 2), (8, 1), (16, 1), (16, 2), (4, 1)):
+        with patched(UNROLL=unroll, ARGMAX_BLOCKS_PER_SM=per_sm):
+            kernel, planned, tpr, rpb = sm._argmax_plan(
+                rows, chunks, rw.kind(tx.dtype), rw.vector_width(dtype))
+            res.fill_(-1)
+            call_argmax()
+            torch.cuda.synchronize()
+            bad = int((res != want_i).sum().item())
+            row(dtype, "argmax", f"unroll {unroll}, {per_sm} blocks/SM", time_us(call_argmax),
+                am_bytes, note=f"grid ({-(-rows // rpb)}, {planned}) x {tpr * rpb}; "
+                f"{kernel_note(kernel, tpr * rpb)}; {bad} mismatches")
+    # the read floor: a kernel that only reads these bytes (no index, no merge)
+    for blocks_per_sm, threads in ((2, 512), (1, 1024), (4, 512)):
+        call = read_floor_call(x, blocks_per_sm * sm.sm_count(), threads)
+        call()
+        row(dtype, "argmax", f"read floor {blocks_per_sm}x{threads}/SM", time_us(call),
+            am_bytes, note="only reads x (16-byte loads, 8 in flight a thread)")
+    # a mature read-and-reduce reference over the same bytes (no index)
+    row(dtype, "argmax", "torch amax (reference)", time_us(lambda: torch.amax(x, -1)), am_bytes)
     for flush in ("read", "none"):
         row(dtype, "argmax", f"planned, L2 flushed by {flush}".replace("by none", "none"),
             time_us(call_argmax, flush), am_bytes, flush)

@@ -267,6 +267,20 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
     OPITCH = D + 8             # a warp's partial O row in the merge: 2-way bank conflicts, not 8
 
     @_device
+    def _page_ids(bt, bt_row, sbts, pos, max_slots, bs_shift, live):
+        """Page ids of the tile at key ``pos`` (and, with 8-key pages, of its second page);
+        0 when not ``live`` or past the block table's row."""
+        a = np.int32(0)
+        second = np.int32(0)
+        if live:
+            slot = pos >> bs_shift
+            if slot < max_slots:
+                a = bt[bt_row + slot * sbts]
+            if page8 and slot + 1 < max_slots:
+                second = bt[bt_row + (slot + 1) * sbts]
+        return a, second
+
+    @_device
     def _ring_at(row, chunk):
         """Element offset of 16-byte chunk ``chunk`` of row ``row`` in a K or V ring tile."""
         if SWIZZLE:
@@ -287,19 +301,59 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
         g = lane // 4
         t4 = lane % 4
 
+        # The prologue is a chain of round trips before the first key arrives (seq_len, then
+        # page ids, then K/V), paid again at every wave of blocks. So seq_len is loaded first,
+        # and Q and (when they do not depend on seq_len) the first page ids are loaded beside
+        # it; Q is packed once the page ids are in flight.
         bid = cuda.blockIdx.x
-        split = bid % num_splits
-        rest = bid // num_splits
-        kvh = rest % nheads_k
-        rest = rest // nheads_k
-        rt = rest % row_tiles
-        b = rest // row_tiles
+        per_b = num_splits * nheads_k * row_tiles
+        b = bid // per_b
+        seq_raw = sl[b * ssl]
+        rest = bid - b * per_b
+        head_tile = rest // num_splits     # (remainders by subtraction: no 64-bit rem calls)
+        split = rest - head_tile * num_splits
+        rt = head_tile // nheads_k
+        kvh = head_tile - rt * nheads_k
+        row_first = rt * ROWS
+        bt_row = b * sbtb
+        tile_step = warps * TILE
+
+        # page ids: lane l holds those of the warp's tile 32 c + l of the current batch c (and,
+        # loaded a whole batch ahead, of batch c + 1); tile i takes them by a warp shuffle, so
+        # no page-table load sits between two tiles' copies. Clamped where used. Without
+        # splits or a window the warp's first tile is known before seq_len: loaded now (slots
+        # past the sequence are read but never used).
+        early_pages = num_splits == 1 and window_left < 0
+        cur_a, cur_b = _page_ids(bt, bt_row, sbts, warp * TILE + lane * tile_step, max_slots,
+                                 bs_shift, early_pages)
+        nxt_a, nxt_b = _page_ids(bt, bt_row, sbts, warp * TILE + (lane + 32) * tile_step,
+                                 max_slots, bs_shift, early_pages)
+
+        # ---- Q rows g and g + 8 of the tile: every load issued now, none behind a branch
+        # (rows past rows_total read the last valid row and are zeroed when packed) ----------
+        r0 = row_first + g
+        r1 = r0 + 8
+        raw = cuda.local.array((KSTEPS, 2, 2, 2), np.uint16)   # (ks, half, row, pair)
+        if not Q_SMEM:
+            r0c = min(r0, rows_total - 1)
+            tq = r0c // group
+            q0 = b * sqb + tq * sqt + (kvh * group + r0c - tq * group) * sqh
+            r1c = min(r1, rows_total - 1)
+            tq = r1c // group
+            q1 = b * sqb + tq * sqt + (kvh * group + r1c - tq * group) * sqh
+            for ks in range(KSTEPS):
+                for half in range(2):
+                    d = (16 * ks + 8 * half + 2 * t4) * sqd
+                    raw[ks, half, 0, 0] = q[q0 + d]
+                    raw[ks, half, 0, 1] = q[q0 + d + sqd]
+                    if m16:
+                        raw[ks, half, 1, 0] = q[q1 + d]
+                        raw[ks, half, 1, 1] = q[q1 + d + sqd]
 
         # ---- this block's rows and key range --------------------------------------------
         capacity = max_slots << bs_shift
-        seq_len = min(max(np.int64(sl[b * ssl]), 0), capacity)
+        seq_len = min(max(np.int64(seq_raw), 0), capacity)
         base_pos = seq_len - q_len           # position of query 0
-        row_first = rt * ROWS
         row_last = min(row_first + ROWS, rows_total) - 1
         tq_first = row_first // group
         tq_last = row_last // group
@@ -322,8 +376,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
         if tile_end - tile_begin > warp:
             my_count = (tile_end - tile_begin - warp + warps - 1) // warps
 
-        # ---- query rows g and g + 8 of the tile: bounds and A fragments ------------------
-        r0 = row_first + g
+        # ---- query rows g and g + 8 of the tile: bounds --------------------------------
         lo_0 = 0
         hi_0 = -1
         if r0 < rows_total:
@@ -332,7 +385,6 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
                 lo_0 = hi_0 - window_left
         lo_1 = 0
         hi_1 = -1
-        r1 = r0 + 8
         if m16 and r1 < rows_total:
             hi_1 = base_pos + r1 // group
             if window_left >= 0:
@@ -360,43 +412,6 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
                             value = np.uint16(0)
                         smem[Q_BASE + r * PITCH + e - r * D] = value
             cuda.syncthreads()
-        else:
-            # Every load issued before any is used, none behind a branch: rows past rows_total
-            # read the last valid row and are zeroed afterwards. (Loaded and packed pair by
-            # pair, each pair waited for its own round trip: 16 L2 round trips in every block's
-            # prologue at D 128.)
-            r0c = min(r0, rows_total - 1)
-            tq = r0c // group
-            q0 = b * sqb + tq * sqt + (kvh * group + r0c - tq * group) * sqh
-            r1c = min(r1, rows_total - 1)
-            tq = r1c // group
-            q1 = b * sqb + tq * sqt + (kvh * group + r1c - tq * group) * sqh
-            raw = cuda.local.array((KSTEPS, 2, 2, 2), np.uint16)   # (ks, half, row, pair)
-            for ks in range(KSTEPS):
-                for half in range(2):
-                    d = (16 * ks + 8 * half + 2 * t4) * sqd
-                    raw[ks, half, 0, 0] = q[q0 + d]
-                    raw[ks, half, 0, 1] = q[q0 + d + sqd]
-                    if m16:
-                        raw[ks, half, 1, 0] = q[q1 + d]
-                        raw[ks, half, 1, 1] = q[q1 + d + sqd]
-            live0 = r0 < rows_total
-            live1 = m16 and r1 < rows_total
-            for ks in range(KSTEPS):
-                for half in range(2):
-                    v0 = np.uint32(raw[ks, half, 0, 0]) | (
-                        np.uint32(raw[ks, half, 0, 1]) << np.uint32(16))
-                    if not live0:
-                        v0 = zero_u32
-                    if m16:
-                        v1 = np.uint32(raw[ks, half, 1, 0]) | (
-                            np.uint32(raw[ks, half, 1, 1]) << np.uint32(16))
-                        if not live1:
-                            v1 = zero_u32
-                        qa[QR * ks + 2 * half] = v0
-                        qa[QR * ks + 2 * half + 1] = v1
-                    else:
-                        qa[QR * ks + half] = v0
         # ldmatrix row address of this lane in the Q tile (x4: rows 0-15; x2: rows 0-7)
         q_ld = Q_BASE + (lane % ROWS) * PITCH + ((lane // ROWS) % 2) * 8
 
@@ -420,7 +435,6 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
             k_sw[j] = _ring_at(k_row, ((lane >> 3) & 1) + 2 * j)
             v_sw[j] = _ring_at(v_row, (lane >> 4) + 2 * j)
         wbase = warp * WARP_ELEMS
-        bt_row = b * sbtb
         page_mask = (1 << bs_shift) - 1
 
         o = cuda.local.array((NT, OC), np.float32)
@@ -432,27 +446,30 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
         m_1 = NEG_INF
         l_1 = zero_f
 
-        # page ids: lane l holds those of the warp's tile 32 c + l of the current batch c (and,
-        # loaded a whole batch ahead, of batch c + 1); tile i takes them by a warp shuffle, so
-        # no page-table load sits between two tiles' copies. Clamped where used.
-        tile_step = warps * TILE
         issue_pos = lo16 + (tile_begin + warp) * TILE
-        cur_a = np.int32(0)
-        cur_b = np.int32(0)
-        nxt_a = np.int32(0)
-        nxt_b = np.int32(0)
-        if lane < my_count:
-            slot = (issue_pos + lane * tile_step) >> bs_shift
-            if slot < max_slots:
-                cur_a = bt[bt_row + slot * sbts]
-            if page8 and slot + 1 < max_slots:
-                cur_b = bt[bt_row + (slot + 1) * sbts]
-        if lane + 32 < my_count:
-            slot = (issue_pos + (lane + 32) * tile_step) >> bs_shift
-            if slot < max_slots:
-                nxt_a = bt[bt_row + slot * sbts]
-            if page8 and slot + 1 < max_slots:
-                nxt_b = bt[bt_row + (slot + 1) * sbts]
+        if not early_pages:
+            cur_a, cur_b = _page_ids(bt, bt_row, sbts, issue_pos + lane * tile_step, max_slots,
+                                     bs_shift, lane < my_count)
+            nxt_a, nxt_b = _page_ids(bt, bt_row, sbts, issue_pos + (lane + 32) * tile_step,
+                                     max_slots, bs_shift, lane + 32 < my_count)
+        if not Q_SMEM:  # Q's A fragments, from the loads issued first
+            live0 = r0 < rows_total
+            live1 = m16 and r1 < rows_total
+            for ks in range(KSTEPS):
+                for half in range(2):
+                    v0 = np.uint32(raw[ks, half, 0, 0]) | (
+                        np.uint32(raw[ks, half, 0, 1]) << np.uint32(16))
+                    if not live0:
+                        v0 = zero_u32
+                    if m16:
+                        v1 = np.uint32(raw[ks, half, 1, 0]) | (
+                            np.uint32(raw[ks, half, 1, 1]) << np.uint32(16))
+                        if not live1:
+                            v1 = zero_u32
+                        qa[QR * ks + 2 * half] = v0
+                        qa[QR * ks + 2 * half + 1] = v1
+                    else:
+                        qa[QR * ks + half] = v0
         compute_pos = issue_pos
         issue_stage = 0
         compute_stage = 0
@@ -466,12 +483,8 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
                 if il == 0 and i > 0:  # the next batch of page ids, and the one after it
                     cur_a = nxt_a
                     cur_b = nxt_b
-                    if i + 32 + lane < my_count:
-                        slot = (issue_pos + (32 + lane) * tile_step) >> bs_shift
-                        if slot < max_slots:
-                            nxt_a = bt[bt_row + slot * sbts]
-                        if page8 and slot + 1 < max_slots:
-                            nxt_b = bt[bt_row + (slot + 1) * sbts]
+                    nxt_a, nxt_b = _page_ids(bt, bt_row, sbts, issue_pos + (32 + lane) * tile_step,
+                                             max_slots, bs_shift, i + 32 + lane < my_count)
                 pg_a = np.int64(min(max(ptx.shfl_idx_i32(cur_a, il), 0), num_blocks - 1))
                 pg_b = pg_a
                 if page8:
