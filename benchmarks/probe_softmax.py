@@ -178,11 +178,10 @@ def read_floor_call(x, blocks, threads, unroll=8):
     out = torch.empty(blocks * threads, dtype=torch.int32, device="cuda")
     tout = kernel_buffer(tensor(out, "out"))
     per = 16 // elem.itemsize
-    handle = stream_handle(None, (tx,))
     args = (flat, tout, x.numel() // per, per)
 
-    def call():
-        kernel(blocks, threads, args, handle)
+    def call():  # the stream looked up per call: graph capture runs on its own stream
+        kernel(blocks, threads, args, stream_handle(None, (tx,)))
 
     return call
 
