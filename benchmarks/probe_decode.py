@@ -39,6 +39,10 @@ VARIANTS = {
     "w8s3_pf128": (8, 3, False, 128),
     "w4s2_pf128": (4, 2, False, 128),
     "w4s2_pf256": (4, 2, False, 256),
+    "w2s2": (2, 2, False, 128),
+    "w2s3": (2, 3, False, 128),
+    "w2s4": (2, 4, False, 128),
+    "w4s3": (4, 3, False, 128),
     "w2s3_x2": (2, 3, False, 128),
     "w2s2_x2": (2, 2, False, 128),
 }

@@ -265,17 +265,23 @@ def probe(dtype, rows, vocab, row, same_size):
                 note=f"grid ({-(-rows // rpb)}, {planned}) x {tpr * rpb}; "
                 f"{kernel_note(kernel, tpr * rpb)}; {bad} mismatches")
     # loads in flight a thread (UNROLL chunks) x blocks an SM: one load round trip or two
-    for unroll, per_sm in ((8, 2), (8, 1), (16, 1), (16, 2), (4, 1)):
-        with patched(UNROLL=unroll, ARGMAX_BLOCKS_PER_SM=per_sm):
+    # (and one block a row: no cross-block merge, but 64 SMs at most)
+    for unroll, per_sm, force, row_threads in (
+            (8, 2, None, 512), (8, 1, None, 512), (4, 1, None, 512), (4, 2, 1, 512),
+            (8, 2, 1, 512), (16, 2, 1, 512), (4, 2, 1, 1024), (8, 2, 1, 1024)):
+        saved_tpr, rw.MAX_THREADS_PER_ROW = rw.MAX_THREADS_PER_ROW, row_threads
+        with patched(UNROLL=unroll, ARGMAX_BLOCKS_PER_SM=per_sm, FORCE_SPLITS=force):
             kernel, planned, tpr, rpb = sm._argmax_plan(
                 rows, chunks, rw.kind(tx.dtype), rw.vector_width(dtype))
             res.fill_(-1)
             call_argmax()
             torch.cuda.synchronize()
             bad = int((res != want_i).sum().item())
-            row(dtype, "argmax", f"unroll {unroll}, {per_sm} blocks/SM", time_us(call_argmax),
+            label = f"1 block a row ({tpr})" if force == 1 else f"{per_sm} blocks/SM"
+            row(dtype, "argmax", f"unroll {unroll}, {label}", time_us(call_argmax),
                 am_bytes, note=f"grid ({-(-rows // rpb)}, {planned}) x {tpr * rpb}; "
                 f"{kernel_note(kernel, tpr * rpb)}; {bad} mismatches")
+        rw.MAX_THREADS_PER_ROW = saved_tpr
     # the read floor: a kernel that only reads these bytes (no index, no merge)
     for blocks_per_sm, threads in ((2, 512), (1, 1024), (4, 512)):
         call = read_floor_call(x, blocks_per_sm * sm.sm_count(), threads)

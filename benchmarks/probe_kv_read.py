@@ -1,0 +1,138 @@
+"""Is paged decode's remaining gap to cuDNN in its DRAM access pattern? (issue 5)
+
+Three copy-only kernels read the same K/V bytes (B32 S8192 Hk8 D128 bf16: 1.07 GB) into shared
+memory with decode's pipeline (4 warps a block, 2 blocks an SM, each warp a 2-stage ring of
+cp.async ``.L2::128B`` steps of 4 KB of K and 4 KB of V) and no math:
+
+- ``per_head_paged``: a block per (sequence, KV head), as ``paged_decode``: a step is 16 keys of
+  one head, 256-byte rows 2 KB apart in 16-key pages (consecutive pages, identity table);
+- ``whole_pages``: a block per (sequence, eighth of its keys): a step is 2 keys of every head,
+  4 KB contiguous - what a kernel computing all of a sequence's KV heads in one block reads;
+- ``contiguous``: a block per (sequence, KV head) over (B, Hk, S, D): a step is 16 keys, 4 KB
+  contiguous - the layout torch SDPA reads.
+
+    python benchmarks/probe_kv_read.py
+
+Prints us and GB/s per pattern next to paged_decode and SDPA on the same data.
+"""
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import copy_bandwidth, time_gpu  # noqa: E402
+
+BATCH, SEQ, HK, D, PAGE = 32, 8192, 8, 128, 16
+WARPS, STAGES = 4, 2
+ROUNDS = 8                      # 16-byte chunks a lane copies per step, for K and for V each
+STEP_ELEMS = 32 * 16 * ROUNDS // 2   # 4 KB of bf16
+PATTERNS = ("per_head_paged", "whole_pages", "contiguous")
+
+
+def _kernel(pattern):
+    from numba import types
+
+    from llmspeed_numba import ptx
+    from llmspeed_numba._env import cuda
+    from llmspeed_numba._launch import Kernel, array1d, jit
+
+    mode = PATTERNS.index(pattern)
+    warp_elems = STAGES * 2 * STEP_ELEMS
+    WAIT = STAGES - 1  # noqa: N806 (a literal for cp.async.wait_group)
+    steps_per_block = SEQ // 16      # 4 KB steps of K a block reads (every pattern)
+
+    def kv_read(kc, vc, out):
+        smem = cuda.shared.array(0, np.uint16)
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        bid = cuda.blockIdx.x
+        b = bid // HK
+        part = bid - b * HK          # KV head (per_head_paged, contiguous) or key eighth
+        r_lane = lane // 16
+        chunk = lane % 16
+        wbase = warp * warp_elems
+        my_steps = steps_per_block // WARPS
+        acc = np.uint32(0)
+        for i in range(my_steps + STAGES - 1):
+            ptx.syncwarp()
+            if i < my_steps:
+                step = warp + i * WARPS
+                stage = i % STAGES
+                for j in range(ROUNDS):
+                    r = 2 * j + r_lane   # the step's 256-byte row this lane copies from
+                    if mode == 0:
+                        key = step * 16 + r
+                        src = (((b * (SEQ // PAGE) + key // PAGE) * PAGE + key % PAGE) * HK
+                               + part) * D
+                    elif mode == 1:
+                        key = part * (SEQ // HK) + step * 2 + r // HK
+                        src = (((b * (SEQ // PAGE) + key // PAGE) * PAGE + key % PAGE) * HK
+                               + r % HK) * D
+                    else:
+                        src = ((b * HK + part) * SEQ + step * 16 + r) * D
+                    dst = wbase + stage * 2 * STEP_ELEMS + r * D + chunk * 8
+                    ptx.cp_async_16_l2(smem, dst, kc, src + chunk * 8, 16, 128)
+                    ptx.cp_async_16_l2(smem, dst + STEP_ELEMS, vc, src + chunk * 8, 16, 128)
+            ptx.cp_async_commit()
+            if i >= STAGES - 1:
+                ptx.cp_async_wait(WAIT)
+                ptx.syncwarp()
+                acc ^= np.uint32(smem[wbase + ((i + 1) % STAGES) * 2 * STEP_ELEMS + lane])
+        out[bid * 32 * WARPS + tid] = np.int32(acc)   # keeps the loads live
+
+    u16 = array1d(np.uint16)
+    # 80 KB of shared memory a block (64 KB used): 2 blocks an SM, as paged_decode (whose limit
+    # is its registers)
+    return Kernel(jit(kv_read), (u16, u16, array1d(np.int32)), f"kv_read_{pattern}"), \
+        max(WARPS * warp_elems * 2, 80 << 10)
+
+
+def main():
+    import torch
+
+    from bench_decode import make_inputs, sdpa_baselines, sequential_pages
+
+    from llmspeed_numba._arrays import kernel_buffer, stream_handle
+    from llmspeed_numba._checks import tensor
+    from llmspeed_numba.ops import paged_decode as pd
+
+    copy = copy_bandwidth()
+    q, kc, vc, bt, sl, k, v = make_inputs(BATCH, SEQ, HK, torch.bfloat16, PAGE)
+    kc, vc, bt = sequential_pages(kc, vc, bt)
+    nbytes = 2 * k.numel() * k.element_size()
+    blocks = BATCH * HK
+    out = torch.empty(blocks * 32 * WARPS, dtype=torch.int32, device="cuda")
+    print(f"copy {copy:.0f} GB/s; K/V {nbytes / 1e9:.2f} GB; {blocks} blocks of {32 * WARPS}")
+
+    def line(name, t):
+        gbs = nbytes / (t["median"] * 1e-3) / 1e9
+        print(f"  {name:22s} {t['median'] * 1e3:7.1f} us {gbs:6.0f} GB/s {100 * gbs / copy:5.1f}%"
+              " of copy", flush=True)
+
+    for pattern in PATTERNS:
+        kernel, smem_bytes = _kernel(pattern)
+        src_k, src_v = (k, v) if pattern == "contiguous" else (kc, vc)
+        args = (kernel_buffer(tensor(src_k, "k")), kernel_buffer(tensor(src_v, "v")),
+                kernel_buffer(tensor(out, "out")))
+
+        def call(kernel=kernel, args=args, smem_bytes=smem_bytes):
+            kernel(blocks, 32 * WARPS, args, stream_handle(None, (tensor(out, "out"),)),
+                   smem_bytes)
+
+        call()
+        torch.cuda.synchronize()
+        line(pattern, time_gpu(call))
+    o = torch.empty_like(q)
+    line("paged_decode", time_gpu(lambda: pd.paged_decode_attention(q, kc, vc, bt, sl, out=o)))
+    for name, (fn, _note) in sdpa_baselines(q, k, v).items():
+        line(f"sdpa {name}", time_gpu(fn))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
