@@ -92,6 +92,118 @@ def _kernel(pattern):
         max(WARPS * warp_elems * 2, 80 << 10)
 
 
+WORK_LEVELS = ("copy", "ldmatrix", "ldmatrix+mma", "ldmatrix+mma+softmax")
+
+
+def _work_kernel(level, stages=STAGES):
+    """``per_head_paged`` with decode's per-tile work added up to ``level`` (WORK_LEVELS): the
+    swizzled ring, K and V fragment loads, the 32 mma of Q K^T and P V, the online softmax.
+    Which addition slows the stream is where paged_decode's time over the copy goes."""
+    from numba import types  # noqa: F401
+
+    from llmspeed_numba import ptx
+    from llmspeed_numba._env import cuda
+    from llmspeed_numba._launch import Kernel, array1d, jit
+    from llmspeed_numba.ops.paged_decode import _softmax_step
+
+    lvl = WORK_LEVELS.index(level)
+    warp_elems = stages * 2 * STEP_ELEMS
+    steps_per_block = SEQ // 16
+    WAIT = stages - 1  # noqa: N806
+    zero = np.uint32(0)
+    f0 = np.float32(0.0)
+
+    def kv_work(kc, vc, out):
+        smem = cuda.shared.array(0, np.uint16)
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        bid = cuda.blockIdx.x
+        b = bid // HK
+        kvh = bid - b * HK
+        r_lane = lane // 16
+        chunk = lane % 16
+        wbase = warp * warp_elems
+        my_steps = steps_per_block // WARPS
+        k_row = ((lane >> 4) << 3) + (lane & 7)
+        v_row = (((lane >> 3) & 1) << 3) + (lane & 7)
+        k_sw = cuda.local.array(4, np.int32)
+        v_sw = cuda.local.array(4, np.int32)
+        for j in range(4):
+            k_sw[j] = k_row * D + (((((lane >> 3) & 1) + 2 * j) ^ (k_row & 7)) << 3)
+            v_sw[j] = v_row * D + ((((lane >> 4) + 2 * j) ^ (v_row & 7)) << 3)
+        o = cuda.local.array((16, 2), np.float32)
+        for n in range(16):
+            o[n, 0] = f0
+            o[n, 1] = f0
+        qa = np.uint32(0x3C003C00 + lane)
+        m = np.float32(-np.inf)
+        lsum = f0
+        acc = np.uint32(0)
+        for i in range(my_steps + stages - 1):
+            ptx.syncwarp()
+            if i < my_steps:
+                step = warp + i * WARPS
+                stage = i % stages
+                for j in range(ROUNDS):
+                    r = 2 * j + r_lane
+                    key = step * 16 + r
+                    src = (((b * (SEQ // PAGE) + key // PAGE) * PAGE + key % PAGE) * HK
+                           + kvh) * D + chunk * 8
+                    dst = wbase + stage * 2 * STEP_ELEMS + r * D + ((chunk ^ (r & 7)) << 3)
+                    ptx.cp_async_16_l2(smem, dst, kc, src, 16, 128)
+                    ptx.cp_async_16_l2(smem, dst + STEP_ELEMS, vc, src, 16, 128)
+            ptx.cp_async_commit()
+            if i >= stages - 1:
+                ptx.cp_async_wait(WAIT)
+                ptx.syncwarp()
+                kbase = wbase + ((i + 1) % stages) * 2 * STEP_ELEMS
+                vbase = kbase + STEP_ELEMS
+                if lvl == 0:
+                    acc ^= np.uint32(smem[kbase + lane])
+                else:
+                    sa0 = f0
+                    sa1 = f0
+                    sb0 = f0
+                    sb1 = f0
+                    for ks in range(8):
+                        b0, b1, b2, b3 = ptx.ldmatrix_x4(smem, kbase + k_sw[ks % 4] + (ks // 4) * 64)
+                        if lvl == 1:
+                            acc ^= b0 ^ b1 ^ b2 ^ b3
+                        else:
+                            sa0, sa1, _, _ = ptx.mma_bf16(qa, zero, qa, zero, b0, b1, sa0, sa1,
+                                                          f0, f0)
+                            sb0, sb1, _, _ = ptx.mma_bf16(qa, zero, qa, zero, b2, b3, sb0, sb1,
+                                                          f0, f0)
+                    alpha = np.float32(1.0)
+                    if lvl == 3:
+                        m, lsum, alpha, sa0, sa1, sb0, sb1 = _softmax_step(m, lsum, sa0, sa1,
+                                                                           sb0, sb1)
+                    p0 = ptx.pack_bf16x2(sa0, sa1)
+                    p2 = ptx.pack_bf16x2(sb0, sb1)
+                    for pair in range(8):
+                        b0, b1, b2, b3 = ptx.ldmatrix_x4_trans(
+                            smem, vbase + v_sw[pair % 4] + (pair // 4) * 64)
+                        if lvl == 1:
+                            acc ^= b0 ^ b1 ^ b2 ^ b3
+                        else:
+                            n0 = 2 * pair
+                            o[n0, 0], o[n0, 1], _, _ = ptx.mma_bf16(
+                                p0, zero, p2, zero, b0, b1, o[n0, 0] * alpha, o[n0, 1] * alpha,
+                                f0, f0)
+                            o[n0 + 1, 0], o[n0 + 1, 1], _, _ = ptx.mma_bf16(
+                                p0, zero, p2, zero, b2, b3, o[n0 + 1, 0] * alpha,
+                                o[n0 + 1, 1] * alpha, f0, f0)
+        total = lsum
+        for n in range(16):
+            total += o[n, 0] + o[n, 1]
+        out[bid * 32 * WARPS + tid] = np.int32(acc) + np.int32(total)   # keeps the work live
+
+    u16 = array1d(np.uint16)
+    return (Kernel(jit(kv_work), (u16, u16, array1d(np.int32)), f"kv_work_{lvl}_{stages}"),
+            max(WARPS * warp_elems * 2, 80 << 10))
+
+
 def main():
     import torch
 
@@ -111,7 +223,7 @@ def main():
 
     def line(name, t):
         gbs = nbytes / (t["median"] * 1e-3) / 1e9
-        print(f"  {name:22s} {t['median'] * 1e3:7.1f} us {gbs:6.0f} GB/s {100 * gbs / copy:5.1f}%"
+        print(f"  {name:40s} {t['median'] * 1e3:7.1f} us {gbs:6.0f} GB/s {100 * gbs / copy:5.1f}%"
               " of copy", flush=True)
 
     for pattern in PATTERNS:
@@ -127,6 +239,19 @@ def main():
         call()
         torch.cuda.synchronize()
         line(pattern, time_gpu(call))
+    for level, stages in [(lv, STAGES) for lv in WORK_LEVELS] + [(WORK_LEVELS[-1], 3)]:
+        kernel, smem_bytes = _work_kernel(level, stages)
+        args = (kernel_buffer(tensor(kc, "k")), kernel_buffer(tensor(vc, "v")),
+                kernel_buffer(tensor(out, "out")))
+
+        def call(kernel=kernel, args=args, smem_bytes=smem_bytes):
+            kernel(blocks, 32 * WARPS, args, stream_handle(None, (tensor(out, "out"),)),
+                   smem_bytes)
+
+        call()
+        torch.cuda.synchronize()
+        line(f"paged + {level}" + ("" if stages == STAGES else f", {stages} stages"),
+             time_gpu(call))
     o = torch.empty_like(q)
     line("paged_decode", time_gpu(lambda: pd.paged_decode_attention(q, kc, vc, bt, sl, out=o)))
     for name, (fn, _note) in sdpa_baselines(q, k, v).items():
