@@ -11,7 +11,7 @@ cp.async ``.L2::128B`` steps of 4 KB of K and 4 KB of V) and no math:
 - ``contiguous``: a block per (sequence, KV head) over (B, Hk, S, D): a step is 16 keys, 4 KB
   contiguous - the layout torch SDPA reads.
 
-    python benchmarks/probe_kv_read.py
+    python benchmarks/probe_kv_read.py [--seq-len S] [--levels-only]
 
 Prints us and GB/s per pattern next to paged_decode and SDPA on the same data.
 """
@@ -204,8 +204,18 @@ def _work_kernel(level, stages=STAGES):
             max(WARPS * warp_elems * 2, 80 << 10))
 
 
-def main():
+def main(argv=None):
+    import argparse
+
     import torch
+
+    global SEQ
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq-len", type=int, default=SEQ)
+    ap.add_argument("--levels-only", action="store_true",
+                    help="skip the whole-page / contiguous patterns and the slower SDPA kernels")
+    args = ap.parse_args(argv)
+    SEQ = args.seq_len
 
     from bench_decode import make_inputs, sdpa_baselines, sequential_pages
 
@@ -226,13 +236,13 @@ def main():
         print(f"  {name:40s} {t['median'] * 1e3:7.1f} us {gbs:6.0f} GB/s {100 * gbs / copy:5.1f}%"
               " of copy", flush=True)
 
-    for pattern in PATTERNS:
+    for pattern in PATTERNS[:1] if args.levels_only else PATTERNS:
         kernel, smem_bytes = _kernel(pattern)
         src_k, src_v = (k, v) if pattern == "contiguous" else (kc, vc)
-        args = (kernel_buffer(tensor(src_k, "k")), kernel_buffer(tensor(src_v, "v")),
+        bufs = (kernel_buffer(tensor(src_k, "k")), kernel_buffer(tensor(src_v, "v")),
                 kernel_buffer(tensor(out, "out")))
 
-        def call(kernel=kernel, args=args, smem_bytes=smem_bytes):
+        def call(kernel=kernel, args=bufs, smem_bytes=smem_bytes):
             kernel(blocks, 32 * WARPS, args, stream_handle(None, (tensor(out, "out"),)),
                    smem_bytes)
 
@@ -241,10 +251,10 @@ def main():
         line(pattern, time_gpu(call))
     for level, stages in [(lv, STAGES) for lv in WORK_LEVELS] + [(WORK_LEVELS[-1], 3)]:
         kernel, smem_bytes = _work_kernel(level, stages)
-        args = (kernel_buffer(tensor(kc, "k")), kernel_buffer(tensor(vc, "v")),
+        bufs = (kernel_buffer(tensor(kc, "k")), kernel_buffer(tensor(vc, "v")),
                 kernel_buffer(tensor(out, "out")))
 
-        def call(kernel=kernel, args=args, smem_bytes=smem_bytes):
+        def call(kernel=kernel, args=bufs, smem_bytes=smem_bytes):
             kernel(blocks, 32 * WARPS, args, stream_handle(None, (tensor(out, "out"),)),
                    smem_bytes)
 
@@ -255,7 +265,8 @@ def main():
     o = torch.empty_like(q)
     line("paged_decode", time_gpu(lambda: pd.paged_decode_attention(q, kc, vc, bt, sl, out=o)))
     for name, (fn, _note) in sdpa_baselines(q, k, v).items():
-        line(f"sdpa {name}", time_gpu(fn))
+        if not args.levels_only or name in ("cudnn", "default"):
+            line(f"sdpa {name}", time_gpu(fn))
     return 0
 
 
