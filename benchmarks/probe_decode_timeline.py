@@ -15,6 +15,7 @@ block's start. The shipped module is untouched.
 import argparse
 import os
 import sys
+import tempfile
 
 import numpy as np
 
@@ -68,14 +69,18 @@ def instrumented_module():
         if src.count(anchor) != 1:
             raise RuntimeError(f"anchor not unique in paged_decode.py: {anchor!r}")
         src = src.replace(anchor, text if replace else text + anchor)
+    # a real file: numba's kernel cache locates the source by its path
+    path = os.path.join(tempfile.mkdtemp(prefix="decode_timeline_"), "paged_decode_timeline.py")
+    with open(path, "w") as f:
+        f.write(src)
     mod = pytypes.ModuleType(MODULE)
     mod.__package__ = "llmspeed_numba.ops"
-    mod.__file__ = shipped.__file__
+    mod.__file__ = path
     mod.__spec__ = importlib.util.spec_from_loader(MODULE, loader=None)
     mod._gt = _globaltimer()
     mod._LOW = np.uint64(0xFFFFFFFF)
     sys.modules[MODULE] = mod
-    exec(compile(src, shipped.__file__ + " (timeline)", "exec"), mod.__dict__)  # noqa: S102
+    exec(compile(src, path, "exec"), mod.__dict__)  # noqa: S102
     return mod
 
 
