@@ -179,6 +179,15 @@ _device = cuda.jit(device=True, inline="always")
 
 
 @_device
+def _udiv(n, d):
+    """``n // d`` for ``0 <= n < 2**32`` and ``0 < d < 2**32``, as a 32-bit unsigned division
+    (``div.u32``: a short inline sequence). Numba types ``int // int`` as a 64-bit signed
+    division, a ~70-instruction subroutine call: a dozen of them, chained, took about 2 us of
+    every block's prologue and epilogue (``probe_decode_timeline.py``)."""
+    return np.int64(np.uint32(n) // np.uint32(d))
+
+
+@_device
 def _exp2_base(m):
     """What scores are measured from: the row's max ``m``, or 0 while nothing is attended
     (``m = -inf``), so that ``exp2`` sees ``-inf`` (giving 0), never ``-inf - -inf`` (NaN)."""
@@ -203,6 +212,14 @@ def _softmax_step(m, l, x0, x1, x2, x3):
     p2 = ptx.ex2_approx(x2 - base)
     p3 = ptx.ex2_approx(x3 - base)
     return m_new, l * alpha + ((p0 + p1) + (p2 + p3)), alpha, p0, p1, p2, p3
+
+
+@_device
+def _row_lse2(big, total):
+    """A row's log2-sum-exp from its max (log2 units) and the sum of 2^(x - max)."""
+    if total > np.float32(0.0):
+        return big + math.log2(total)
+    return NEG_INF
 
 
 @_device
@@ -307,12 +324,12 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
         # it; Q is packed once the page ids are in flight.
         bid = cuda.blockIdx.x
         per_b = num_splits * nheads_k * row_tiles
-        b = bid // per_b
+        b = _udiv(bid, per_b)
         seq_raw = sl[b * ssl]
         rest = bid - b * per_b
-        head_tile = rest // num_splits     # (remainders by subtraction: no 64-bit rem calls)
+        head_tile = _udiv(rest, num_splits)   # (remainders by subtraction)
         split = rest - head_tile * num_splits
-        rt = head_tile // nheads_k
+        rt = _udiv(head_tile, nheads_k)
         kvh = head_tile - rt * nheads_k
         row_first = rt * ROWS
         bt_row = b * sbtb
@@ -336,10 +353,10 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
         raw = cuda.local.array((KSTEPS, 2, 2, 2), np.uint16)   # (ks, half, row, pair)
         if not Q_SMEM:
             r0c = min(r0, rows_total - 1)
-            tq = r0c // group
+            tq = _udiv(r0c, group)
             q0 = b * sqb + tq * sqt + (kvh * group + r0c - tq * group) * sqh
             r1c = min(r1, rows_total - 1)
-            tq = r1c // group
+            tq = _udiv(r1c, group)
             q1 = b * sqb + tq * sqt + (kvh * group + r1c - tq * group) * sqh
             for ks in range(KSTEPS):
                 for half in range(2):
@@ -355,8 +372,8 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
         seq_len = min(max(np.int64(seq_raw), 0), capacity)
         base_pos = seq_len - q_len           # position of query 0
         row_last = min(row_first + ROWS, rows_total) - 1
-        tq_first = row_first // group
-        tq_last = row_last // group
+        tq_first = _udiv(row_first, group)
+        tq_last = _udiv(row_last, group)
         hi = min(base_pos + tq_last + 1, seq_len)      # keys [lo, hi) may be attended
         full_hi = base_pos + tq_first                  # keys <= full_hi: attended by all rows
         lo = 0
@@ -368,7 +385,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
         n_tiles = 0
         if hi > lo16:
             n_tiles = (hi - lo16 + TILE - 1) // TILE
-        per_split = (n_tiles + num_splits - 1) // num_splits
+        per_split = _udiv(n_tiles + num_splits - 1, num_splits)
         tile_begin = split * per_split
         tile_end = min(tile_begin + per_split, n_tiles)
         end = min(lo16 + tile_end * TILE, hi)
@@ -380,13 +397,13 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
         lo_0 = 0
         hi_0 = -1
         if r0 < rows_total:
-            hi_0 = base_pos + r0 // group
+            hi_0 = base_pos + _udiv(r0, group)
             if window_left >= 0:
                 lo_0 = hi_0 - window_left
         lo_1 = 0
         hi_1 = -1
         if m16 and r1 < rows_total:
-            hi_1 = base_pos + r1 // group
+            hi_1 = base_pos + _udiv(r1, group)
             if window_left >= 0:
                 lo_1 = hi_1 - window_left
 
@@ -400,7 +417,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
                     e = min(tid + (e0 + u) * THREADS, ROWS * D - 1)
                     r = e // D
                     gr = min(row_first + r, rows_total - 1)
-                    tq = gr // group
+                    tq = _udiv(gr, group)
                     vals[u] = q[b * sqb + tq * sqt + (kvh * group + gr - tq * group) * sqh
                                 + (e - r * D) * sqd]
                 for u in range(Q_GROUP):
@@ -658,21 +675,19 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
                         f = ptx.ex2_approx(smem_f[w * WARP_F + ROWS * OPITCH + r] - big)
                         total += smem_f[w * WARP_F + ROWS * OPITCH + ROWS + r] * f
                         acc += smem_f[w * WARP_F + r * OPITCH + d] * f
-                lse2 = NEG_INF
-                if total > zero_f:
-                    acc = acc / total
-                    lse2 = big + math.log2(total)
-                tq = gr // group
+                if total > zero_f:  # >= 1 (the row max's own term): no denormal reciprocal
+                    acc *= ptx.rcp_approx(total)
+                tq = _udiv(gr, group)
                 head = kvh * group + gr - tq * group
                 if num_splits == 1:
                     out[b * sob + tq * sot + head * soh + d * sod] = to_half(acc)
                     if want_lse != 0 and d == 0:
-                        lse[b * slb + head * slh + tq * slt] = lse2 * ln2
+                        lse[b * slb + head * slh + tq * slt] = _row_lse2(big, total) * ln2
                 else:
                     row_id = (b * q_len + tq) * nheads + head
                     part_o[(row_id * num_splits + split) * D + d] = acc
                     if d == 0:
-                        part_lse[row_id * num_splits + split] = lse2
+                        part_lse[row_id * num_splits + split] = _row_lse2(big, total)
 
         if num_splits == 1 or folded == 0:
             return
@@ -682,7 +697,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
         cuda.syncthreads()
         last = 0
         if tid == 0:
-            ticket_id = bid // num_splits
+            ticket_id = _udiv(bid, num_splits)
             if cuda.atomic.add(tickets, ticket_id, np.int32(1)) == num_splits - 1:
                 last = 1
                 tickets[ticket_id] = 0  # every split has drawn: zero for the next launch
@@ -699,7 +714,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
         stride = parts * MERGE_UNROLL
         for first in range(0, cols * parts, THREADS):  # the same trip count in every lane
             item = first + tid
-            col = item // parts
+            col = _udiv(item, parts)
             part = item - col * parts
             m = NEG_INF
             l = zero_f
@@ -710,7 +725,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
             r = col // COLS4
             d = (col - r * COLS4) * 4
             gr = row_first + r
-            tq = gr // group
+            tq = _udiv(gr, group)
             head = kvh * group + gr - tq * group
             src = ((b * q_len + tq) * nheads + head) * num_splits
             if col < cols:
