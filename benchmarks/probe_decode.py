@@ -17,8 +17,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _harness import Results, copy_bandwidth, time_gpu  # noqa: E402
-from bench_decode import (HEADDIM, gbs, kv_bytes, make_inputs, sdpa_baselines,  # noqa: E402
-                          sequential_pages)
+from bench_decode import (  # noqa: E402
+    HEADDIM,
+    gbs,
+    kv_bytes,
+    make_inputs,
+    sdpa_baselines,
+    sequential_pages,
+)
 
 from llmspeed_numba.ops import paged_decode as pd  # noqa: E402
 
@@ -75,9 +81,7 @@ def main(argv=None):
     ap.add_argument("--variants", default=None,
                     help="comma-separated variants run on every shape instead of PLAN's")
     args = ap.parse_args(argv)
-    global pd
-    if args.module is not None:
-        pd = importlib.import_module(args.module)
+    op = pd if args.module is None else importlib.import_module(args.module)
     wanted = set(args.shapes.split(","))
     results = Results("decode")
     copy_gbs = copy_bandwidth()
@@ -116,7 +120,7 @@ def main(argv=None):
             out = torch.empty_like(q)
 
             def call(out=out, tuning=tuning, splits=splits, args=(q, kc, vc, bt, sl)):
-                return pd.paged_decode_attention(*args, out=out, num_splits=splits,
+                return op.paged_decode_attention(*args, out=out, num_splits=splits,
                                                  _tuning=tuning)
 
             call()
@@ -125,7 +129,7 @@ def main(argv=None):
                 want = out.clone()
             err = (out.float() - want.float()).abs().max().item()
             t = time_gpu(call, rep=args.reps)
-            plan = pd.launch_plan(batch, 1, nheads, nheads_k, HEADDIM, args.block_size,
+            plan = op.launch_plan(batch, 1, nheads, nheads_k, HEADDIM, args.block_size,
                                   bt.shape[1], "bfloat16", num_splits=splits, tuning=tuning)
             ours = gbs(nbytes, t)
             print(f"  {vname:12s} splits {plan['num_splits']:3d}: {t['median'] * 1e3:7.1f} us "

@@ -29,13 +29,13 @@ PATCHES = (  # (anchor, text inserted before it, or replacing it when the third 
     ("        # ---- merge the warps' partial results", "        _t2 = _gt()\n", False),
     ("lse[b * slb + head * slh + tq * slt] = _row_lse2(big, total) * ln2", "pass", True),
     ("        if num_splits == 1 or folded == 0:\n",
-     "        cuda.syncthreads()\n"
-     "        if tid == 0:\n"
-     "            _t3 = _gt()\n"
-     "            lse[bid * 4] = ptx.f32_from_bits(np.uint32(_t0 & _LOW))\n"
-     "            lse[bid * 4 + 1] = ptx.f32_from_bits(np.uint32(_t1 & _LOW))\n"
-     "            lse[bid * 4 + 2] = ptx.f32_from_bits(np.uint32(_t2 & _LOW))\n"
-     "            lse[bid * 4 + 3] = ptx.f32_from_bits(np.uint32(_t3 & _LOW))\n", False),
+     ("        cuda.syncthreads()\n"
+      "        if tid == 0:\n"
+      "            _t3 = _gt()\n"
+      "            lse[bid * 4] = ptx.f32_from_bits(np.uint32(_t0 & _LOW))\n"
+      "            lse[bid * 4 + 1] = ptx.f32_from_bits(np.uint32(_t1 & _LOW))\n"
+      "            lse[bid * 4 + 2] = ptx.f32_from_bits(np.uint32(_t2 & _LOW))\n"
+      "            lse[bid * 4 + 3] = ptx.f32_from_bits(np.uint32(_t3 & _LOW))\n"), False),
 )
 
 
@@ -86,7 +86,6 @@ def instrumented_module():
 
 def main(argv=None):
     import torch
-
     from _harness import time_gpu
     from bench_decode import make_inputs
 
@@ -120,7 +119,9 @@ def main(argv=None):
         base = raw[:, 0].min()
         rel = ((raw - base) % (1 << 32)) / 1e3   # us after the first block's start
         start, loop, loop_end, end = rel.T
-        pct = lambda a: " / ".join(f"{np.percentile(a, p):7.2f}" for p in (0, 50, 90, 100))  # noqa: E731
+        def pct(a):
+            return " / ".join(f"{np.percentile(a, p):7.2f}" for p in (0, 50, 90, 100))
+
         print(f" run {rep}: percentiles 0/50/90/100 (us)")
         print(f"   block start               {pct(start)}")
         print(f"   prologue (loop - start)   {pct(loop - start)}")

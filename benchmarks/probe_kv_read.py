@@ -34,8 +34,6 @@ PATTERNS = ("per_head_paged", "whole_pages", "contiguous")
 
 
 def _kernel(pattern):
-    from numba import types
-
     from llmspeed_numba import ptx
     from llmspeed_numba._env import cuda
     from llmspeed_numba._launch import Kernel, array1d, jit
@@ -99,8 +97,6 @@ def _work_kernel(level, stages=STAGES):
     """``per_head_paged`` with decode's per-tile work added up to ``level`` (WORK_LEVELS): the
     swizzled ring, K and V fragment loads, the 32 mma of Q K^T and P V, the online softmax.
     Which addition slows the stream is where paged_decode's time over the copy goes."""
-    from numba import types  # noqa: F401
-
     from llmspeed_numba import ptx
     from llmspeed_numba._env import cuda
     from llmspeed_numba._launch import Kernel, array1d, jit
@@ -167,7 +163,8 @@ def _work_kernel(level, stages=STAGES):
                     sb0 = f0
                     sb1 = f0
                     for ks in range(8):
-                        b0, b1, b2, b3 = ptx.ldmatrix_x4(smem, kbase + k_sw[ks % 4] + (ks // 4) * 64)
+                        b0, b1, b2, b3 = ptx.ldmatrix_x4(
+                            smem, kbase + k_sw[ks % 4] + (ks // 4) * 64)
                         if lvl == 1:
                             acc ^= b0 ^ b1 ^ b2 ^ b3
                         else:
@@ -236,32 +233,24 @@ def main(argv=None):
         print(f"  {name:40s} {t['median'] * 1e3:7.1f} us {gbs:6.0f} GB/s {100 * gbs / copy:5.1f}%"
               " of copy", flush=True)
 
-    for pattern in PATTERNS[:1] if args.levels_only else PATTERNS:
-        kernel, smem_bytes = _kernel(pattern)
-        src_k, src_v = (k, v) if pattern == "contiguous" else (kc, vc)
+    def time_kernel(label, kernel, smem_bytes, src_k, src_v):
         bufs = (kernel_buffer(tensor(src_k, "k")), kernel_buffer(tensor(src_v, "v")),
                 kernel_buffer(tensor(out, "out")))
 
-        def call(kernel=kernel, args=bufs, smem_bytes=smem_bytes):
-            kernel(blocks, 32 * WARPS, args, stream_handle(None, (tensor(out, "out"),)),
+        def call():
+            kernel(blocks, 32 * WARPS, bufs, stream_handle(None, (tensor(out, "out"),)),
                    smem_bytes)
 
         call()
         torch.cuda.synchronize()
-        line(pattern, time_gpu(call))
+        line(label, time_gpu(call))
+
+    for pattern in PATTERNS[:1] if args.levels_only else PATTERNS:
+        src = (k, v) if pattern == "contiguous" else (kc, vc)
+        time_kernel(pattern, *_kernel(pattern), *src)
     for level, stages in [(lv, STAGES) for lv in WORK_LEVELS] + [(WORK_LEVELS[-1], 3)]:
-        kernel, smem_bytes = _work_kernel(level, stages)
-        bufs = (kernel_buffer(tensor(kc, "k")), kernel_buffer(tensor(vc, "v")),
-                kernel_buffer(tensor(out, "out")))
-
-        def call(kernel=kernel, args=bufs, smem_bytes=smem_bytes):
-            kernel(blocks, 32 * WARPS, args, stream_handle(None, (tensor(out, "out"),)),
-                   smem_bytes)
-
-        call()
-        torch.cuda.synchronize()
-        line(f"paged + {level}" + ("" if stages == STAGES else f", {stages} stages"),
-             time_gpu(call))
+        label = f"paged + {level}" + ("" if stages == STAGES else f", {stages} stages")
+        time_kernel(label, *_work_kernel(level, stages), kc, vc)
     o = torch.empty_like(q)
     line("paged_decode", time_gpu(lambda: pd.paged_decode_attention(q, kc, vc, bt, sl, out=o)))
     for name, (fn, _note) in sdpa_baselines(q, k, v).items():

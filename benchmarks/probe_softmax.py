@@ -220,7 +220,7 @@ def probe(dtype, rows, vocab, row, same_size):
     for path, splits in (("auto", None), ("resident", None), ("streamed", None),
                          ("two_kernels", None), ("streamed", 2), ("two_kernels", 4)):
         with patched(SPLIT_PATH=path, FORCE_SPLITS=splits):
-            note, planned, fits = softmax_plan(x, out)
+            note, _planned, fits = softmax_plan(x, out)
             if not fits or (path == "resident" and "resident" not in note):
                 continue  # forced one-kernel grid larger than the GPU holds (blocks wait)
             out.fill_(float("nan"))
@@ -250,37 +250,35 @@ def probe(dtype, rows, vocab, row, same_size):
         sm.argmax(x, out=res)
 
     tx = tensor(x, "x")
+
+    def timed_argmax(label):
+        """One line: the argmax plan under the current patches, checked against torch, timed."""
+        kernel, planned, tpr, rpb = sm._argmax_plan(
+            rows, chunks, rw.kind(tx.dtype), rw.vector_width(dtype))
+        res.fill_(-1)
+        call_argmax()
+        torch.cuda.synchronize()
+        bad = int((res != want_i).sum().item())
+        row(dtype, "argmax", label, time_us(call_argmax), am_bytes,
+            note=f"grid ({-(-rows // rpb)}, {planned}) x {tpr * rpb}; "
+            f"{kernel_note(kernel, tpr * rpb)}; {bad} mismatches")
+        return tpr
+
     for splits in (None, old_splits(rows, chunks), 2, 4, 8, 16):
         with patched(FORCE_SPLITS=splits):
-            kernel, planned, tpr, rpb = sm._argmax_plan(
-                rows, chunks, rw.kind(tx.dtype), rw.vector_width(dtype))
-            res.fill_(-1)
-            call_argmax()
-            torch.cuda.synchronize()
-            bad = int((res != want_i).sum().item())
             label = "planned" if splits is None else f"{splits} splits"
             if splits == old_splits(rows, chunks):
                 label += " (previous plan)"
-            row(dtype, "argmax", label, time_us(call_argmax), am_bytes,
-                note=f"grid ({-(-rows // rpb)}, {planned}) x {tpr * rpb}; "
-                f"{kernel_note(kernel, tpr * rpb)}; {bad} mismatches")
+            timed_argmax(label)
     # loads in flight a thread (UNROLL chunks) x blocks an SM: one load round trip or two
-    # (and one block a row: no cross-block merge, but 64 SMs at most)
+    # (and one block a row of row_threads: no cross-block merge, but 64 SMs at most)
     for unroll, per_sm, force, row_threads in (
             (8, 2, None, 512), (8, 1, None, 512), (4, 1, None, 512), (4, 2, 1, 512),
             (8, 2, 1, 512), (16, 2, 1, 512), (4, 2, 1, 1024), (8, 2, 1, 1024)):
         saved_tpr, rw.MAX_THREADS_PER_ROW = rw.MAX_THREADS_PER_ROW, row_threads
         with patched(UNROLL=unroll, ARGMAX_BLOCKS_PER_SM=per_sm, FORCE_SPLITS=force):
-            kernel, planned, tpr, rpb = sm._argmax_plan(
-                rows, chunks, rw.kind(tx.dtype), rw.vector_width(dtype))
-            res.fill_(-1)
-            call_argmax()
-            torch.cuda.synchronize()
-            bad = int((res != want_i).sum().item())
-            label = f"1 block a row ({tpr})" if force == 1 else f"{per_sm} blocks/SM"
-            row(dtype, "argmax", f"unroll {unroll}, {label}", time_us(call_argmax),
-                am_bytes, note=f"grid ({-(-rows // rpb)}, {planned}) x {tpr * rpb}; "
-                f"{kernel_note(kernel, tpr * rpb)}; {bad} mismatches")
+            label = f"1 block a row ({row_threads})" if force == 1 else f"{per_sm} blocks/SM"
+            timed_argmax(f"unroll {unroll}, {label}")
         rw.MAX_THREADS_PER_ROW = saved_tpr
     # the read floor: a kernel that only reads these bytes (no index, no merge)
     for blocks_per_sm, threads in ((2, 512), (1, 1024), (4, 512)):
