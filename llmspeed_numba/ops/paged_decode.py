@@ -27,9 +27,13 @@ Kernel (one block per (batch, kv head, split, row tile), ``WARPS`` warps):
   while it computes. At headdim 64 and 128 the ring's rows are unpadded and XOR-swizzled (see
   ``SWIZZLE_DIMS``), so that every 128-byte line of K/V is asked of the L2 once. Page ids are
   read 32 tiles at a time, one per lane, a batch ahead, and handed out by a warp shuffle, so no
-  dependent page-table load stands between a tile's copies and the next tile's. The block's
-  query fragments are loaded all at once, before any is used (one round trip of prologue; the
-  shared-memory Q tile of D 256, 16 loads a thread at a time).
+  dependent page-table load stands between a tile's copies and the next tile's.
+- Prologue (about 2 us a block, paid again at each wave): ``seq_len`` is loaded first; the query
+  fragments (all at once, before any is used; the shared-memory Q tile of D 256, 16 loads a
+  thread at a time) and, without splits or a window, the first page ids are loaded beside it.
+  Index arithmetic divides in 32 bits (``_udiv``): numba's 64-bit division is a subroutine
+  call, and a dozen of them, chained, had cost about 1 us here and as much again in the end
+  merge.
 - Math (per tile, FlashAttention-2 style): ``S = Q K^T`` with K read by ``ldmatrix.x4`` (K rows are
   columns of K^T); masking only on tiles that cross a window edge or the sequence end; online
   softmax in registers (running max and sum per row, two ``shfl.bfly`` per row); ``O += P V`` with
