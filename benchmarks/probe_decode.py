@@ -28,7 +28,7 @@ from bench_decode import (  # noqa: E402
 
 from llmspeed_numba.ops import paged_decode as pd  # noqa: E402
 
-#: (label, batch, seq_len, nheads, nheads_k, tuning or None). Hk1 B256 H8: the bytes of
+#: label -> (batch, seq_len, nheads, nheads_k). Hk1 B256 H8: the bytes of
 #: B32 Hk8 in pages whose K (and V) rows are one 4 KB contiguous run (one KV head).
 SHAPES = {
     "b32_hk8": (32, 8192, 32, 8),
@@ -37,25 +37,24 @@ SHAPES = {
     "b1_hk32": (1, 32768, 32, 32),
     "b256_hk1": (256, 8192, 8, 1),
 }
+#: name -> (tuning (warps, stages, q_smem, l2_prefetch) or None: planned, num_splits or None:
+#: planned)
 VARIANTS = {
-    "default": None,
-    "w8s2": (8, 2, False, 0),
-    "w8s2_pf128": (8, 2, False, 128),
-    "w8s3": (8, 3, False, 0),
-    "w8s3_pf128": (8, 3, False, 128),
-    "w4s2_pf128": (4, 2, False, 128),
-    "w4s2_pf256": (4, 2, False, 256),
-    "w2s2": (2, 2, False, 128),
-    "w2s3": (2, 3, False, 128),
-    "w2s4": (2, 4, False, 128),
-    "w4s3": (4, 3, False, 128),
-    "w2s3_x2": (2, 3, False, 128),
-    "w2s2_x2": (2, 2, False, 128),
+    "default": (None, None),
+    "w8s2": ((8, 2, False, 0), None),
+    "w8s2_pf128": ((8, 2, False, 128), None),
+    "w8s3": ((8, 3, False, 0), None),
+    "w8s3_pf128": ((8, 3, False, 128), None),
+    "w4s2_pf128": ((4, 2, False, 128), None),
+    "w4s2_pf256": ((4, 2, False, 256), None),
+    "w4s3": ((4, 3, False, 128), None),
+    "w2s2": ((2, 2, False, 128), None),
+    "w2s3": ((2, 3, False, 128), None),
+    "w2s4": ((2, 4, False, 128), None),
+    "w2s2_x2": ((2, 2, False, 128), 2),
+    "w2s3_x2": ((2, 3, False, 128), 2),
+    **{f"splits{n}": (None, n) for n in (1, 2, 3, 4)},
 }
-#: variants that force the split count (with VARIANTS' tuning if also named there, else the
-#: planned configuration): name -> num_splits
-SPLIT_VARIANTS = {"splits1": 1, "splits2": 2, "splits3": 3, "splits4": 4, "w2s3_x2": 2,
-                  "w2s2_x2": 2}
 PLAN = [
     ("b32_hk8", ["default"]),
     ("b1_hk8", ["default"]),
@@ -115,8 +114,7 @@ def main(argv=None):
               f"({gbs(nbytes, best[1]):.0f} GB/s)")
         want = None
         for vname in variants:
-            tuning = VARIANTS.get(vname)
-            splits = SPLIT_VARIANTS.get(vname)
+            tuning, splits = VARIANTS[vname]
             out = torch.empty_like(q)
 
             def call(out=out, tuning=tuning, splits=splits, args=(q, kc, vc, bt, sl)):

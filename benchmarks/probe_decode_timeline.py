@@ -27,7 +27,9 @@ PATCHES = (  # (anchor, text inserted before it, or replacing it when the third 
     ("        t4 = lane % 4\n", "        t4 = lane % 4\n        _t0 = _gt()\n", True),
     ("        for i in range(my_count + stages - 1):\n", "        _t1 = _gt()\n", False),
     ("        # ---- merge the warps' partial results", "        _t2 = _gt()\n", False),
-    ("lse[b * slb + head * slh + tq * slt] = _row_lse2(big, total) * ln2", "pass", True),
+    # the decode kernel's LSE store (the reduce kernel's is indented less)
+    (" " * 24 + "lse[b * slb + head * slh + tq * slt] = _row_lse2(big, total) * ln2",
+     " " * 24 + "pass", True),
     ("        if num_splits == 1 or folded == 0:\n",
      ("        cuda.syncthreads()\n"
       "        if tid == 0:\n"

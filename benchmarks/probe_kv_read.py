@@ -11,9 +11,11 @@ cp.async ``.L2::128B`` steps of 4 KB of K and 4 KB of V) and no math:
 - ``contiguous``: a block per (sequence, KV head) over (B, Hk, S, D): a step is 16 keys, 4 KB
   contiguous - the layout torch SDPA reads.
 
+Then the ``per_head_paged`` copy with decode's per-tile work added level by level (``WORK_LEVELS``).
+
     python benchmarks/probe_kv_read.py [--seq-len S] [--levels-only]
 
-Prints us and GB/s per pattern next to paged_decode and SDPA on the same data.
+Prints us and GB/s per pattern and level next to paged_decode and SDPA on the same data.
 """
 
 import os
@@ -33,15 +35,26 @@ STEP_ELEMS = 32 * 16 * ROUNDS // 2   # 4 KB of bf16
 PATTERNS = ("per_head_paged", "whole_pages", "contiguous")
 
 
-def _kernel(pattern):
+WORK_LEVELS = ("copy", "ldmatrix", "ldmatrix+mma", "ldmatrix+mma+softmax")
+
+
+def _kernel(pattern, level="copy", stages=STAGES):
+    """``(Kernel, shared bytes)`` reading K/V in ``pattern`` (PATTERNS) into decode's swizzled
+    ring, with decode's per-tile work added up to ``level`` (WORK_LEVELS: K and V fragment
+    loads, the 32 mma of Q K^T and P V, the online softmax). Which addition slows the stream is
+    where paged_decode's time over the copy goes."""
     from llmspeed_numba import ptx
     from llmspeed_numba._env import cuda
     from llmspeed_numba._launch import Kernel, array1d, jit
+    from llmspeed_numba.ops.paged_decode import _softmax_step
 
     mode = PATTERNS.index(pattern)
-    warp_elems = STAGES * 2 * STEP_ELEMS
-    WAIT = STAGES - 1  # noqa: N806 (a literal for cp.async.wait_group)
+    lvl = WORK_LEVELS.index(level)
+    warp_elems = stages * 2 * STEP_ELEMS
     steps_per_block = SEQ // 16      # 4 KB steps of K a block reads (every pattern)
+    WAIT = stages - 1  # noqa: N806 (a literal for cp.async.wait_group)
+    zero = np.uint32(0)
+    f0 = np.float32(0.0)
 
     def kv_read(kc, vc, out):
         smem = cuda.shared.array(0, np.uint16)
@@ -51,72 +64,6 @@ def _kernel(pattern):
         bid = cuda.blockIdx.x
         b = bid // HK
         part = bid - b * HK          # KV head (per_head_paged, contiguous) or key eighth
-        r_lane = lane // 16
-        chunk = lane % 16
-        wbase = warp * warp_elems
-        my_steps = steps_per_block // WARPS
-        acc = np.uint32(0)
-        for i in range(my_steps + STAGES - 1):
-            ptx.syncwarp()
-            if i < my_steps:
-                step = warp + i * WARPS
-                stage = i % STAGES
-                for j in range(ROUNDS):
-                    r = 2 * j + r_lane   # the step's 256-byte row this lane copies from
-                    if mode == 0:
-                        key = step * 16 + r
-                        src = (((b * (SEQ // PAGE) + key // PAGE) * PAGE + key % PAGE) * HK
-                               + part) * D
-                    elif mode == 1:
-                        key = part * (SEQ // HK) + step * 2 + r // HK
-                        src = (((b * (SEQ // PAGE) + key // PAGE) * PAGE + key % PAGE) * HK
-                               + r % HK) * D
-                    else:
-                        src = ((b * HK + part) * SEQ + step * 16 + r) * D
-                    dst = wbase + stage * 2 * STEP_ELEMS + r * D + chunk * 8
-                    ptx.cp_async_16_l2(smem, dst, kc, src + chunk * 8, 16, 128)
-                    ptx.cp_async_16_l2(smem, dst + STEP_ELEMS, vc, src + chunk * 8, 16, 128)
-            ptx.cp_async_commit()
-            if i >= STAGES - 1:
-                ptx.cp_async_wait(WAIT)
-                ptx.syncwarp()
-                acc ^= np.uint32(smem[wbase + ((i + 1) % STAGES) * 2 * STEP_ELEMS + lane])
-        out[bid * 32 * WARPS + tid] = np.int32(acc)   # keeps the loads live
-
-    u16 = array1d(np.uint16)
-    # 80 KB of shared memory a block (64 KB used): 2 blocks an SM, as paged_decode (whose limit
-    # is its registers)
-    return Kernel(jit(kv_read), (u16, u16, array1d(np.int32)), f"kv_read_{pattern}"), \
-        max(WARPS * warp_elems * 2, 80 << 10)
-
-
-WORK_LEVELS = ("copy", "ldmatrix", "ldmatrix+mma", "ldmatrix+mma+softmax")
-
-
-def _work_kernel(level, stages=STAGES):
-    """``per_head_paged`` with decode's per-tile work added up to ``level`` (WORK_LEVELS): the
-    swizzled ring, K and V fragment loads, the 32 mma of Q K^T and P V, the online softmax.
-    Which addition slows the stream is where paged_decode's time over the copy goes."""
-    from llmspeed_numba import ptx
-    from llmspeed_numba._env import cuda
-    from llmspeed_numba._launch import Kernel, array1d, jit
-    from llmspeed_numba.ops.paged_decode import _softmax_step
-
-    lvl = WORK_LEVELS.index(level)
-    warp_elems = stages * 2 * STEP_ELEMS
-    steps_per_block = SEQ // 16
-    WAIT = stages - 1  # noqa: N806
-    zero = np.uint32(0)
-    f0 = np.float32(0.0)
-
-    def kv_work(kc, vc, out):
-        smem = cuda.shared.array(0, np.uint16)
-        tid = cuda.threadIdx.x
-        warp = tid // 32
-        lane = tid % 32
-        bid = cuda.blockIdx.x
-        b = bid // HK
-        kvh = bid - b * HK
         r_lane = lane // 16
         chunk = lane % 16
         wbase = warp * warp_elems
@@ -142,10 +89,18 @@ def _work_kernel(level, stages=STAGES):
                 step = warp + i * WARPS
                 stage = i % stages
                 for j in range(ROUNDS):
-                    r = 2 * j + r_lane
-                    key = step * 16 + r
-                    src = (((b * (SEQ // PAGE) + key // PAGE) * PAGE + key % PAGE) * HK
-                           + kvh) * D + chunk * 8
+                    r = 2 * j + r_lane   # the step's 256-byte row this lane copies from
+                    if mode == 0:
+                        key = step * 16 + r
+                        src = (((b * (SEQ // PAGE) + key // PAGE) * PAGE + key % PAGE) * HK
+                               + part) * D
+                    elif mode == 1:
+                        key = part * (SEQ // HK) + step * 2 + r // HK
+                        src = (((b * (SEQ // PAGE) + key // PAGE) * PAGE + key % PAGE) * HK
+                               + r % HK) * D
+                    else:
+                        src = ((b * HK + part) * SEQ + step * 16 + r) * D
+                    src += chunk * 8
                     dst = wbase + stage * 2 * STEP_ELEMS + r * D + ((chunk ^ (r & 7)) << 3)
                     ptx.cp_async_16_l2(smem, dst, kc, src, 16, 128)
                     ptx.cp_async_16_l2(smem, dst + STEP_ELEMS, vc, src, 16, 128)
@@ -197,7 +152,10 @@ def _work_kernel(level, stages=STAGES):
         out[bid * 32 * WARPS + tid] = np.int32(acc) + np.int32(total)   # keeps the work live
 
     u16 = array1d(np.uint16)
-    return (Kernel(jit(kv_work), (u16, u16, array1d(np.int32)), f"kv_work_{lvl}_{stages}"),
+    # at least 80 KB of shared memory a block: 2 blocks an SM, as paged_decode (whose limit is
+    # its registers)
+    return (Kernel(jit(kv_read), (u16, u16, array1d(np.int32)),
+                   f"kv_read_{pattern}_{lvl}_{stages}"),
             max(WARPS * warp_elems * 2, 80 << 10))
 
 
@@ -247,10 +205,10 @@ def main(argv=None):
 
     for pattern in PATTERNS[:1] if args.levels_only else PATTERNS:
         src = (k, v) if pattern == "contiguous" else (kc, vc)
-        time_kernel(pattern, *_kernel(pattern), *src)
-    for level, stages in [(lv, STAGES) for lv in WORK_LEVELS] + [(WORK_LEVELS[-1], 3)]:
+        time_kernel(pattern, *_kernel(pattern), *src)   # level "copy"
+    for level, stages in [(lv, STAGES) for lv in WORK_LEVELS[1:]] + [(WORK_LEVELS[-1], 3)]:
         label = f"paged + {level}" + ("" if stages == STAGES else f", {stages} stages")
-        time_kernel(label, *_work_kernel(level, stages), kc, vc)
+        time_kernel(label, *_kernel("per_head_paged", level, stages), kc, vc)
     o = torch.empty_like(q)
     line("paged_decode", time_gpu(lambda: pd.paged_decode_attention(q, kc, vc, bt, sl, out=o)))
     for name, (fn, _note) in sdpa_baselines(q, k, v).items():

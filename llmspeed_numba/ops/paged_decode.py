@@ -767,10 +767,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
                 out[o_at + 2 * sod] = to_half(a2 * inv)
                 out[o_at + 3 * sod] = to_half(a3 * inv)
                 if want_lse != 0 and d == 0:
-                    value = NEG_INF
-                    if l > zero_f:
-                        value = (m + math.log2(l)) * ln2
-                    lse[b * slb + head * slh + tq * slt] = value
+                    lse[b * slb + head * slh + tq * slt] = _row_lse2(m, l) * ln2
 
     return paged_decode_kernel
 
@@ -832,10 +829,7 @@ def _reduce_kernel_fn(head_dim, is_bf16):
                 if d < D:
                     out[b * sob + tq * sot + head * soh + d * sod] = to_half(acc[i] * inv)
             if want_lse != 0 and lane == 0:
-                value = NEG_INF
-                if total > zero_f:
-                    value = (big + math.log2(total)) * ln2
-                lse[b * slb + head * slh + tq * slt] = value
+                lse[b * slb + head * slh + tq * slt] = _row_lse2(big, total) * ln2
 
     return paged_decode_reduce_kernel
 
