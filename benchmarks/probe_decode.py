@@ -36,6 +36,7 @@ SHAPES = {
     "b1_hk8": (1, 32768, 32, 8),
     "b1_hk32": (1, 32768, 32, 32),
     "b256_hk1": (256, 8192, 8, 1),
+    **{f"b{b}_s{n}_hk{h}": (b, n, 32, h) for b in (1, 8, 32) for n in (512, 4096) for h in (8, 32)},
 }
 #: name -> (tuning (warps, stages, q_smem, l2_prefetch) or None: planned, num_splits or None:
 #: planned)
@@ -54,6 +55,7 @@ VARIANTS = {
     "w2s2_x2": ((2, 2, False, 128), 2),
     "w2s3_x2": ((2, 3, False, 128), 2),
     **{f"splits{n}": (None, n) for n in (1, 2, 3, 4)},
+    **{f"w{w}s2_x{n}": ((w, 2, False, 128), n) for w in (2, 4, 8) for n in (1, 2, 4, 8, 16)},
 }
 PLAN = [
     ("b32_hk8", ["default"]),
@@ -67,7 +69,8 @@ def main(argv=None):
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--shapes", default=",".join(s for s, _ in PLAN))
+    ap.add_argument("--shapes", default=",".join(s for s, _ in PLAN),
+                    help="comma-separated SHAPES names (with --variants: any of them)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=None,
                     help="override every shape's sequence length (time-vs-length fits)")
@@ -86,7 +89,8 @@ def main(argv=None):
     copy_gbs = copy_bandwidth()
     print(f"copy {copy_gbs:.0f} GB/s")
     dtype = torch.bfloat16
-    for shape_name, variants in PLAN:
+    plan = PLAN if args.variants is None else [(s, None) for s in args.shapes.split(",")]
+    for shape_name, variants in plan:
         if shape_name not in wanted:
             continue
         batch, seq_len, nheads, nheads_k = SHAPES[shape_name]

@@ -10,10 +10,17 @@ cp.async ``.L2::128B`` steps of 4 KB of K and 4 KB of V) and no math:
   4 KB contiguous - what a kernel computing all of a sequence's KV heads in one block reads;
 - ``contiguous``: a block per (sequence, KV head) over (B, Hk, S, D): a step is 16 keys, 4 KB
   contiguous - the layout torch SDPA reads.
+- ``stream_k``: ``per_head_paged``'s steps, but a grid of exactly the resident blocks (2 an SM),
+  each taking an equal contiguous run of the (sequence, KV head, step) sequence, which crosses
+  (sequence, head) boundaries: no wave tail (256 equal blocks on 264 slots leave 8 SMs with one).
+- ``heads_lockstep``: a block per (sequence, ``lock`` adjacent KV heads, 1/``lock`` of the keys),
+  warp ``w`` streaming heads ``w, w + 4, ..`` in turn, 16 keys a step: the block reads runs of
+  ``lock`` heads' rows (1 KB at 4) instead of one head's 256-byte rows - what a block owning
+  several KV heads would read.
 
 Then the ``per_head_paged`` copy with decode's per-tile work added level by level (``WORK_LEVELS``).
 
-    python benchmarks/probe_kv_read.py [--seq-len S] [--levels-only]
+    python benchmarks/probe_kv_read.py [--seq-len S] [--kv-heads H] [--levels-only | --quick]
 
 Prints us and GB/s per pattern and level next to paged_decode and SDPA on the same data.
 """
@@ -32,13 +39,13 @@ BATCH, SEQ, HK, D, PAGE = 32, 8192, 8, 128, 16
 WARPS, STAGES = 4, 2
 ROUNDS = 8                      # 16-byte chunks a lane copies per step, for K and for V each
 STEP_ELEMS = 32 * 16 * ROUNDS // 2   # 4 KB of bf16
-PATTERNS = ("per_head_paged", "whole_pages", "contiguous")
+PATTERNS = ("per_head_paged", "whole_pages", "contiguous", "stream_k", "heads_lockstep")
 
 
 WORK_LEVELS = ("copy", "ldmatrix", "ldmatrix+mma", "ldmatrix+mma+softmax")
 
 
-def _kernel(pattern, level="copy", stages=STAGES):
+def _kernel(pattern, level="copy", stages=STAGES, grid=None, lock=4):
     """``(Kernel, shared bytes)`` reading K/V in ``pattern`` (PATTERNS) into decode's swizzled
     ring, with decode's per-tile work added up to ``level`` (WORK_LEVELS: K and V fragment
     loads, the 32 mma of Q K^T and P V, the online softmax). Which addition slows the stream is
@@ -51,7 +58,12 @@ def _kernel(pattern, level="copy", stages=STAGES):
     mode = PATTERNS.index(pattern)
     lvl = WORK_LEVELS.index(level)
     warp_elems = stages * 2 * STEP_ELEMS
-    steps_per_block = SEQ // 16      # 4 KB steps of K a block reads (every pattern)
+    grid = BATCH * HK if grid is None else grid
+    turns = lock // WARPS            # heads_lockstep: heads a warp takes in turn
+    steps_per_block = SEQ // 16      # 4 KB steps of K a (sequence, head) has (every pattern)
+    total_steps = BATCH * HK * steps_per_block
+    # stream_k: steps a block, a multiple of WARPS
+    per_block = -(-total_steps // (grid * WARPS)) * WARPS
     WAIT = stages - 1  # noqa: N806 (a literal for cp.async.wait_group)
     zero = np.uint32(0)
     f0 = np.float32(0.0)
@@ -68,6 +80,13 @@ def _kernel(pattern, level="copy", stages=STAGES):
         chunk = lane % 16
         wbase = warp * warp_elems
         my_steps = steps_per_block // WARPS
+        first = 0
+        if mode == 3:
+            first = bid * per_block
+            span = min(first + per_block, total_steps) - first
+            my_steps = 0
+            if span > warp:
+                my_steps = (span - warp + WARPS - 1) // WARPS
         k_row = ((lane >> 4) << 3) + (lane & 7)
         v_row = (((lane >> 3) & 1) << 3) + (lane & 7)
         k_sw = cuda.local.array(4, np.int32)
@@ -87,10 +106,23 @@ def _kernel(pattern, level="copy", stages=STAGES):
             ptx.syncwarp()
             if i < my_steps:
                 step = warp + i * WARPS
+                if mode == 3:
+                    gs = first + step
+                    pair = gs // steps_per_block
+                    step = gs - pair * steps_per_block
+                    b = pair // HK
+                    part = pair - b * HK
                 stage = i % stages
                 for j in range(ROUNDS):
                     r = 2 * j + r_lane   # the step's 256-byte row this lane copies from
-                    if mode == 0:
+                    if mode == 4:
+                        key_part = part % lock
+                        turn = i // turns
+                        key = (key_part * (steps_per_block // lock) + turn) * 16 + r
+                        head = (part - key_part) + warp + WARPS * (i - turn * turns)
+                        src = (((b * (SEQ // PAGE) + key // PAGE) * PAGE + key % PAGE) * HK
+                               + head) * D
+                    elif mode == 0 or mode == 3:
                         key = step * 16 + r
                         src = (((b * (SEQ // PAGE) + key // PAGE) * PAGE + key % PAGE) * HK
                                + part) * D
@@ -155,7 +187,7 @@ def _kernel(pattern, level="copy", stages=STAGES):
     # at least 80 KB of shared memory a block: 2 blocks an SM, as paged_decode (whose limit is
     # its registers)
     return (Kernel(jit(kv_read), (u16, u16, array1d(np.int32)),
-                   f"kv_read_{pattern}_{lvl}_{stages}"),
+                   f"kv_read_{pattern}_{lvl}_{stages}_{grid}_{lock}"),
             max(WARPS * warp_elems * 2, 80 << 10))
 
 
@@ -164,18 +196,23 @@ def main(argv=None):
 
     import torch
 
-    global SEQ
+    global SEQ, HK
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq-len", type=int, default=SEQ)
+    ap.add_argument("--kv-heads", type=int, default=HK)
     ap.add_argument("--levels-only", action="store_true",
                     help="skip the whole-page / contiguous patterns and the slower SDPA kernels")
+    ap.add_argument("--quick", action="store_true",
+                    help="per-head, heads-lockstep and contiguous copies, the full work level")
     args = ap.parse_args(argv)
     SEQ = args.seq_len
+    HK = args.kv_heads
 
     from bench_decode import make_inputs, sdpa_baselines, sequential_pages
 
     from llmspeed_numba._arrays import kernel_buffer, stream_handle
     from llmspeed_numba._checks import tensor
+    from llmspeed_numba._launch import sm_count
     from llmspeed_numba.ops import paged_decode as pd
 
     copy = copy_bandwidth()
@@ -183,7 +220,7 @@ def main(argv=None):
     kc, vc, bt = sequential_pages(kc, vc, bt)
     nbytes = 2 * k.numel() * k.element_size()
     blocks = BATCH * HK
-    out = torch.empty(blocks * 32 * WARPS, dtype=torch.int32, device="cuda")
+    out = torch.empty(4 * sm_count() * 32 * WARPS, dtype=torch.int32, device="cuda")
     print(f"copy {copy:.0f} GB/s; K/V {nbytes / 1e9:.2f} GB; {blocks} blocks of {32 * WARPS}")
 
     def line(name, t):
@@ -191,28 +228,53 @@ def main(argv=None):
         print(f"  {name:40s} {t['median'] * 1e3:7.1f} us {gbs:6.0f} GB/s {100 * gbs / copy:5.1f}%"
               " of copy", flush=True)
 
-    def time_kernel(label, kernel, smem_bytes, src_k, src_v):
+    def time_kernel(label, kernel, smem_bytes, src_k, src_v, grid=blocks):
         bufs = (kernel_buffer(tensor(src_k, "k")), kernel_buffer(tensor(src_v, "v")),
                 kernel_buffer(tensor(out, "out")))
 
         def call():
-            kernel(blocks, 32 * WARPS, bufs, stream_handle(None, (tensor(out, "out"),)),
+            kernel(grid, 32 * WARPS, bufs, stream_handle(None, (tensor(out, "out"),)),
                    smem_bytes)
 
         call()
         torch.cuda.synchronize()
         line(label, time_gpu(call))
 
-    for pattern in PATTERNS[:1] if args.levels_only else PATTERNS:
+    if args.levels_only:
+        patterns = ("per_head_paged",)
+    elif args.quick:
+        patterns = ("per_head_paged", "heads_lockstep", "contiguous")
+    else:
+        patterns = PATTERNS
+    locks = [n for n in (4, 8, 16, 32) if n <= HK]
+    resident = 2 * sm_count()
+    for pattern in patterns:
         src = (k, v) if pattern == "contiguous" else (kc, vc)
-        time_kernel(pattern, *_kernel(pattern), *src)   # level "copy"
-    for level, stages in [(lv, STAGES) for lv in WORK_LEVELS[1:]] + [(WORK_LEVELS[-1], 3)]:
+        if pattern == "heads_lockstep":
+            for lock in locks if args.quick else (4,):
+                time_kernel(f"heads_lockstep {lock}", *_kernel(pattern, lock=lock), *src)
+            continue
+        if pattern != "stream_k":
+            time_kernel(pattern, *_kernel(pattern), *src)   # level "copy"
+            continue
+        for grid in (resident, 2 * resident):
+            for level in (WORK_LEVELS[0], WORK_LEVELS[-1]):
+                time_kernel(f"stream_k {grid} blocks, {level}",
+                            *_kernel("stream_k", level, STAGES, grid), kc, vc, grid=grid)
+    levels = [(lv, STAGES) for lv in WORK_LEVELS[1:]] + [(WORK_LEVELS[-1], 3)]
+    if args.quick:
+        levels = [(WORK_LEVELS[-1], STAGES)]
+    for level, stages in levels:
         label = f"paged + {level}" + ("" if stages == STAGES else f", {stages} stages")
         time_kernel(label, *_kernel("per_head_paged", level, stages), kc, vc)
+    if args.quick:
+        for lock in locks[:2]:
+            time_kernel(f"heads_lockstep {lock} + {WORK_LEVELS[-1]}",
+                        *_kernel("heads_lockstep", WORK_LEVELS[-1], lock=lock), kc, vc)
     o = torch.empty_like(q)
     line("paged_decode", time_gpu(lambda: pd.paged_decode_attention(q, kc, vc, bt, sl, out=o)))
     for name, (fn, _note) in sdpa_baselines(q, k, v).items():
-        if not args.levels_only or name in ("cudnn", "default"):
+        if not (args.levels_only or args.quick) or name in ("cudnn", "default"):
             line(f"sdpa {name}", time_gpu(fn))
     return 0
 

@@ -130,12 +130,16 @@ SPLIT_PATHS = ("folded", "two_kernels")
 MIN_TILES_PER_WARP = 2
 MAX_SPLITS = 128
 #: Fixed cost of a block (Q load, merge, partial write) and of the reduce kernel (a second launch
-#: and its pass), in keys. The folded merge costs the last block a fixed part (fences, ticket,
-#: one round of L2 loads) and a part per split (its partials, 2 KB a split at group 4, read by
-#: one SM): estimates, not yet fitted to a measurement (``bench_decode.py --ab`` sweeps them).
+#: and its pass), in keys. The folded merge costs the last block a fixed part (the partial
+#: writes' fence, the ticket atomic, a round of L2 loads: about 3 us, some 200-300 keys of a
+#: block's stream) and a part per split (its partials, 2 KB a split at group 4, read by one SM).
+#: Fitted to a sweep of 1-16 splits on the H200 (``probe_decode.py``, S 512 / 4096, batch 1 / 8
+#: / 32): with a merge of 32 keys the model split 512-key sequences at batch 1 and 8 in two,
+#: 0.6-2 us slower than one split (B8 S512 Hk8 15.2 vs 13.2 us); 256 keeps them whole and
+#: changes no other benchmarked shape's count.
 BLOCK_OVERHEAD_KEYS = 128
 REDUCE_OVERHEAD_KEYS = 128
-FOLDED_MERGE_KEYS = 32
+FOLDED_MERGE_KEYS = 256
 FOLDED_MERGE_KEYS_PER_SPLIT = 1
 
 #: Splits a lane of the folded merge loads before using any (16 bytes of partial output each).
