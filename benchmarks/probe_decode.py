@@ -36,7 +36,8 @@ SHAPES = {
     "b1_hk8": (1, 32768, 32, 8),
     "b1_hk32": (1, 32768, 32, 32),
     "b256_hk1": (256, 8192, 8, 1),
-    **{f"b{b}_s{n}_hk{h}": (b, n, 32, h) for b in (1, 8, 32) for n in (512, 4096) for h in (8, 32)},
+    **{f"b{b}_s{n}_hk{h}": (b, n, 32, h) for b in (1, 8, 32, 128) for n in (512, 4096)
+       for h in (8, 32)},
 }
 #: name -> (tuning (warps, stages, q_smem, l2_prefetch) or None: planned, num_splits or None:
 #: planned)
@@ -56,6 +57,7 @@ VARIANTS = {
     "w2s3_x2": ((2, 3, False, 128), 2),
     **{f"splits{n}": (None, n) for n in (1, 2, 3, 4)},
     **{f"w{w}s2_x{n}": ((w, 2, False, 128), n) for w in (2, 4, 8) for n in (1, 2, 4, 8, 16)},
+    **{f"w{w}s3_x1": ((w, 3, False, 128), 1) for w in (2, 4)},
 }
 PLAN = [
     ("b32_hk8", ["default"]),
