@@ -304,6 +304,15 @@ def test_choose_num_splits():
     assert choose_num_splits(1, 10**6, 4, 10**6) == pd.MAX_SPLITS
 
 
+def test_short_jobs_take_small_blocks():
+    # B128 / B32 x 8 / 32 KV heads of 512 keys: 1024 jobs on 264 slots (3.9 waves) -> 2 warps
+    assert pd.short_jobs_take_small_blocks(1024, 512, 264)
+    # one wave, 15.5 waves, or 4096 keys: the 4-warp blocks stay
+    assert not pd.short_jobs_take_small_blocks(256, 512, 264)
+    assert not pd.short_jobs_take_small_blocks(4096, 512, 264)
+    assert not pd.short_jobs_take_small_blocks(1024, 4096, 264)
+
+
 def test_lse_natural_log_scale(rng):
     """lse uses the natural log and the given softmax_scale (one sequence, one key)."""
     case = Case(rng, batch=1, seq_lens=[1], block_size=8, nheads=1, nheads_k=1, headdim=16,
@@ -484,7 +493,8 @@ def test_gpu_append_then_decode_torch_strided_out():
 @pytest.mark.gpu
 def test_gpu_every_output_written_large_batch():
     """batch x KV heads = 144 blocks >= the SMs: the planner takes ``BATCH_CONFIGS`` (two 4-warp
-    blocks an SM) at D 128; then the 8-warp configuration split 5 ways."""
+    blocks an SM) at D 128; then the 8-warp configuration split 5 ways; then 800 short jobs in
+    ``SHORT_JOB_CONFIGS`` blocks."""
     rng = np.random.default_rng(5)
     batch = 72
     case = Case(rng, batch=batch, seq_lens=rng.integers(1, 600, batch), block_size=32,
@@ -493,6 +503,13 @@ def test_gpu_every_output_written_large_batch():
     assert plan["config"][4:6] == pd.BATCH_CONFIGS[128]
     case.check()
     case.check(num_splits=5)
+    # 100 x 8 = 800 jobs of at most 512 keys (3 waves of 4-warp blocks): 2-warp blocks
+    batch = 100
+    case = Case(rng, batch=batch, seq_lens=rng.integers(1, 481, batch), block_size=32,
+                nheads=32, nheads_k=8, headdim=128, dtype="bfloat16", spare_slots=0)
+    plan = pd.launch_plan(batch, 1, 32, 8, 128, 32, case.block_table.shape[1], "bfloat16")
+    assert plan["config"][4:6] == pd.SHORT_JOB_CONFIGS[128]
+    case.check()
 
 
 @pytest.mark.gpu

@@ -50,7 +50,8 @@ Kernel (one block per (batch, kv head, split, row tile), ``WARPS`` warps):
   through a recorded fast path (see "the launch fast path" below).
 
 Configuration: ``CONFIGS`` (warps, stages) by head dimension, or ``BATCH_CONFIGS`` (two smaller
-blocks an SM) when batch x kv heads x row tiles fill every SM without splitting.
+blocks an SM) when batch x kv heads x row tiles fill every SM without splitting, or
+``SHORT_JOB_CONFIGS`` (2-warp blocks, half the waves) for 3-8 waves of those of up to 512 keys.
 
 Split count (``num_splits=None``): from batch, kv heads, row tiles and the longest possible
 sequence (``max_blocks_per_seq * block_size``: no device-to-host read), the count with the lowest
@@ -106,6 +107,16 @@ CONFIGS = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (8, 2), 256: (2, 3)}
 #: instead of two of 132). On the H200 with swizzled rings: B32 S8192 Hk8 255.2 vs 262.5 us,
 #: Hk32 977.7 vs 984.3; at batch 1 (split) the 8-warp block stays faster (46.4-47.3 vs 49.0).
 BATCH_CONFIGS = {128: (4, 2)}
+#: ``(warps, stages)`` by head dimension for many short jobs: when ``BATCH_CONFIGS``' blocks of
+#: at most ``SHORT_JOB_MAX_KEYS`` keys would run in ``SHORT_JOB_WAVES`` (min, max) waves, 2-warp
+#: blocks, twice as many resident, run them in half the waves, each wave's chain of prologue and
+#: end merge paid half as often. On the H200 (unsplit, us): B128 S512 Hk8 74.7 vs 78.8, B32 S512
+#: Hk32 70.7 vs 73.1 (3.9 waves); slower at one wave (B32 S512 Hk8 25.4 vs 23.6), at 15.5 waves
+#: (B128 S512 Hk32 250.4 vs 248.5) and with 4096 keys (B32 Hk32 493.3 vs 487.8; B128 Hk8 495.9
+#: vs 492.6). The bounds lie between those points; only 3.9 waves at 512 keys is measured inside.
+SHORT_JOB_CONFIGS = {128: (2, 3)}
+SHORT_JOB_MAX_KEYS = 512
+SHORT_JOB_WAVES = (3, 8)
 
 #: L2 prefetch-size hint of the K/V copies (bytes, ``ptx.cp_async_16_l2``; 0: none). 128 was
 #: 0.3-2.5% faster than none in every comparison on the H200 (B32 S8192 Hk8 246.0 vs 247.7 us,
@@ -1016,6 +1027,13 @@ def _validate(q, k_cache, v_cache, block_table, seq_lens):
     return tq, tk, tv, tbt, tsl
 
 
+def short_jobs_take_small_blocks(blocks, max_len, slots):
+    """Whether ``blocks`` unsplit jobs of at most ``max_len`` keys, on ``slots`` resident blocks
+    of the ``BATCH_CONFIGS`` configuration, run in ``SHORT_JOB_CONFIGS`` blocks instead."""
+    low, high = SHORT_JOB_WAVES
+    return max_len <= SHORT_JOB_MAX_KEYS and low * slots <= blocks <= high * slots
+
+
 @functools.lru_cache(maxsize=4096)
 def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_per_seq,
                 dtype, num_splits=None, tuning=None, split_path=None):
@@ -1030,14 +1048,21 @@ def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_
     m16 = rows_total > 8
     row_tiles = -(-rows_total // (16 if m16 else 8))
     blocks = batch * nheads_k * row_tiles
+    q_smem = headdim >= Q_IN_SHARED_FROM
+    l2_prefetch = L2_PREFETCH
+    max_len = max_blocks_per_seq * block_size
     if SIMULATOR:
         warps, stages = SIMULATOR_CONFIG
     elif headdim in BATCH_CONFIGS and blocks >= sm_count():
         warps, stages = BATCH_CONFIGS[headdim]
+        if headdim in SHORT_JOB_CONFIGS:
+            slots = sm_count() * resident_blocks_per_sm(
+                headdim, m16, block_size == 8, dtype == "bfloat16", warps, stages, q_smem,
+                l2_prefetch)
+            if short_jobs_take_small_blocks(blocks, max_len, slots):
+                warps, stages = SHORT_JOB_CONFIGS[headdim]
     else:
         warps, stages = CONFIGS[headdim]
-    q_smem = headdim >= Q_IN_SHARED_FROM
-    l2_prefetch = L2_PREFETCH
     if tuning is not None:  # tests and benchmark sweeps: (warps, stages, q_smem[, l2_prefetch])
         warps, stages, q_smem = tuning[:3]
         if len(tuning) > 3:
@@ -1046,8 +1071,7 @@ def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_
               l2_prefetch)
     if num_splits is None:
         slots = sm_count() * resident_blocks_per_sm(*config)
-        num_splits = choose_num_splits(blocks, max_blocks_per_seq * block_size, warps, slots,
-                                       folded)
+        num_splits = choose_num_splits(blocks, max_len, warps, slots, folded)
     return {"config": config, "num_splits": int(num_splits), "group": group,
             "rows_total": rows_total, "row_tiles": row_tiles, "blocks": blocks,
             "folded": folded}
@@ -1354,19 +1378,21 @@ def _compile_target(*config):
     return lambda: (_decode_kernel_fn(*config), _DECODE_SIGNATURE)
 
 
-# D 128 m8 bf16 is the benchmarked batch-1 / batch-32 decode (GQA 4 and MHA alike); "_batch":
-# the configuration taken when the blocks fill the GPU unsplit
-for _dim, _m16, _page8, _bf16, _batch in ((128, False, False, True, False),
-                                          (128, False, False, True, True),
-                                          (128, True, False, True, False),
-                                          (128, False, True, False, False),
-                                          (64, False, False, True, False),
-                                          (256, False, False, False, False),
-                                          (256, True, False, True, False)):
-    _warps, _stages = (BATCH_CONFIGS if _batch else CONFIGS)[_dim]
+# D 128 m8 bf16 is the benchmarked batch-1 / batch-32 decode (GQA 4 and MHA alike); "batch":
+# the configuration taken when the blocks fill the GPU unsplit, "short": many short jobs
+_TABLES = {"": CONFIGS, "batch": BATCH_CONFIGS, "short": SHORT_JOB_CONFIGS}
+for _dim, _m16, _page8, _bf16, _table in ((128, False, False, True, ""),
+                                          (128, False, False, True, "batch"),
+                                          (128, False, False, True, "short"),
+                                          (128, True, False, True, ""),
+                                          (128, False, True, False, ""),
+                                          (64, False, False, True, ""),
+                                          (256, False, False, False, ""),
+                                          (256, True, False, True, "")):
+    _warps, _stages = _TABLES[_table][_dim]
     compile_check.register(
         f"paged_decode_d{_dim}_{'m16' if _m16 else 'm8'}{'_page8' if _page8 else ''}_"
-        f"{'bf16' if _bf16 else 'f16'}{'_batch' if _batch else ''}",
+        f"{'bf16' if _bf16 else 'f16'}{'_' + _table if _table else ''}",
         _compile_target(_dim, _m16, _page8, _bf16, _warps, _stages,
                         _dim >= Q_IN_SHARED_FROM, L2_PREFETCH),
         ptx_must_have=("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x4.shared",
