@@ -1,9 +1,9 @@
 """Compile-only check, no GPU: every registered kernel is compiled for sm_90a offline and must
 keep its Tensor Core / vector instructions in SASS with no local memory (see compile_check.py).
 
-Runs ``python -m llmspeed_numba compile-check`` in a child process without the simulator (this
-process has ``NUMBA_ENABLE_CUDASIM=1``). The child starts when this module is collected, so its
-minutes of NVVM/ptxas work run on the second core while the simulator tests run.
+Runs ``python -m llmspeed_numba compile-check`` in child processes without the simulator (this
+process has ``NUMBA_ENABLE_CUDASIM=1``), each on half of the registered kernels. They start when
+this module is collected, so their minutes of NVVM/ptxas work run beside the simulator tests.
 """
 
 import atexit
@@ -15,30 +15,46 @@ import tempfile
 
 import pytest
 
+#: Child processes: with two cores, two children and the simulator tests share them, so the
+#: NVVM/ptxas minutes end about when the tests do instead of a single child running on alone.
+CHILDREN = 2
+
 
 def _start_compile_check():
+    import llmspeed_numba
+    from llmspeed_numba import compile_check
+
+    del llmspeed_numba  # (imported for its registrations)
+    names = sorted(compile_check.registered())
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env.pop("LLMSPEED_NUMBA_PTX_BACKEND", None)
-    stdout = tempfile.TemporaryFile(mode="w+")
-    stderr = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen([sys.executable, "-m", "llmspeed_numba", "compile-check"],
-                            stdout=stdout, stderr=stderr, text=True, env=env)
-    atexit.register(lambda: proc.poll() is None and proc.kill())  # deselected: don't linger
-    return proc, stdout, stderr
+    children = []
+    for i in range(CHILDREN):
+        stdout = tempfile.TemporaryFile(mode="w+")
+        stderr = tempfile.TemporaryFile(mode="w+")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llmspeed_numba", "compile-check", *names[i::CHILDREN]],
+            stdout=stdout, stderr=stderr, text=True, env=env)
+        atexit.register(lambda proc=proc: proc.poll() is None and proc.kill())  # deselected
+        children.append((proc, stdout, stderr))
+    return names, children
 
 
-_CHILD = _start_compile_check()
+_NAMES, _CHILDREN = _start_compile_check()
 
 
 @pytest.fixture(scope="module")
 def reports():
-    proc, stdout, stderr = _CHILD
-    returncode = proc.wait(timeout=1800)
-    stdout.seek(0)
-    stderr.seek(0)
-    if returncode not in (0, 1):
-        pytest.fail(f"compile-check crashed:\n{stderr.read()[-4000:]}")
-    return {r["name"]: r for r in json.loads(stdout.read())}
+    found = {}
+    for proc, stdout, stderr in _CHILDREN:
+        returncode = proc.wait(timeout=1800)
+        stdout.seek(0)
+        stderr.seek(0)
+        if returncode not in (0, 1):
+            pytest.fail(f"compile-check crashed:\n{stderr.read()[-4000:]}")
+        found.update((r["name"], r) for r in json.loads(stdout.read()))
+    assert sorted(found) == _NAMES, "a registered kernel was not compiled"
+    return found
 
 
 def test_warp_tile_kernel_is_registered(reports):
