@@ -1,5 +1,7 @@
 """silu_and_mul, gelu_and_mul and gelu against float64 references."""
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -197,7 +199,18 @@ def test_activations_gpu_benchmark_shapes(name, dtype, bench_data, monkeypatch):
         _benchmark_case(name, False, (8192, 4096), dtype, bench_data)
 
 
-def test_activations_rows_beyond_the_grid(rng, monkeypatch):
+@pytest.fixture
+def fast_thread_switching():
+    """The simulator runs a block's threads as Python threads; at the default 5 ms switch
+    interval a kernel with many barriers waits out whole intervals (the test below: 112 s,
+    ~10 s at 0.1 ms). Set for single tests only: others ran slower with it."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    yield
+    sys.setswitchinterval(old)
+
+
+def test_activations_rows_beyond_the_grid(rng, monkeypatch, fast_thread_switching):
     # more row blocks than the grid's y dimension holds (65535; 2 here): the kernel loops
     monkeypatch.setattr(act_mod, "_MAX_GRID_Y", 2)
     _case("silu", True, (300, 2 * 8), "float16", rng)
