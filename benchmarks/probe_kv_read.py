@@ -75,7 +75,9 @@ def _kernel(pattern, level="copy", stages=STAGES, grid=None, lock=4):
         lane = tid % 32
         bid = cuda.blockIdx.x
         b = bid // HK
-        part = bid - b * HK          # KV head (per_head_paged, contiguous) or key eighth
+        # KV head (per_head_paged, contiguous), key eighth (whole_pages), or head group x key
+        # part (heads_lockstep); stream_k recomputes b and part per step
+        part = bid - b * HK
         r_lane = lane // 16
         chunk = lane % 16
         wbase = warp * warp_elems

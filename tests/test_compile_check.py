@@ -21,10 +21,9 @@ CHILDREN = 2
 
 
 def _start_compile_check():
-    import llmspeed_numba
+    import llmspeed_numba  # noqa: F401  (importing the package registers every op's kernels)
     from llmspeed_numba import compile_check
 
-    del llmspeed_numba  # (imported for its registrations)
     names = sorted(compile_check.registered())
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env.pop("LLMSPEED_NUMBA_PTX_BACKEND", None)

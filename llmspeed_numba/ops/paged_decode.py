@@ -1051,14 +1051,17 @@ def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_
     q_smem = headdim >= Q_IN_SHARED_FROM
     l2_prefetch = L2_PREFETCH
     max_len = max_blocks_per_seq * block_size
+
+    def config_of(warps, stages):
+        return (headdim, m16, block_size == 8, dtype == "bfloat16", warps, stages, q_smem,
+                l2_prefetch)
+
     if SIMULATOR:
         warps, stages = SIMULATOR_CONFIG
     elif headdim in BATCH_CONFIGS and blocks >= sm_count():
         warps, stages = BATCH_CONFIGS[headdim]
         if headdim in SHORT_JOB_CONFIGS:
-            slots = sm_count() * resident_blocks_per_sm(
-                headdim, m16, block_size == 8, dtype == "bfloat16", warps, stages, q_smem,
-                l2_prefetch)
+            slots = sm_count() * resident_blocks_per_sm(*config_of(warps, stages))
             if short_jobs_take_small_blocks(blocks, max_len, slots):
                 warps, stages = SHORT_JOB_CONFIGS[headdim]
     else:
@@ -1067,8 +1070,7 @@ def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_
         warps, stages, q_smem = tuning[:3]
         if len(tuning) > 3:
             l2_prefetch = tuning[3]
-    config = (headdim, m16, block_size == 8, dtype == "bfloat16", warps, stages, q_smem,
-              l2_prefetch)
+    config = config_of(warps, stages)
     if num_splits is None:
         slots = sm_count() * resident_blocks_per_sm(*config)
         num_splits = choose_num_splits(blocks, max_len, warps, slots, folded)
