@@ -11,6 +11,7 @@ from .autotune import autotune
 from .ops.flash_attn import flash_attn, flash_attn_varlen
 from .ops.gemm import GemmConfig, gemm
 from .ops.activations import gelu, gelu_and_mul, silu_and_mul
+from .ops.embedding import embedding
 from .ops.layer_norm import layer_norm
 from .ops.paged_decode import paged_decode_attention
 from .ops.paged_kv_append import paged_kv_append
@@ -18,7 +19,7 @@ from .ops.rms_norm import rms_norm
 from .ops.rotary import rotary_embedding
 from .ops.softmax import argmax, softmax
 from .ops.warp_tile import warp_tile_matmul
-from .paged_cache import OutOfPages, PagedKVCache
+from .paged_cache import OutOfPages, PageAllocator, PagedKVCache
 
 __version__ = "0.1.0"
 
@@ -27,7 +28,7 @@ __all__ = [
     "gemm", "GemmConfig", "autotune",
     "flash_attn", "flash_attn_varlen",
     "rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul", "gelu", "gelu_and_mul",
-    "softmax", "argmax",
-    "paged_decode_attention", "paged_kv_append", "PagedKVCache", "OutOfPages",
+    "softmax", "argmax", "embedding",
+    "paged_decode_attention", "paged_kv_append", "PagedKVCache", "PageAllocator", "OutOfPages",
     "warp_tile_matmul",
 ]

@@ -25,6 +25,8 @@ import numpy as np
 from ._arrays import numpy_dtype
 from ._env import SIMULATOR, cuda
 
+__all__ = ["NO_PAGE", "OutOfPages", "PageAllocator", "PagedKVCache"]
+
 KINDS = ("numba", "torch", "cupy")
 
 #: ``block_table`` entry of a slot past a sequence's last page (never read for valid lengths).
@@ -35,84 +37,33 @@ class OutOfPages(RuntimeError):
     """The cache has fewer free pages than an allocation needs (nothing was allocated)."""
 
 
-class PagedKVCache:
-    """Paged K/V storage for many sequences plus their page tables.
+class PageAllocator:
+    """Host bookkeeping of a paged KV cache: which pages each sequence holds, and its length.
 
-    ``num_blocks`` pages of ``block_size`` tokens (a power of two, 8..256 for decode), each token
-    holding ``nheads_k x headdim`` values of ``dtype`` ("float16" or "bfloat16"). ``kind``:
-    "numba", "torch" or "cupy" (bfloat16 needs "torch"). ``max_blocks_per_seq``: an optional
-    limit on one sequence's pages (``ValueError`` past it); it is also the minimum width of the
-    tables.
+    ``num_blocks`` pages of ``block_size`` tokens; ``max_blocks_per_seq``: an optional limit on
+    one sequence's pages (``ValueError`` past it), also the minimum width of the tables. Pure
+    Python (no device), so a scheduler can plan with it on any machine.
     """
 
-    def __init__(self, num_blocks, block_size, nheads_k, headdim, dtype="float16", *,
-                 kind="numba", max_blocks_per_seq=None):
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
-                            ("nheads_k", nheads_k), ("headdim", headdim)):
+    def __init__(self, num_blocks, block_size, *, max_blocks_per_seq=None):
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
             if value < 1:
                 raise ValueError(f"{name}: expected a positive int, got {value}")
         if block_size & (block_size - 1):
             raise ValueError(f"block_size: expected a power of two, got {block_size}")
-        if dtype not in ("float16", "bfloat16"):
-            raise TypeError(f"dtype: expected 'float16' or 'bfloat16', got {dtype!r}")
-        if kind not in KINDS:
-            raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
-        if not SIMULATOR and kind == "cupy" and dtype == "bfloat16":
-            raise TypeError("kind: CuPy has no bfloat16; use kind='torch'")
-        if not SIMULATOR and kind == "numba" and dtype == "bfloat16":
-            raise TypeError("kind: numba device arrays cannot hold bfloat16; use kind='torch'")
         if max_blocks_per_seq is not None and (
                 isinstance(max_blocks_per_seq, bool) or max_blocks_per_seq < 1):
             raise ValueError(f"max_blocks_per_seq: expected a positive int or None, got "
                              f"{max_blocks_per_seq!r}")
         self.num_blocks = int(num_blocks)
         self.block_size = int(block_size)
-        self.nheads_k = int(nheads_k)
-        self.headdim = int(headdim)
-        self.dtype = dtype
-        self.kind = kind
         self.max_blocks_per_seq = max_blocks_per_seq
-        shape = (self.num_blocks, self.block_size, self.nheads_k, self.headdim)
-        self.k_cache = self._zeros(shape, dtype)
-        self.v_cache = self._zeros(shape, dtype)
         self._free = list(range(self.num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
         self._pages = {}
         self._lengths = {}
         self._next_id = 0
-
-    # ---- device arrays ---------------------------------------------------------------------
-    def _zeros(self, shape, dtype):
-        if SIMULATOR:
-            return np.zeros(shape, numpy_dtype(dtype))
-        if self.kind == "torch":
-            import torch
-
-            return torch.zeros(shape, dtype=getattr(torch, dtype), device="cuda")
-        if self.kind == "cupy":
-            import cupy
-
-            return cupy.zeros(shape, dtype=dtype)
-        from numba.cuda.cudadrv.driver import device_memset
-
-        out = cuda.device_array(shape, dtype=np.float16)
-        device_memset(out, 0, out.nbytes)
-        return out
-
-    def _to_device(self, host):
-        host = np.ascontiguousarray(host, dtype=np.int32)
-        if SIMULATOR:
-            return host
-        if self.kind == "torch":
-            import torch
-
-            return torch.from_numpy(host).cuda()
-        if self.kind == "cupy":
-            import cupy
-
-            return cupy.asarray(host)
-        return cuda.to_device(host)
 
     # ---- bookkeeping -----------------------------------------------------------------------
     @property
@@ -208,6 +159,79 @@ class PagedKVCache:
                         np.int32)
         return table, lens
 
+
+class PagedKVCache(PageAllocator):
+    """Paged K/V storage for many sequences plus their page tables.
+
+    ``num_blocks`` pages of ``block_size`` tokens (a power of two, 8..256 for decode), each token
+    holding ``nheads_k x headdim`` values of ``dtype`` ("float16" or "bfloat16"). ``kind``:
+    "numba", "torch" or "cupy" (bfloat16 needs "torch"). ``max_blocks_per_seq``: an optional
+    limit on one sequence's pages (``ValueError`` past it); it is also the minimum width of the
+    tables. ``num_layers``: None for one cache pair of (num_blocks, block_size, nheads_k, headdim),
+    or the number of layers of a model, whose layers share the pages (one page id addresses the
+    same slot of every layer): ``k_cache[layer]`` is then one layer's cache.
+    """
+
+    def __init__(self, num_blocks, block_size, nheads_k, headdim, dtype="float16", *,
+                 kind="numba", max_blocks_per_seq=None, num_layers=None):
+        super().__init__(num_blocks, block_size, max_blocks_per_seq=max_blocks_per_seq)
+        for name, value in (("nheads_k", nheads_k), ("headdim", headdim),
+                            ("num_layers", 1 if num_layers is None else num_layers)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+            if value < 1:
+                raise ValueError(f"{name}: expected a positive int, got {value}")
+        if dtype not in ("float16", "bfloat16"):
+            raise TypeError(f"dtype: expected 'float16' or 'bfloat16', got {dtype!r}")
+        if kind not in KINDS:
+            raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
+        if not SIMULATOR and kind == "cupy" and dtype == "bfloat16":
+            raise TypeError("kind: CuPy has no bfloat16; use kind='torch'")
+        if not SIMULATOR and kind == "numba" and dtype == "bfloat16":
+            raise TypeError("kind: numba device arrays cannot hold bfloat16; use kind='torch'")
+        self.nheads_k = int(nheads_k)
+        self.headdim = int(headdim)
+        self.dtype = dtype
+        self.kind = kind
+        self.num_layers = None if num_layers is None else int(num_layers)
+        shape = (self.num_blocks, self.block_size, self.nheads_k, self.headdim)
+        if self.num_layers is not None:
+            shape = (self.num_layers,) + shape
+        self.k_cache = self._zeros(shape, dtype)
+        self.v_cache = self._zeros(shape, dtype)
+
+    # ---- device arrays ---------------------------------------------------------------------
+    def _zeros(self, shape, dtype):
+        if SIMULATOR:
+            return np.zeros(shape, numpy_dtype(dtype))
+        if self.kind == "torch":
+            import torch
+
+            return torch.zeros(shape, dtype=getattr(torch, dtype), device="cuda")
+        if self.kind == "cupy":
+            import cupy
+
+            return cupy.zeros(shape, dtype=dtype)
+        from numba.cuda.cudadrv.driver import device_memset
+
+        out = cuda.device_array(shape, dtype=np.float16)
+        device_memset(out, 0, out.nbytes)
+        return out
+
+    def _to_device(self, host):
+        host = np.ascontiguousarray(host, dtype=np.int32)
+        if SIMULATOR:
+            return host
+        if self.kind == "torch":
+            import torch
+
+            return torch.from_numpy(host).cuda()
+        if self.kind == "cupy":
+            import cupy
+
+            return cupy.asarray(host)
+        return cuda.to_device(host)
+
     def tables(self, seq_ids, *, width=None):
         """Device int32 ``(block_table, seq_lens)`` of ``seq_ids`` (the decode batch, in order),
         in the cache's array kind. See ``host_tables``."""
@@ -218,10 +242,15 @@ class PagedKVCache:
         """Append ``k``, ``v`` (batch, new_tokens, nheads_k, headdim) to the sequences
         ``seq_ids`` (one per batch row): allocate their pages (all or nothing), write the tokens
         with ``paged_kv_append``, and return the device ``(block_table, seq_lens)`` *after* the
-        append, ready for ``paged_decode_attention`` with ``q_len = new_tokens``."""
+        append, ready for ``paged_decode_attention`` with ``q_len = new_tokens``. A cache of
+        ``num_layers`` layers is written layer by layer with ``paged_kv_append`` instead."""
         from ._arrays import as_tensor
         from .ops.paged_kv_append import paged_kv_append
 
+        if self.num_layers is not None:
+            raise ValueError("append: this cache has num_layers layers; write each layer's "
+                             "k_cache[layer] with paged_kv_append and the tables of extend / "
+                             "host_tables")
         ids = list(seq_ids)
         tk = as_tensor(k, "k")
         if tk.ndim != 4 or tk.shape[0] != len(ids):
