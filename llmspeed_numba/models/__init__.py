@@ -1,0 +1,7 @@
+"""Llama-family models on llmspeed_numba's ops: configs, checkpoints (Hugging Face safetensors
+directories and GGUF files) and tokenizers. Needs the ``models`` extra (torch, safetensors, gguf,
+tokenizers, jinja2)."""
+
+from .config import ModelConfig, load_config
+
+__all__ = ["ModelConfig", "load_config"]

@@ -1,0 +1,20 @@
+"""The ``dtype`` argument of the loaders: a torch dtype or its name."""
+
+_NAMES = ("float32", "float16", "bfloat16")
+
+
+def torch_dtype(dtype):
+    """``torch.float32`` / ``float16`` / ``bfloat16`` from itself or its name ("bfloat16").
+
+    Raises TypeError for anything else, ValueError for another dtype."""
+    import torch
+
+    if isinstance(dtype, str):
+        if dtype not in _NAMES:
+            raise ValueError(f"dtype: expected one of {', '.join(_NAMES)}, got {dtype!r}")
+        return getattr(torch, dtype)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype: expected a torch dtype or its name, got {type(dtype).__name__}")
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype: expected torch.float32, float16 or bfloat16, got {dtype}")
+    return dtype
