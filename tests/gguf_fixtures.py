@@ -105,8 +105,8 @@ def truncate_gguf(src, dst, num_layers: int) -> None:
     """Copy the llama GGUF ``src`` to ``dst`` keeping blocks ``0 .. num_layers - 1``, the
     embeddings, the output norm and head, and all other metadata (tokenizer included), with
     ``llama.block_count`` set to ``num_layers``. Tensor bytes are copied as they are (no
-    re-quantization)."""
-    reader = open_gguf(src)
+    re-quantization). ``src``: a path or a ``gguf.GGUFReader``."""
+    reader = src if hasattr(src, "tensors") else open_gguf(src)
     block_count = int(reader.fields["llama.block_count"].contents())
     if not 0 < num_layers <= block_count:
         raise ValueError(f"num_layers: expected 1..{block_count}, got {num_layers}")

@@ -1,4 +1,4 @@
-"""The model's shapes and hyperparameters, read from a Hugging Face ``config.json`` or GGUF metadata.
+"""The model's shapes and hyperparameters, from a Hugging Face ``config.json`` or GGUF metadata.
 
 Field names are transformers' ``LlamaConfig`` ones, so a config reads the same as on the Hub.
 Supported: Llama 2 / 3 / 3.1 (``rope_scaling`` of type ``llama3``), Mistral (sliding window),

@@ -146,7 +146,7 @@ def dequantize_tensor(tensor, where: str = "GGUF") -> np.ndarray:
     return values
 
 
-def load_gguf_weights(path, dtype="bfloat16", config=None) -> dict[str, "torch.Tensor"]:  # noqa: F821
+def load_gguf_weights(path, dtype="bfloat16", config=None) -> dict:
     """Every weight of a llama GGUF, dequantized to ``dtype`` on the CPU, under Hugging Face
     names and in Hugging Face's layout (Q/K rows un-permuted; ``lm_head.weight`` absent when tied).
 
@@ -186,6 +186,7 @@ def load_gguf_weights(path, dtype="bfloat16", config=None) -> dict[str, "torch.T
         weights[name] = torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
     missing = [n for n in shapes if n not in weights]
     if missing:
-        raise ValueError(f"{where}: missing tensor(s) {', '.join(gguf_name(n) for n in missing[:5])}"
+        names = ", ".join(gguf_name(n) for n in missing[:5])
+        raise ValueError(f"{where}: missing tensor(s) {names}"
                          f"{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)")
     return weights

@@ -30,7 +30,7 @@ def _tensor_files(path: str, names: list[str]) -> dict[str, str]:
     raise FileNotFoundError(f"{path}: no {SINGLE_FILE} and no {INDEX_FILE} (sharded checkpoint)")
 
 
-def load_hf_weights(path, dtype="bfloat16", config=None) -> dict[str, "torch.Tensor"]:  # noqa: F821
+def load_hf_weights(path, dtype="bfloat16", config=None) -> dict:
     """Every weight the model needs from a Hugging Face directory, as CPU tensors of ``dtype``
     (a torch dtype or its name), keyed by Hugging Face name (``model.embed_tokens.weight``,
     ``model.layers.{i}.self_attn.{q,k,v,o}_proj.weight`` ..., ``lm_head.weight`` only when not
