@@ -3,5 +3,6 @@ directories and GGUF files) and tokenizers. Needs the ``models`` extra (torch, s
 tokenizers, jinja2)."""
 
 from .config import ModelConfig, load_config
+from .model import Model, load_model
 
-__all__ = ["ModelConfig", "load_config"]
+__all__ = ["Model", "ModelConfig", "load_config", "load_model"]

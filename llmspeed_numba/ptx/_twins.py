@@ -20,6 +20,7 @@ _RENDEZVOUS_TIMEOUT_S = 120.0  # a lane that never arrives (exception, divergenc
 class _Warp:
     def __init__(self, lanes):
         self.slots = [None] * lanes
+        self.combined = None
         self.barrier = threading.Barrier(lanes, timeout=_RENDEZVOUS_TIMEOUT_S)
 
 
@@ -35,8 +36,10 @@ def _lane_context():
     return thread, manager
 
 
-def _exchange(value):
-    """Post ``value`` for this lane; return (lane, [value of every lane of the warp])."""
+def _exchange(value, combine=None):
+    """Post ``value`` for this lane; return (lane, [value of every lane of the warp]), or with
+    ``combine``, (lane, ``combine(values)``) computed once for the whole warp by its first lane
+    (an mma's product, which every lane would otherwise rebuild)."""
     thread, manager = _lane_context()
     warp, lane = divmod(thread.thread_id, 32)
     with _warps_lock:
@@ -47,9 +50,19 @@ def _exchange(value):
             state = warps[warp] = _Warp(min(32, threads_in_block - 32 * warp))
     state.slots[lane] = value
     state.barrier.wait()
-    values = list(state.slots)
-    state.barrier.wait()  # nobody overwrites a slot before every lane has read them all
-    return lane, values
+    if combine is None:
+        values = list(state.slots)
+    elif lane == 0:
+        try:
+            state.combined = combine(list(state.slots))
+        except Exception as exc:  # every lane raises it, none waits for a result
+            state.combined = exc
+    state.barrier.wait()  # nobody overwrites a slot (or the result) before every lane has read
+    if combine is None:
+        return lane, values
+    if isinstance(state.combined, Exception):
+        raise state.combined
+    return lane, state.combined
 
 
 # ---- bit helpers ---------------------------------------------------------------------------
@@ -88,8 +101,7 @@ def _unpack(reg, to_f32):
 # ---- MMA -----------------------------------------------------------------------------------
 
 def _make_mma(to_f32):
-    def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        lane, posted = _exchange((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3))
+    def product(posted):
         a = np.zeros((16, 16), np.float64)
         b = np.zeros((16, 8), np.float64)
         c = np.zeros((16, 8), np.float64)
@@ -102,7 +114,10 @@ def _make_mma(to_f32):
             for reg, k0 in zip(regs[4:6], (col, col + 8)):
                 b[k0, group], b[k0 + 1, group] = _unpack(reg, to_f32)
             c[group, col], c[group, col + 1], c[group + 8, col], c[group + 8, col + 1] = regs[6:10]
-        d = (a @ b + c).astype(np.float32)
+        return (a @ b + c).astype(np.float32)
+
+    def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        lane, d = _exchange((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), product)
         group, pair = divmod(lane, 4)
         col = 2 * pair
         return (d[group, col], d[group, col + 1], d[group + 8, col], d[group + 8, col + 1])

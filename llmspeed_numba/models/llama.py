@@ -1,0 +1,203 @@
+"""The Llama-family forward pass on the library's ops.
+
+Covers Llama 2 / 3 / 3.1, Mistral (sliding window) and Qwen2 (q / k / v biases): pre-norm
+decoder layers of grouped-query attention with rotary positions and a SiLU-gated MLP.
+
+Weights are fused once at load: q / k / v into one (q + 2 kv heads) x hidden projection, gate and
+up into one 2 x intermediate projection, so a layer is four GEMMs. GEMMs read the weights in
+their checkpoint layout (out_features, in_features) as the transposed B operand; no copy.
+
+One layer function serves prefill and decode. A step is a packed batch of ``T`` new tokens of
+``B`` sequences (prefill: whole prompts; decode: one token each); only attention differs:
+
+- prefill: ``flash_attn_varlen`` over the new tokens themselves (causal, each sequence alone);
+- decode: ``paged_decode_attention`` over each sequence's pages.
+
+Both write the new keys and values into the paged cache first (``paged_kv_append``, one launch
+for the whole batch: token ``t`` is a one-token "sequence" at its own position and page row).
+"""
+
+from dataclasses import dataclass
+
+from . import _ops
+from .rope import cos_sin_cache
+
+#: tokens per page of the KV cache.
+BLOCK_SIZE = 16
+
+
+@dataclass
+class Step:
+    """The device tensors describing one forward step (see the module docstring).
+
+    token_ids (T,) int64 and positions (T,) int32: the new tokens. token_tables (T, W) int32:
+    each new token's sequence's page row. cu_seqlens (B + 1,) int32 and max_seqlen: the packed
+    prompts (prefill). block_table (B, W) int32 and seq_lens (B,) int32: each sequence's pages
+    and its length after the step (decode). last_rows (B,) int64: each sequence's last token.
+    """
+
+    token_ids: object
+    positions: object
+    token_tables: object
+    last_rows: object
+    cu_seqlens: object = None
+    max_seqlen: int = 0
+    block_table: object = None
+    seq_lens: object = None
+
+    @property
+    def is_decode(self):
+        return self.block_table is not None
+
+
+class _Layer:
+    __slots__ = ("input_norm", "qkv_t", "qkv_bias", "o_t", "o_bias", "post_norm", "gate_up_t",
+                 "down_t")
+
+
+def _expect(weights, name, shape):
+    w = weights.get(name)
+    if w is None:
+        raise ValueError(f"checkpoint: missing tensor {name!r}")
+    if tuple(w.shape) != tuple(shape):
+        raise ValueError(f"checkpoint: tensor {name!r} has shape {tuple(w.shape)}, expected "
+                         f"{tuple(shape)} from the config")
+    return w
+
+
+class LlamaModel:
+    """The weights of a Llama-family model on the device, fused, and its forward step."""
+
+    def __init__(self, config, weights, dtype):
+        """``weights``: transformers' names to CPU tensors (``models.checkpoint``); every
+        tensor's shape is checked against ``config`` before anything is moved to the device."""
+        import torch
+
+        c = config
+        self.config = c
+        self.dtype = dtype
+        self.device = _ops.device()
+        self.ops = _ops.Ops()
+        hidden, inter, d = c.hidden_size, c.intermediate_size, c.head_dim
+        nq, nk = c.num_attention_heads, c.num_key_value_heads
+        self.q_size, self.kv_size = nq * d, nk * d
+        if nq % nk:
+            raise ValueError(f"config: num_attention_heads {nq} is not a multiple of "
+                             f"num_key_value_heads {nk}")
+        host_layers = []
+        embed = _expect(weights, "model.embed_tokens.weight", (c.vocab_size, hidden))
+        head = embed if c.tie_word_embeddings else _expect(weights, "lm_head.weight",
+                                                           (c.vocab_size, hidden))
+        norm = _expect(weights, "model.norm.weight", (hidden,))
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}."
+            qkv = [_expect(weights, p + "self_attn.q_proj.weight", (self.q_size, hidden)),
+                   _expect(weights, p + "self_attn.k_proj.weight", (self.kv_size, hidden)),
+                   _expect(weights, p + "self_attn.v_proj.weight", (self.kv_size, hidden))]
+            biases = [weights.get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+            if c.attention_bias and any(b is None for b in biases):
+                raise ValueError(f"checkpoint: attention_bias is set but layer {i} lacks q / k / "
+                                 f"v biases")
+            host_layers.append(dict(
+                input_norm=_expect(weights, p + "input_layernorm.weight", (hidden,)),
+                qkv=qkv, qkv_bias=None if biases[0] is None else biases,
+                o=_expect(weights, p + "self_attn.o_proj.weight", (hidden, self.q_size)),
+                o_bias=weights.get(p + "self_attn.o_proj.bias"),
+                post_norm=_expect(weights, p + "post_attention_layernorm.weight", (hidden,)),
+                gate_up=[_expect(weights, p + "mlp.gate_proj.weight", (inter, hidden)),
+                         _expect(weights, p + "mlp.up_proj.weight", (inter, hidden))],
+                down=_expect(weights, p + "mlp.down_proj.weight", (hidden, inter))))
+
+        def put(t):
+            return t.to(dtype=dtype).to(self.device).contiguous()
+
+        try:
+            self.embed = put(embed)
+            self.lm_head_t = self.embed.T if head is embed else put(head).T
+            self.norm = put(norm)
+            self.layers = []
+            for h in host_layers:
+                layer = _Layer()
+                layer.input_norm = put(h["input_norm"])
+                layer.qkv_t = put(torch.cat(h["qkv"])).T
+                layer.qkv_bias = None if h["qkv_bias"] is None else put(torch.cat(h["qkv_bias"]))
+                layer.o_t = put(h["o"]).T
+                layer.o_bias = None if h["o_bias"] is None else put(h["o_bias"])
+                layer.post_norm = put(h["post_norm"])
+                layer.gate_up_t = put(torch.cat(h["gate_up"])).T
+                layer.down_t = put(h["down"]).T
+                self.layers.append(layer)
+            self.max_position = c.max_position_embeddings
+            self.cos_sin = cos_sin_cache(c, self.max_position, dtype, self.device)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self):
+        """Drop every device tensor (after a failed load, or to free the GPU)."""
+        for name in ("embed", "lm_head_t", "norm", "layers", "cos_sin"):
+            self.__dict__.pop(name, None)
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def new_cache(self, num_blocks):
+        """A paged KV cache of ``num_blocks`` pages shared by every layer."""
+        from ..paged_cache import PagedKVCache
+
+        c = self.config
+        return PagedKVCache(num_blocks, BLOCK_SIZE, c.num_key_value_heads, c.head_dim,
+                            str(self.dtype).removeprefix("torch."), kind="torch",
+                            num_layers=c.num_hidden_layers)
+
+    # ---- forward -------------------------------------------------------------------------------
+
+    def forward(self, step, cache, *, all_logits=False):
+        """Run ``step`` (a ``Step``) through every layer, writing its keys and values into
+        ``cache``; returns float32 logits of each sequence's last token (B, vocab), or of every
+        new token (T, vocab) with ``all_logits``."""
+        ops, c = self.ops, self.config
+        eps = c.rms_norm_eps
+        residual = ops.embedding(step.token_ids, self.embed)
+        x = None
+        for index, layer in enumerate(self.layers):
+            if x is None:
+                h = ops.rms_norm(residual, layer.input_norm, eps)
+            else:
+                h = ops.rms_norm(x, layer.input_norm, eps, residual=residual, out=x)
+            attn = self._attention(index, layer, h, step, cache)
+            o = ops.gemm(attn, layer.o_t, bias=layer.o_bias)
+            h = ops.rms_norm(o, layer.post_norm, eps, residual=residual, out=o)
+            gate_up = ops.gemm(h, layer.gate_up_t)
+            x = ops.gemm(ops.silu_and_mul(gate_up), layer.down_t)
+        if not all_logits:
+            x = ops.embedding(step.last_rows, x)
+            residual = ops.embedding(step.last_rows, residual)
+        h = ops.rms_norm(x, self.norm, eps, residual=residual, out=x)
+        return ops.gemm(h, self.lm_head_t, out_dtype="float32")
+
+    def _attention(self, index, layer, h, step, cache):
+        """Layer ``index``'s attention of the new tokens ``h`` (T, hidden): (T, heads x dim)."""
+        ops, c = self.ops, self.config
+        tokens, d = h.shape[0], c.head_dim
+        nq, nk = c.num_attention_heads, c.num_key_value_heads
+        qkv = ops.gemm(h, layer.qkv_t, bias=layer.qkv_bias)
+        q = qkv[:, :self.q_size].view(tokens, nq, d)
+        k = qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, nk, d)
+        v = qkv[:, self.q_size + self.kv_size:].view(tokens, nk, d)
+        ops.rotary_embedding(q, k, step.positions, cos_sin_cache=self.cos_sin, style="neox",
+                             check_bounds=False)
+        k_cache, v_cache = cache.k_cache[index], cache.v_cache[index]
+        ops.paged_kv_append(k.unsqueeze(1), v.unsqueeze(1), k_cache, v_cache,
+                            step.token_tables, step.positions)
+        window = c.sliding_window
+        if step.is_decode:
+            out = ops.paged_decode_attention(
+                q, k_cache, v_cache, step.block_table, step.seq_lens,
+                window_size=(-1, -1) if window is None else (window - 1, 0))
+        else:
+            out = ops.flash_attn_varlen(
+                q, k, v, step.cu_seqlens, step.cu_seqlens, step.max_seqlen, step.max_seqlen,
+                causal=True, window_size=(-1, -1) if window is None else (window - 1, 0))
+        return out.view(tokens, nq * d)
