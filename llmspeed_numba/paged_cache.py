@@ -90,6 +90,28 @@ class PageAllocator:
     def _pages_for(self, length):
         return -(-length // self.block_size)
 
+    @property
+    def max_seq_len(self):
+        """The most tokens one sequence can ever hold: the whole cache, or
+        ``max_blocks_per_seq`` pages when that is smaller."""
+        return min(self.num_blocks, self.max_blocks_per_seq or self.num_blocks) * self.block_size
+
+    def pages_needed(self, seq_id, new_tokens):
+        """Pages ``extend(seq_id, new_tokens)`` would allocate (0 while its last page has room)."""
+        held = len(self._pages[self._check_id(seq_id)])
+        return max(0, self._pages_for(self._lengths[seq_id] + new_tokens) - held)
+
+    def room(self, seq_id=None):
+        """Tokens ``seq_id`` can grow by now without ``OutOfPages`` or passing
+        ``max_blocks_per_seq``: its last page's free slots plus the free pages. ``None``: a new
+        sequence (``add_sequence(length)`` succeeds for ``length <= room()``)."""
+        if seq_id is None:
+            held, length = 0, 0
+        else:
+            held, length = len(self._pages[self._check_id(seq_id)]), self._lengths[seq_id]
+        pages = min(held + len(self._free), self.max_blocks_per_seq or self.num_blocks)
+        return pages * self.block_size - length
+
     def _grow(self, plan):
         """Give each (seq_id, new_length) of ``plan`` its pages: all or nothing."""
         need = {}
