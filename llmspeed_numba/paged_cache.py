@@ -154,6 +154,23 @@ class PageAllocator:
             raise ValueError(f"seq_ids: expected distinct ids, got {ids}")
         self._grow([(i, self.length(i) + int(new_tokens)) for i in ids])
 
+    def try_extend(self, seq_id, new_tokens):
+        """``extend`` of one sequence if its pages fit (free pages, ``max_blocks_per_seq``);
+        returns whether it grew. The lean form a scheduler calls once per sequence per step."""
+        if new_tokens < 0:
+            raise ValueError(f"new_tokens: expected an int >= 0, got {new_tokens!r}")
+        length = self._lengths[self._check_id(seq_id)] + new_tokens
+        owned = self._pages[seq_id]
+        need = -(-length // self.block_size) - len(owned)
+        if need > 0:
+            if need > len(self._free) or (self.max_blocks_per_seq is not None and
+                                          len(owned) + need > self.max_blocks_per_seq):
+                return False
+            for _ in range(need):
+                owned.append(self._free.pop())
+        self._lengths[seq_id] = length
+        return True
+
     def free(self, seq_id):
         """Return a finished sequence's pages to the pool."""
         self._check_id(seq_id)

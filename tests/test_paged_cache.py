@@ -194,3 +194,9 @@ def test_room_pages_needed_max_seq_len():
         capped.extend(b, capped.room(b) + 1)
     with pytest.raises(KeyError):
         capped.room(99)
+    assert not capped.try_extend(b, 1) and capped.length(b) == 12     # max_blocks_per_seq
+    c = alloc.add_sequence(0)
+    assert not alloc.try_extend(c, 1) and alloc.length(c) == 0         # no free page
+    alloc.free(a)
+    assert alloc.try_extend(c, 3) and alloc.pages(c) == [0] and alloc.length(c) == 3
+    assert alloc.try_extend(c, 1) and alloc.num_free_pages == 4

@@ -120,6 +120,8 @@ def check_step(sched, batch):
     # Running requests are all older than waiting ones, both in arrival order.
     arrivals = [r.arrival for r in sched.running + sched.waiting]
     assert arrivals == sorted(arrivals)
+    if batch.preempted:  # the freed pages go to running requests: no admission this step
+        assert all(e.start_position > 0 for e in batch.entries)
     check_pages(sched)
 
 
@@ -258,6 +260,9 @@ def test_preemption_frees_the_newest_which_comes_back_first_and_recomputes():
     while sched.has_unfinished():
         batch = sched.schedule()
         check_step(sched, batch)
+        for e in batch.entries:  # a readmitted request recomputes prompt + outputs so far
+            if e.start_position == 0 and e.request.num_preemptions:
+                assert e.request.output_token_ids and e.request.num_tokens > 3
         if batch.preempted:
             preempted.append([r.request_id for r in batch.preempted])
             newest = max(r.arrival for r in sched.running + batch.preempted)
@@ -271,7 +276,8 @@ def test_preemption_frees_the_newest_which_comes_back_first_and_recomputes():
     assert sum(r.num_preemptions for r in requests) >= 1
     for r in requests:
         assert_as_alone(r, sched)
-        assert len(r.output_token_ids) == 9
+        out, _, _ = reference_generate(r.prompt_token_ids, r.params, max_model_len=256)
+        assert r.output_token_ids == out and len(out) == 9  # as with unlimited pages
     assert alloc.num_free_pages == alloc.num_blocks
 
 

@@ -98,6 +98,11 @@ class Request:
         """All tokens but the last sampled one are in the cache: the next step feeds one."""
         return self.num_computed_tokens == self.num_tokens - 1
 
+    def __repr__(self):  # token lists can be long: their lengths only
+        return (f"Request({self.request_id!r}, {self.status.value}, prompt "
+                f"{len(self.prompt_token_ids)}, outputs {len(self.output_token_ids)}, computed "
+                f"{self.num_computed_tokens}, finish_reason {self.finish_reason!r})")
+
     def token_slice(self, start, stop):
         """``all_token_ids[start:stop]`` without copying the whole history."""
         p = len(self.prompt_token_ids)
@@ -158,6 +163,7 @@ class _StepPlan:
         self.budget_left = budget
         self.reserved_decodes = reserved_decodes  # decodes not yet placed, each owed 1 token
         self.decodes, self.prefills = [], []
+        self.prefill_samples = []  # indices into prefills of the chunks that end a prompt
         self.preempted, self.finished = [], []
 
     @property
@@ -165,15 +171,20 @@ class _StepPlan:
         return self.budget_left - self.reserved_decodes
 
     def add(self, request, num_new_tokens, decode):
-        entry = BatchEntry(request, request.seq_id, num_new_tokens, request.num_computed_tokens)
-        (self.decodes if decode else self.prefills).append(entry)
+        start = request.num_computed_tokens
+        entry = BatchEntry(request, request.seq_id, num_new_tokens, start)
         self.budget_left -= num_new_tokens
+        if decode:  # a decode always samples
+            self.decodes.append(entry)
+            return
+        if start + num_new_tokens == request.num_tokens:
+            self.prefill_samples.append(len(self.prefills))
+        self.prefills.append(entry)
 
     def batch(self, step):
-        entries = tuple(self.decodes + self.prefills)
-        samples = tuple(i for i, e in enumerate(entries)
-                        if e.start_position + e.num_new_tokens == e.request.num_tokens)
-        return Batch(entries, len(self.decodes), samples, tuple(self.preempted),
+        d = len(self.decodes)
+        samples = tuple(range(d)) + tuple(d + k for k in self.prefill_samples)
+        return Batch(tuple(self.decodes + self.prefills), d, samples, tuple(self.preempted),
                      tuple(self.finished), step)
 
 
@@ -249,6 +260,7 @@ class Scheduler:
         if detokenize is not None and not callable(detokenize):
             raise TypeError("detokenize: expected a callable token_ids -> str, or None")
         self.allocator = allocator
+        self._max_seq_len = allocator.max_seq_len
         self.max_num_seqs = int(max_num_seqs)
         self.max_num_batched_tokens = int(max_num_batched_tokens)
         self.max_model_len = int(max_model_len)
@@ -325,10 +337,9 @@ class Scheduler:
         if len(prompt) > self.max_model_len:
             raise ValueError(f"request {rid!r}: prompt of {len(prompt)} tokens is longer than "
                              f"max_model_len {self.max_model_len}")
-        if len(prompt) > self.allocator.max_seq_len:
+        if len(prompt) > self._max_seq_len:
             raise ValueError(f"request {rid!r}: prompt of {len(prompt)} tokens cannot fit the "
-                             f"KV cache ({self.allocator.max_seq_len} tokens per sequence at "
-                             f"most)")
+                             f"KV cache ({self._max_seq_len} tokens per sequence at most)")
 
     def abort(self, request_id):
         """Finish an unfinished request with finish_reason "abort", freeing its pages; returns
@@ -376,7 +387,9 @@ class Scheduler:
         newer requests while nothing fits. Returns the tokens granted; 0 if it waits this step
         or was finished for lack of room."""
         alloc = self.allocator
-        if request.num_computed_tokens + 1 > alloc.max_seq_len:
+        if alloc.try_extend(request.seq_id, want):  # the common case, first
+            return want
+        if request.num_computed_tokens + 1 > self._max_seq_len:
             self._retire(request, "length", into=plan.finished)
             return 0
         while True:
@@ -414,7 +427,7 @@ class Scheduler:
                and plan.budget_left > 0):
             request = self._waiting[0]
             need = request.num_tokens  # prompt, plus outputs to recompute after a preemption
-            if need > alloc.max_seq_len:  # a preempted request grown past the whole cache
+            if need > self._max_seq_len:  # a preempted request grown past the whole cache
                 self._retire(request, "length", into=plan.finished)
                 continue
             if alloc.room() < need:  # its whole prefill must fit now; no overtaking
@@ -451,25 +464,33 @@ class Scheduler:
         return finished
 
     def _sampled_by_index(self, batch, sampled):
-        live = [i for i in batch.sample_indices
-                if batch.entries[i].request.status is RequestStatus.RUNNING]
+        """{entry index: token} for the sampling entries whose request still runs."""
+        entries = batch.entries
         if isinstance(sampled, Mapping):
-            missing = [batch.entries[i].request.request_id for i in live
-                       if batch.entries[i].request.request_id not in sampled]
-            if missing:
-                raise KeyError(f"sampled: no token for request(s) {missing}")
-            values = {i: sampled[batch.entries[i].request.request_id] for i in live}
+            values = {}
+            for i in batch.sample_indices:
+                rid = entries[i].request.request_id
+                if rid in sampled:
+                    values[i] = sampled[rid]
         else:
-            values = list(sampled)
-            if len(values) != len(batch.sample_indices):
+            sampled = list(sampled)
+            if len(sampled) != len(batch.sample_indices):
                 raise ValueError(f"sampled: expected {len(batch.sample_indices)} tokens "
-                                 f"(batch.sampling), got {len(values)}")
-            values = {i: values[k] for k, i in enumerate(batch.sample_indices) if i in live}
-        for i, token in values.items():
+                                 f"(batch.sampling), got {len(sampled)}")
+            values = dict(zip(batch.sample_indices, sampled))
+        tokens = {}
+        for i in batch.sample_indices:
+            request = entries[i].request
+            if request.status is not RequestStatus.RUNNING:  # aborted since schedule()
+                continue
+            if i not in values:
+                raise KeyError(f"sampled: no token for request {request.request_id!r}")
+            token = values[i]
             if isinstance(token, bool) or not isinstance(token, Integral) or token < 0:
                 raise ValueError(f"sampled: expected token ids >= 0, got {token!r} for "
-                                 f"request {batch.entries[i].request.request_id!r}")
-        return {i: int(token) for i, token in values.items()}
+                                 f"request {request.request_id!r}")
+            tokens[i] = int(token)
+        return tokens
 
     def _retire(self, request, reason, stop_reason=None, into=None):
         if request.status is RequestStatus.RUNNING:
