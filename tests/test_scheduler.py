@@ -480,7 +480,7 @@ def workloads(draw):
     return config, requests
 
 
-@settings(max_examples=150, deadline=None, derandomize=True)
+@settings(max_examples=400, deadline=None, derandomize=True)
 @given(workloads())
 def test_property_every_request_finishes_as_if_alone(workload):
     config, requests = workload
