@@ -90,6 +90,28 @@ class PageAllocator:
     def _pages_for(self, length):
         return -(-length // self.block_size)
 
+    @property
+    def max_seq_len(self):
+        """The most tokens one sequence can ever hold: the whole cache, or
+        ``max_blocks_per_seq`` pages when that is smaller."""
+        return min(self.num_blocks, self.max_blocks_per_seq or self.num_blocks) * self.block_size
+
+    def pages_needed(self, seq_id, new_tokens):
+        """Pages ``extend(seq_id, new_tokens)`` would allocate (0 while its last page has room)."""
+        held = len(self._pages[self._check_id(seq_id)])
+        return max(0, self._pages_for(self._lengths[seq_id] + new_tokens) - held)
+
+    def room(self, seq_id=None):
+        """Tokens ``seq_id`` can grow by now without ``OutOfPages`` or passing
+        ``max_blocks_per_seq``: its last page's free slots plus the free pages. ``None``: a new
+        sequence (``add_sequence(length)`` succeeds for ``length <= room()``)."""
+        if seq_id is None:
+            held, length = 0, 0
+        else:
+            held, length = len(self._pages[self._check_id(seq_id)]), self._lengths[seq_id]
+        pages = min(held + len(self._free), self.max_blocks_per_seq or self.num_blocks)
+        return pages * self.block_size - length
+
     def _grow(self, plan):
         """Give each (seq_id, new_length) of ``plan`` its pages: all or nothing."""
         need = {}
@@ -131,6 +153,23 @@ class PageAllocator:
         if len(set(ids)) != len(ids):
             raise ValueError(f"seq_ids: expected distinct ids, got {ids}")
         self._grow([(i, self.length(i) + int(new_tokens)) for i in ids])
+
+    def try_extend(self, seq_id, new_tokens):
+        """``extend`` of one sequence if its pages fit (free pages, ``max_blocks_per_seq``);
+        returns whether it grew. The lean form a scheduler calls once per sequence per step."""
+        if new_tokens < 0:
+            raise ValueError(f"new_tokens: expected an int >= 0, got {new_tokens!r}")
+        length = self._lengths[self._check_id(seq_id)] + new_tokens
+        owned = self._pages[seq_id]
+        need = -(-length // self.block_size) - len(owned)
+        if need > 0:
+            if need > len(self._free) or (self.max_blocks_per_seq is not None and
+                                          len(owned) + need > self.max_blocks_per_seq):
+                return False
+            for _ in range(need):
+                owned.append(self._free.pop())
+        self._lengths[seq_id] = length
+        return True
 
     def free(self, seq_id):
         """Return a finished sequence's pages to the pool."""

@@ -7,7 +7,7 @@ import pytest
 
 from llmspeed_numba import SIMULATOR
 from llmspeed_numba.ops.paged_decode import paged_decode_attention
-from llmspeed_numba.paged_cache import NO_PAGE, OutOfPages, PagedKVCache
+from llmspeed_numba.paged_cache import NO_PAGE, OutOfPages, PageAllocator, PagedKVCache
 from llmspeed_numba.reference.attention import attention
 from llmspeed_numba.testing import derived_check, f64, random_array, to_device, to_host
 
@@ -174,3 +174,29 @@ def test_gpu_cache_kinds_round_trip(kind, dtype):
         want, plain = _attention_over_history(f64(q), [hist_k[s] for s in seqs],
                                               [hist_v[s] for s in seqs], dtype)
         derived_check(f64(out), want, plain)
+
+
+def test_room_pages_needed_max_seq_len():
+    alloc = PageAllocator(num_blocks=5, block_size=4)
+    assert alloc.max_seq_len == 20 and alloc.room() == 20
+    a = alloc.add_sequence(5)                        # 2 pages, 3 free slots in the last
+    assert alloc.pages_needed(a, 3) == 0 and alloc.pages_needed(a, 4) == 1
+    assert alloc.room(a) == 3 + 3 * 4 and alloc.room() == 12
+    alloc.extend(a, alloc.room(a))                   # exactly fills the cache
+    assert alloc.num_free_pages == 0 and alloc.room(a) == 0 and alloc.room() == 0
+    with pytest.raises(OutOfPages):
+        alloc.extend(a, 1)
+    capped = PageAllocator(num_blocks=8, block_size=4, max_blocks_per_seq=3)
+    b = capped.add_sequence(1)
+    assert capped.max_seq_len == 12 and capped.room(b) == 11 and capped.room() == 12
+    capped.extend(b, 11)
+    with pytest.raises(ValueError, match="max_blocks_per_seq"):
+        capped.extend(b, capped.room(b) + 1)
+    with pytest.raises(KeyError):
+        capped.room(99)
+    assert not capped.try_extend(b, 1) and capped.length(b) == 12     # max_blocks_per_seq
+    c = alloc.add_sequence(0)
+    assert not alloc.try_extend(c, 1) and alloc.length(c) == 0         # no free page
+    alloc.free(a)
+    assert alloc.try_extend(c, 3) and alloc.pages(c) == [0] and alloc.length(c) == 3
+    assert alloc.try_extend(c, 1) and alloc.num_free_pages == 4
