@@ -1,0 +1,199 @@
+"""Whole-model speed: our Llama forward against transformers (bf16, SDPA attention) on the same
+random weights, in the same process.
+
+Cases per model shape (``--models``: presets of ``llmspeed_numba.models.random_model``):
+- prefill 1 x 2048 and 8 x 512 tokens: the time a caller waits for the last token's logits
+  (host included; transformers with ``logits_to_keep=1`` so both compute one row of logits);
+- batch-1 decode: time a token, ``(t(64 new tokens) - t(1 new token)) / 63`` of a greedy
+  generation from a 128-token prompt, for both; for ours also the GPU time a token (the sum of
+  kernel durations of 16 profiled decode steps), so the host's share is visible.
+
+``--warm``: run each of our paths once with one layer (compiles every kernel the timed run needs,
+in parallel processes per model) and exit. Rows: ``benchmarks/results/model.csv`` (+ PNG).
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness  # noqa: E402
+
+from llmspeed_numba.models.model import Model  # noqa: E402
+from llmspeed_numba.models.random_model import preset_config, random_weights  # noqa: E402
+
+DECODE_PROMPT = 128
+DECODE_TOKENS = 64
+PROFILED_STEPS = 16
+
+
+def _hf_model(config, weights):
+    import transformers
+
+    hf_config = transformers.LlamaConfig(
+        hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
+        vocab_size=config.vocab_size, max_position_embeddings=config.max_position_embeddings,
+        rope_theta=config.rope_theta, rms_norm_eps=config.rms_norm_eps,
+        tie_word_embeddings=config.tie_word_embeddings, attn_implementation="sdpa")
+    with torch.device("cuda"):
+        hf = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
+    missing, unexpected = hf.load_state_dict(weights, strict=False)
+    allowed = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - allowed or unexpected:
+        raise RuntimeError(f"transformers' model does not take our weights: missing {missing}, "
+                           f"unexpected {unexpected}")
+    return hf.eval()
+
+
+def _wall(fn, rep):
+    """Median wall time (ms) of ``fn()``, synchronised, after one warm-up."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rep):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(1e3 * (time.perf_counter() - start))
+    times.sort()
+    return {"median": times[len(times) // 2], "p20": times[int(0.2 * len(times))],
+            "p80": times[min(len(times) - 1, int(0.8 * len(times)))]}
+
+
+def _our_prefill(model, prompts):
+    """A function running one packed prefill of ``prompts`` (a fresh sequence each call)."""
+    import numpy as np
+
+    arrays = [np.asarray(p) for p in prompts]
+    cache, _ = model._new_cache(arrays, 0)
+
+    def run():
+        for seq in list(cache.sequences):
+            cache.free(seq)
+        seqs = [cache.add_sequence() for _ in arrays]
+        return model.llama.forward(model._prefill_step(cache, seqs, arrays), cache)
+
+    return run
+
+
+def _decode_gpu_ms(model, prompt):
+    """Kernel time a decode step (ms), summed over ``PROFILED_STEPS`` profiled steps."""
+    import numpy as np
+    from torch.profiler import ProfilerActivity, profile
+
+    arrays = [np.asarray(prompt)]
+    cache, seqs = model._new_cache(arrays, PROFILED_STEPS + 4)
+    logits = model.llama.forward(model._prefill_step(cache, seqs, arrays), cache)
+    token = model.llama.ops.argmax(logits).tolist()
+    for _ in range(2):  # warm
+        token = model.llama.ops.argmax(model.llama.forward(
+            model._decode_step(cache, seqs, token), cache)).tolist()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED_STEPS):
+            token = model.llama.ops.argmax(model.llama.forward(
+                model._decode_step(cache, seqs, token), cache)).tolist()
+        torch.cuda.synchronize()
+    kernel_us = sum(e.device_time_total for e in prof.events()
+                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    return kernel_us / 1e3 / PROFILED_STEPS
+
+
+def bench(name, results, rep, layers=None):
+    overrides = {} if layers is None else {"num_hidden_layers": layers}
+    config = preset_config(name, **overrides)
+    weights = random_weights(config, seed=0, dtype=torch.bfloat16, device="cuda")
+    ours = Model(config, None, weights)
+    hf = _hf_model(config, weights)
+    del weights
+    torch.cuda.empty_cache()
+    gen = torch.Generator().manual_seed(0)
+    shape = (f"{config.num_hidden_layers}L h{config.hidden_size} i{config.intermediate_size} "
+             f"q{config.num_attention_heads} kv{config.num_key_value_heads} "
+             f"v{config.vocab_size}")
+
+    for batch, length in ((1, 2048), (8, 512)):
+        prompts = [torch.randint(0, config.vocab_size, (length,), generator=gen).tolist()
+                   for _ in range(batch)]
+        ids = torch.tensor(prompts, device="cuda")
+        t_ours = _wall(_our_prefill(ours, prompts), rep)
+        with torch.no_grad():
+            t_hf = _wall(lambda: hf(ids, logits_to_keep=1), rep)
+        results.add("model", f"{name} prefill {batch}x{length}", shape, "bfloat16", t_ours,
+                    "transformers", t_hf, "ms", t_ours["median"], t_hf["median"],
+                    note="time to last-token logits, host included")
+
+    prompt = torch.randint(0, config.vocab_size, (DECODE_PROMPT,), generator=gen).tolist()
+    ids = torch.tensor([prompt], device="cuda")
+
+    def ours_gen(n):
+        return _wall(lambda: ours.generate_greedy([prompt], n, stop_at_eos=False), rep=3)
+
+    def hf_gen(n):
+        with torch.no_grad():
+            return _wall(lambda: hf.generate(ids, max_new_tokens=n, min_new_tokens=n,
+                                             do_sample=False), rep=3)
+
+    per_token = {}
+    for who, fn in (("ours", ours_gen), ("hf", hf_gen)):
+        long, short = fn(DECODE_TOKENS), fn(1)
+        ms = (long["median"] - short["median"]) / (DECODE_TOKENS - 1)
+        per_token[who] = {"median": ms, "p20": ms, "p80": ms}
+    gpu_ms = _decode_gpu_ms(ours, prompt)
+    results.add("model", f"{name} decode b1", shape, "bfloat16", per_token["ours"],
+                "transformers", per_token["hf"], "ms", per_token["ours"]["median"],
+                per_token["hf"]["median"],
+                note=f"ms a token; ours: GPU {gpu_ms:.3f} ms, host "
+                     f"{per_token['ours']['median'] - gpu_ms:.3f} ms beyond it")
+    print(f"  {name} decode: ours {per_token['ours']['median']:.3f} ms a token, of which kernels "
+          f"{gpu_ms:.3f} ms; transformers {per_token['hf']['median']:.3f} ms", flush=True)
+    ours.release()
+    del hf
+    torch.cuda.empty_cache()
+
+
+def warm(name):
+    """Compile every kernel the benchmark's paths launch (one layer is enough)."""
+    config = preset_config(name, num_hidden_layers=1)
+    ours = Model(config, None, random_weights(config, seed=0, dtype=torch.bfloat16,
+                                              device="cuda"))
+    gen = torch.Generator().manual_seed(0)
+    for batch, length in ((1, 2048), (8, 512)):
+        prompts = [torch.randint(0, config.vocab_size, (length,), generator=gen).tolist()
+                   for _ in range(batch)]
+        _our_prefill(ours, prompts)()
+    prompt = torch.randint(0, config.vocab_size, (DECODE_PROMPT,), generator=gen).tolist()
+    ours.generate_greedy([prompt], 3, stop_at_eos=False)
+    torch.cuda.synchronize()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="smollm2-135m,llama-3-8b",
+                        help="comma-separated presets (default: %(default)s)")
+    parser.add_argument("--warm", action="store_true", help="compile only, time nothing")
+    parser.add_argument("--rep", type=int, default=10, help="timed repetitions of a prefill")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="override the layer count (quick runs)")
+    args = parser.parse_args(argv)
+    names = args.models.split(",")
+    if args.warm:
+        for name in names:
+            start = time.perf_counter()
+            warm(name)
+            print(f"warm {name}: {time.perf_counter() - start:.1f} s", flush=True)
+        return 0
+    results = _harness.Results("model")
+    for name in names:
+        bench(name, results, args.rep, args.layers)
+    _harness.plot_csv(results.path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

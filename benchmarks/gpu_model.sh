@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The model's GPU checks and benchmark in one device call (logs under $OUT):
+#   1. in parallel: the two GPU model tests (SmolLM2 GGUF, Llama-3-8B-shaped safetensors against
+#      transformers) and a --warm run of bench_model per model shape (compiles its kernels);
+#   2. alone on the GPU: bench_model (timings), rows to $OUT/model.csv.
+# Expects the gguf wheel in .whl/ and the test GGUF in .gpu/ (see tests/test_models_gpu.py).
+# numba's kernel cache is carried between calls as .gpu/numba_cache.tgz (returned in $OUT);
+# source files get content-derived mtimes so a cached kernel of changed source never matches.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NUMBA_CACHE_DIR=/tmp/numba_cache
+export LLMSPEED_TEST_GGUF=$PWD/.gpu/smollm2-8l.gguf
+[ -f .gpu/numba_cache.tgz ] && tar xzf .gpu/numba_cache.tgz -C /tmp
+python3 - <<'PY'
+import hashlib, os, pathlib
+for p in pathlib.Path("llmspeed_numba").rglob("*.py"):
+    h = int(hashlib.sha256(p.read_bytes()).hexdigest()[:7], 16)
+    os.utime(p, (1_600_000_000 + h, 1_600_000_000 + h))
+PY
+start=$(date +%s)
+T=${PHASE1_LIMIT:-400}
+timeout $T python3 -m pytest -q -s -p no:cacheprovider \
+    "tests/test_models_gpu.py::test_smollm2_gguf_matches_transformers" > "$OUT/test_smollm2.log" 2>&1 &
+timeout $T python3 -m pytest -q -s -p no:cacheprovider \
+    "tests/test_models_gpu.py::test_llama3_shapes_safetensors_matches_transformers" > "$OUT/test_llama3.log" 2>&1 &
+timeout $T python3 benchmarks/bench_model.py --warm --models smollm2-135m > "$OUT/warm_smollm2.log" 2>&1 &
+timeout $T python3 benchmarks/bench_model.py --warm --models llama-3-8b > "$OUT/warm_llama3.log" 2>&1 &
+wait
+echo "phase 1: $(( $(date +%s) - start )) s"
+for f in test_smollm2 test_llama3 warm_smollm2 warm_llama3; do echo "== $f"; tail -5 "$OUT/$f.log"; done
+if [ "${BENCH:-1}" = 1 ]; then
+    LLMSPEED_RESULTS_DIR=$OUT timeout ${BENCH_LIMIT:-150} python3 benchmarks/bench_model.py \
+        ${BENCH_ARGS:-} > "$OUT/bench_model.log" 2>&1
+    echo "== bench_model"; tail -12 "$OUT/bench_model.log"
+fi
+tar czf "$OUT/numba_cache.tgz" -C /tmp numba_cache
+echo "total: $(( $(date +%s) - start )) s"
