@@ -5,8 +5,9 @@ Cases per model shape (``--models``: presets of ``llmspeed_numba.models.random_m
 - prefill 1 x 2048 and 8 x 512 tokens: the time a caller waits for the last token's logits
   (host included; transformers with ``logits_to_keep=1`` so both compute one row of logits);
 - batch-1 decode: time a token, ``(t(64 new tokens) - t(1 new token)) / 63`` of a greedy
-  generation from a 128-token prompt, for both; for ours also the GPU time a token (the sum of
-  kernel durations of 16 profiled decode steps), so the host's share is visible.
+  generation from a 128-token prompt, for both; ours with the decode step replayed from a CUDA
+  graph (the default) and eager (every op called from Python), and the GPU time a token (the sum
+  of kernel durations of 16 profiled eager decode steps), so the host's share is visible.
 
 ``--warm``: run each of our paths once with one layer (compiles every kernel the timed run needs,
 in parallel processes per model) and exit. Rows: ``benchmarks/results/model.csv`` (+ PNG).
@@ -131,8 +132,9 @@ def bench(name, results, rep, layers=None):
     prompt = torch.randint(0, config.vocab_size, (DECODE_PROMPT,), generator=gen).tolist()
     ids = torch.tensor([prompt], device="cuda")
 
-    def ours_gen(n):
-        return _wall(lambda: ours.generate_greedy([prompt], n, stop_at_eos=False), rep=3)
+    def ours_gen(n, graphs=True):
+        return _wall(lambda: ours.generate_greedy([prompt], n, stop_at_eos=False,
+                                                  cuda_graphs=graphs), rep=3)
 
     def hf_gen(n):
         with torch.no_grad():
@@ -140,18 +142,21 @@ def bench(name, results, rep, layers=None):
                                              do_sample=False), rep=3)
 
     per_token = {}
-    for who, fn in (("ours", ours_gen), ("hf", hf_gen)):
+    for who, fn in (("ours", ours_gen), ("ours eager", lambda n: ours_gen(n, False)),
+                    ("hf", hf_gen)):
         long, short = fn(DECODE_TOKENS), fn(1)
         ms = (long["median"] - short["median"]) / (DECODE_TOKENS - 1)
         per_token[who] = {"median": ms, "p20": ms, "p80": ms}
     gpu_ms = _decode_gpu_ms(ours, prompt)
-    results.add("model", f"{name} decode b1", shape, "bfloat16", per_token["ours"],
-                "transformers", per_token["hf"], "ms", per_token["ours"]["median"],
-                per_token["hf"]["median"],
-                note=f"ms a token; ours: GPU {gpu_ms:.3f} ms, host "
-                     f"{per_token['ours']['median'] - gpu_ms:.3f} ms beyond it")
-    print(f"  {name} decode: ours {per_token['ours']['median']:.3f} ms a token, of which kernels "
-          f"{gpu_ms:.3f} ms; transformers {per_token['hf']['median']:.3f} ms", flush=True)
+    for who, label in (("ours", "decode b1"), ("ours eager", "decode b1 eager")):
+        ms = per_token[who]["median"]
+        results.add("model", f"{name} {label}", shape, "bfloat16", per_token[who],
+                    "transformers", per_token["hf"], "ms", ms, per_token["hf"]["median"],
+                    note=f"ms a token; kernels {gpu_ms:.3f} ms of it, host and gaps "
+                         f"{ms - gpu_ms:.3f} ms")
+    print(f"  {name} decode: ours {per_token['ours']['median']:.3f} ms a token (graph), "
+          f"{per_token['ours eager']['median']:.3f} ms eager, kernels {gpu_ms:.3f} ms; "
+          f"transformers {per_token['hf']['median']:.3f} ms", flush=True)
     ours.release()
     del hf
     torch.cuda.empty_cache()
@@ -168,7 +173,8 @@ def warm(name):
                    for _ in range(batch)]
         _our_prefill(ours, prompts)()
     prompt = torch.randint(0, config.vocab_size, (DECODE_PROMPT,), generator=gen).tolist()
-    ours.generate_greedy([prompt], 3, stop_at_eos=False)
+    for graphs in (False, True):
+        ours.generate_greedy([prompt], 3, stop_at_eos=False, cuda_graphs=graphs)
     torch.cuda.synchronize()
 
 

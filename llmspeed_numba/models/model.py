@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._dtypes import torch_dtype
+from .decode_graph import DecodeGraph
 from .llama import BLOCK_SIZE, LlamaModel, Step
 
 #: Model dtypes (the attention kernels take half precision only).
@@ -102,26 +103,40 @@ class Model:
             last_rows=self._device(cu[1:].astype(np.int64) - 1),
             cu_seqlens=self._device(cu), max_seqlen=max(lengths))
 
-    def _decode_step(self, cache, seqs, tokens):
+    @staticmethod
+    def _advance(cache, seqs, width=None):
+        """Grow ``seqs`` by one token in ``cache``: host ``(positions, block_table, seq_lens)``
+        of the step (each sequence's new position, its pages, its length after the step)."""
         before = np.array([cache.length(s) for s in seqs], np.int32)
         cache.extend(seqs, 1)
-        table, after = cache.host_tables(seqs)
+        table, after = cache.host_tables(seqs, width=width)
+        return before, table, after
+
+    def _decode_step(self, cache, seqs, tokens, width=None):
+        """The eager ``Step`` feeding ``tokens`` to ``seqs`` (their pages grown by one)."""
+        before, table, after = self._advance(cache, seqs, width)
         table = self._device(table)
         return Step(token_ids=self._device(np.asarray(tokens, np.int64)),
                     positions=self._device(before), token_tables=table,
                     last_rows=self._device(np.arange(len(seqs), dtype=np.int64)),
                     block_table=table, seq_lens=self._device(after))
 
+    def _decode(self, cache, seqs, tokens, width, graphs):
+        """One greedy decode step of ``seqs`` fed ``tokens``: their next tokens (a list).
+        ``graphs``: None (eager), or a dict of ``DecodeGraph`` by batch size to replay from."""
+        if graphs is None:
+            logits = self.llama.forward(self._decode_step(cache, seqs, tokens, width), cache)
+            return self.llama.ops.argmax(logits).tolist()
+        before, table, after = self._advance(cache, seqs, width)
+        graph = graphs.get(len(seqs))
+        if graph is None:
+            graph = graphs[len(seqs)] = DecodeGraph(self.llama, cache, len(seqs), width)
+        return graph.run(np.asarray(tokens, np.int64), before, table, after)
+
     def _new_cache(self, prompts, max_new_tokens):
         pages = sum(-(-(p.size + max_new_tokens) // BLOCK_SIZE) for p in prompts)
         cache = self.llama.new_cache(max(pages, 1))
         return cache, [cache.add_sequence() for _ in prompts]
-
-    def _sync(self):
-        if self.llama.device == "cuda":
-            import torch
-
-            torch.cuda.synchronize()
 
     # ---- public ----------------------------------------------------------------------------
 
@@ -135,11 +150,14 @@ class Model:
         bounds = np.cumsum([0] + [p.size for p in prompts])
         return [logits[bounds[b]:bounds[b + 1]] for b in range(len(prompts))]
 
-    def generate_greedy(self, prompt_token_ids, max_new_tokens, *, stop_at_eos=True):
+    def generate_greedy(self, prompt_token_ids, max_new_tokens, *, stop_at_eos=True,
+                        cuda_graphs=None):
         """Greedy continuation of each prompt (a list of token-id lists of any lengths).
 
         Returns one list of new token ids per prompt, at most ``max_new_tokens`` long; with
         ``stop_at_eos`` a sequence ends at (and includes) its first end-of-sequence token.
+        ``cuda_graphs`` (default: on a GPU) replays each batch size's decode step from a CUDA
+        graph (``decode_graph``) instead of calling the ops from Python.
         Raises ``ValueError`` for empty prompts, ids outside the vocabulary, or a prompt plus
         ``max_new_tokens`` longer than the model's context.
         """
@@ -149,7 +167,13 @@ class Model:
         self.timings = Timings()
         if max_new_tokens == 0:
             return out
+        if cuda_graphs is None:
+            cuda_graphs = self.llama.device == "cuda"
+        elif cuda_graphs and self.llama.device != "cuda":
+            raise ValueError("cuda_graphs: CUDA graphs need a GPU (this is the simulator)")
+        graphs = {} if cuda_graphs else None
         cache, seqs = self._new_cache(prompts, max_new_tokens)
+        width = -(-(max(p.size for p in prompts) + max_new_tokens) // BLOCK_SIZE)
         start = time.perf_counter()
         ops = self.llama.ops
         logits = self.llama.forward(self._prefill_step(cache, seqs, prompts), cache)
@@ -165,9 +189,7 @@ class Model:
                 break
             active, tokens = [b for b, _ in going], [t for _, t in going]
             start = time.perf_counter()
-            logits = self.llama.forward(
-                self._decode_step(cache, [seqs[b] for b in active], tokens), cache)
-            tokens = ops.argmax(logits).tolist()
+            tokens = self._decode(cache, [seqs[b] for b in active], tokens, width, graphs)
             self.timings.decode_steps.append(time.perf_counter() - start)
         return out
 
