@@ -80,6 +80,8 @@ class Request:
     #: decoded output, cut before a stop string (only for requests with stop strings)
     text: str | None = None
     num_preemptions: int = 0
+    #: the sampler's seed for this request (``params.seed``, or one the engine draws)
+    sampling_seed: int = 0
 
     @property
     def num_tokens(self):

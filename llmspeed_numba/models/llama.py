@@ -8,9 +8,13 @@ up into one 2 x intermediate projection, so a layer is four GEMMs. GEMMs read th
 their checkpoint layout (out_features, in_features) as the transposed B operand; no copy.
 
 One layer function serves prefill and decode. A step is a packed batch of ``T`` new tokens of
-``B`` sequences (prefill: whole prompts; decode: one token each); only attention differs:
+``B`` sequences (prefill: whole prompts or chunks of them; decode: one token each); only attention
+differs:
 
-- prefill: ``flash_attn_varlen`` over the new tokens themselves (causal, each sequence alone);
+- prefill of a sequence's first tokens: ``flash_attn_varlen`` over the new tokens themselves
+  (causal, each sequence alone);
+- a later prefill chunk (its sequence's earlier tokens are in the cache): the chunk's queries over
+  the sequence's pages, ``paged_decode_attention`` with ``q_len`` = the chunk;
 - decode: ``paged_decode_attention`` over each sequence's pages.
 
 Both write the new keys and values into the paged cache first (``paged_kv_append``, one launch
@@ -32,8 +36,11 @@ class Step:
 
     token_ids (T,) int64 and positions (T,) int32: the new tokens. token_tables (T, W) int32:
     each new token's sequence's page row. cu_seqlens (B + 1,) int32 and max_seqlen: the packed
-    prompts (prefill). block_table (B, W) int32 and seq_lens (B,) int32: each sequence's pages
-    and its length after the step (decode). last_rows (B,) int64: each sequence's last token.
+    prompts starting at position 0 (prefill), rows ``0 .. cu_seqlens[-1]``. chunks: later
+    prefill chunks, each ``(row_begin, row_end, block_table (1, W) int32, seq_len (1,) int32)``
+    (the sequence's pages and its length after the step), rows after the fresh prompts.
+    block_table (B, W) int32 and seq_lens (B,) int32: each sequence's pages and its length after
+    the step (decode). last_rows (B,) int64: each sequence's last token.
     """
 
     token_ids: object
@@ -42,6 +49,7 @@ class Step:
     last_rows: object
     cu_seqlens: object = None
     max_seqlen: int = 0
+    chunks: tuple = ()
     block_table: object = None
     seq_lens: object = None
 
@@ -191,13 +199,25 @@ class LlamaModel:
         k_cache, v_cache = cache.k_cache[index], cache.v_cache[index]
         ops.paged_kv_append(k.unsqueeze(1), v.unsqueeze(1), k_cache, v_cache,
                             step.token_tables, step.positions)
-        window = c.sliding_window
+        window = (-1, -1) if c.sliding_window is None else (c.sliding_window - 1, 0)
         if step.is_decode:
-            out = ops.paged_decode_attention(
-                q, k_cache, v_cache, step.block_table, step.seq_lens,
-                window_size=(-1, -1) if window is None else (window - 1, 0))
+            out = ops.paged_decode_attention(q, k_cache, v_cache, step.block_table,
+                                             step.seq_lens, window_size=window)
+        elif not step.chunks:
+            out = ops.flash_attn_varlen(q, k, v, step.cu_seqlens, step.cu_seqlens,
+                                        step.max_seqlen, step.max_seqlen, causal=True,
+                                        window_size=window)
         else:
-            out = ops.flash_attn_varlen(
-                q, k, v, step.cu_seqlens, step.cu_seqlens, step.max_seqlen, step.max_seqlen,
-                causal=True, window_size=(-1, -1) if window is None else (window - 1, 0))
+            import torch
+
+            out = torch.empty((tokens, nq, d), dtype=q.dtype, device=q.device)
+            fresh = step.chunks[0][0]
+            if fresh:
+                ops.flash_attn_varlen(q[:fresh], k[:fresh], v[:fresh], step.cu_seqlens,
+                                      step.cu_seqlens, step.max_seqlen, step.max_seqlen,
+                                      causal=True, window_size=window, out=out[:fresh])
+            for begin, end, table, seq_len in step.chunks:
+                ops.paged_decode_attention(q[begin:end].unsqueeze(0), k_cache, v_cache, table,
+                                           seq_len, window_size=window,
+                                           out=out[begin:end].unsqueeze(0))
         return out.view(tokens, nq * d)

@@ -1,0 +1,166 @@
+"""Runs one scheduled engine step (a scheduler ``Batch``) on the model and samples its tokens.
+
+A step has up to two passes over the weights:
+
+- decode entries (one token each), batched, replayed from a CUDA graph per (batch bucket, table
+  width bucket): the batch is padded to the next bucket of ``BATCH_BUCKETS`` with rows that feed
+  a reserved scratch page, so a few graphs serve every batch size;
+- prefill entries (prompt chunks), packed into one eager forward: chunks that start a sequence
+  first (``flash_attn_varlen``), then chunks that continue one (paged attention over its cache).
+
+Tokens are drawn by the ``sample`` op from per-row parameters. A row's seed mixes the request's
+seed with the position of the token drawn, so a request's tokens do not depend on what else was
+batched with it, nor on being recomputed after a preemption.
+"""
+
+import numpy as np
+
+from ..models.decode_graph import SAMPLING_PARAMS, DecodeGraph
+from ..models.llama import Step
+
+#: Decode batch sizes with a graph of their own; other sizes are padded to the next one.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+#: Fewest pages a decode block table is wide (wider tables are rounded up to a power of two).
+MIN_WIDTH = 16
+_SEED_MIX = 0x9E3779B97F4A7C15
+
+
+def _bucket(n, buckets):
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"batch of {n} decodes exceeds the largest bucket {buckets[-1]}")
+
+
+def row_seed(seed, position):
+    """The sampler seed of the token at ``position`` of a request seeded ``seed`` (int64)."""
+    x = ((int(seed) * _SEED_MIX) ^ (int(position) + 1)) & (2**64 - 1)
+    return x - 2**64 if x >= 2**63 else x
+
+
+class ModelRunner:
+    """Executes scheduler batches for ``llama`` over ``cache`` (a ``PagedKVCache`` whose
+    allocator the scheduler uses). ``scratch_page``: a page owned by no sequence, where padded
+    decode rows write. ``cuda_graphs``: replay decode steps from graphs (GPU only)."""
+
+    def __init__(self, llama, cache, *, scratch_page, cuda_graphs, max_width):
+        self.llama, self.cache = llama, cache
+        self.scratch_page = scratch_page
+        self.cuda_graphs = cuda_graphs
+        self.max_width = max_width
+        self.graphs = {}
+        self.pool = None
+
+    # ---- host inputs ---------------------------------------------------------------------------
+
+    def _device(self, array):
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.llama.device)
+
+    @staticmethod
+    def _params(entries):
+        """Per-row sampling arrays (``SAMPLING_PARAMS`` order) of the entries' next tokens."""
+        rows = []
+        for e in entries:
+            p = e.request.params
+            position = e.start_position + e.num_new_tokens
+            rows.append((p.temperature, p.top_k, p.top_p, p.min_p,
+                         row_seed(e.request.sampling_seed, position)))
+        cols = list(zip(*rows)) if rows else [()] * len(SAMPLING_PARAMS)
+        return tuple(np.array(col, dtype) for col, (_, dtype) in zip(cols, SAMPLING_PARAMS))
+
+    def _width(self, longest_pages):
+        width = MIN_WIDTH
+        while width < longest_pages:
+            width *= 2
+        return min(width, max(self.max_width, longest_pages))
+
+    # ---- passes --------------------------------------------------------------------------------
+
+    def execute(self, batch):
+        """Run ``batch``; returns ``{request_id: token}`` for its sampling entries."""
+        entries = batch.entries
+        decodes, prefills = entries[:batch.num_decodes], entries[batch.num_decodes:]
+        sampling = set(batch.sample_indices)
+        out = {}
+        if decodes:
+            for e, token in zip(decodes, self._decode(decodes)):
+                out[e.request.request_id] = token
+        if prefills:
+            tokens = self._prefill(prefills)
+            for i, (e, token) in enumerate(zip(prefills, tokens), start=len(decodes)):
+                if i in sampling:
+                    out[e.request.request_id] = token
+        return out
+
+    def _decode(self, entries):
+        allocator = self.cache
+        seqs = [e.seq_id for e in entries]
+        longest = max(len(allocator.pages(s)) for s in seqs)
+        table, seq_lens = allocator.host_tables(seqs, width=self._width(longest))
+        tokens = np.array([e.token_ids[0] for e in entries], np.int64)
+        positions = np.array([e.start_position for e in entries], np.int32)
+        params = self._params(entries)
+        if not self.cuda_graphs:
+            return self._sample(self._run(Step(
+                token_ids=self._device(tokens), positions=self._device(positions),
+                token_tables=self._device(table),
+                last_rows=self._device(np.arange(len(entries), dtype=np.int64)),
+                block_table=self._device(table), seq_lens=self._device(seq_lens))), params)
+        n = len(entries)
+        rows = _bucket(n, BATCH_BUCKETS)
+        pad = rows - n
+        if pad:
+            tokens = np.concatenate([tokens, np.zeros(pad, np.int64)])
+            positions = np.concatenate([positions, np.zeros(pad, np.int32)])
+            table = np.concatenate([table, np.full((pad, table.shape[1]), self.scratch_page,
+                                                   np.int32)])
+            seq_lens = np.concatenate([seq_lens, np.ones(pad, np.int32)])
+            params = tuple(np.concatenate([col, np.zeros(pad, col.dtype)]) for col in params)
+        key = (rows, table.shape[1])
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = DecodeGraph(self.llama, self.cache, rows, table.shape[1],
+                                                   sampling=True, pool=self.pool)
+        tokens = graph.run(tokens, positions, table, seq_lens, params)
+        self.pool = graph.pool
+        return tokens[:n]
+
+    def _prefill(self, entries):
+        """One packed forward of the prefill chunks: each entry's next token (a list)."""
+        allocator = self.cache
+        order = sorted(range(len(entries)), key=lambda i: entries[i].start_position > 0)
+        ordered = [entries[i] for i in order]
+        lengths = [e.num_new_tokens for e in ordered]
+        seqs = [e.seq_id for e in ordered]
+        table, seq_lens = allocator.host_tables(seqs)
+        bounds = np.concatenate([[0], np.cumsum(lengths)])
+        fresh = [i for i, e in enumerate(ordered) if e.start_position == 0]
+        cu = bounds[:len(fresh) + 1].astype(np.int32)
+        chunks = tuple(
+            (int(bounds[i]), int(bounds[i + 1]), self._device(table[i:i + 1]),
+             self._device(seq_lens[i:i + 1]))
+            for i in range(len(fresh), len(ordered)))
+        step = Step(
+            token_ids=self._device(np.concatenate([e.token_ids for e in ordered]).astype(
+                np.int64)),
+            positions=self._device(np.concatenate([
+                np.arange(e.start_position, e.start_position + e.num_new_tokens, dtype=np.int32)
+                for e in ordered])),
+            token_tables=self._device(np.repeat(table, lengths, axis=0)),
+            last_rows=self._device(bounds[1:].astype(np.int64) - 1),
+            cu_seqlens=self._device(cu), max_seqlen=max([lengths[i] for i in fresh] or [0]),
+            chunks=chunks)
+        tokens = self._sample(self._run(step), self._params(ordered))
+        result = [None] * len(entries)
+        for slot, i in enumerate(order):
+            result[i] = tokens[slot]
+        return result
+
+    def _run(self, step):
+        return self.llama.forward(step, self.cache)
+
+    def _sample(self, logits, params):
+        arrays = {name: self._device(col) for (name, _), col in zip(SAMPLING_PARAMS, params)}
+        return self.llama.ops.sample(logits, **arrays).tolist()
