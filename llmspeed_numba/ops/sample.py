@@ -782,7 +782,7 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, ou
     rows, cols = tx.shape
     if cols == 0:
         raise ValueError(f"logits: expected a non-empty vocabulary, got shape {tx.shape}")
-    if cols > 1 and tx.strides[1] != 1:
+    if rows and cols > 1 and tx.strides[1] != 1:
         raise ValueError(f"logits: expected the last dimension to be contiguous (stride 1), got "
                          f"strides {tx.strides}")
     if cols > MAX_VOCAB:
