@@ -17,6 +17,7 @@ from .ops.paged_decode import paged_decode_attention
 from .ops.paged_kv_append import paged_kv_append
 from .ops.rms_norm import rms_norm
 from .ops.rotary import rotary_embedding
+from .ops.sample import sample
 from .ops.softmax import argmax, softmax
 from .ops.warp_tile import warp_tile_matmul
 from .paged_cache import OutOfPages, PageAllocator, PagedKVCache
@@ -28,7 +29,7 @@ __all__ = [
     "gemm", "GemmConfig", "autotune",
     "flash_attn", "flash_attn_varlen",
     "rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul", "gelu", "gelu_and_mul",
-    "softmax", "argmax", "embedding",
+    "softmax", "argmax", "sample", "embedding",
     "paged_decode_attention", "paged_kv_append", "PagedKVCache", "PageAllocator", "OutOfPages",
     "warp_tile_matmul",
 ]

@@ -1,0 +1,827 @@
+"""Token sampling on the GPU: temperature, top-k, top-p (nucleus) and min-p, vLLM's conventions,
+without sorting the vocabulary.
+
+    greedy (temperature 0): token = argmax(logits[r])  (lowest index among ties, as ``argmax``)
+    otherwise:              p = softmax(logits[r] / T), filtered, renormalised, one draw
+
+Filters, applied in this order on the temperature-scaled distribution (each keeps an upper set of
+logits, so the kept set is always "every logit >= some threshold"):
+- top_k > 0 (and < vocab): keep every token whose logit is >= the k-th largest logit: ties at the
+  boundary are all kept (as vLLM's ``apply_top_k_top_p``: ``logits < kth_value`` is masked);
+- top_p < 1: on the top-k-renormalised distribution, keep token i when the mass of the tokens with
+  a strictly larger logit is < top_p (the sorted-cumsum rule of vLLM / torch, "keep while the mass
+  before the token is < top_p", with tokens of equal logits kept or dropped together; the most
+  likely token is always kept);
+- min_p > 0: keep tokens with p >= min_p * p_max (independent of renormalisation).
+
+Layout: ``logits`` (rows, vocab) fp16 / bf16 / fp32, last dimension contiguous (any row stride);
+per-row parameters are scalars or device arrays of shape (rows,) (temperature / top_p / min_p
+float32, top_k int32, seed int64) read by the kernel, so a captured CUDA graph replays with new
+values. Output int64 (rows,).
+
+Randomness: one 53-bit uniform per row, ``u = splitmix64(seed)``: a row's token depends only on its
+logits, its parameters and its seed - not on the batch, its row index or the array layout - and
+is the same on every run and every GPU. A scalar seed is every row's seed (two rows with equal
+logits then draw the same token): pass a seed per row for independent rows.
+
+Kernel: one block of ``threads`` (a power of two, 1..``MAX_THREADS``, from the vocabulary alone:
+about ``TILES_PER_THREAD`` tiles a thread) per row; blocks of a warp or more reduce with warp
+shuffles, smaller ones (vocabularies under 1024) through shared memory. The row is read in tiles
+of 8 elements (one 16-byte load of halves, two of floats when aligned; scalar loads otherwise),
+thread t owning tiles t, t + threads, ... in that order. Passes over the row (the first from HBM,
+the later ones mostly from L2):
+1. argmax: the row max M and its index (greedy rows, and rows with NaN / +-inf max, stop here
+   and return it, as ``argmax`` does).
+2. top-k / top-p only: a histogram of the logit deficit ``M - x`` in ``BINS`` bins of
+   ``1 / BINS_PER_LOGIT`` (the last bin catches the rest), counts and probability masses
+   (``exp2((x - M) log2(e) / T)`` in 2^-40 fixed point: integer sums, so the block's totals are
+   the same bits on every run) in shared memory. Bins are linear in the logit, so the bulk of a
+   vocabulary spreads over many bins (few atomic conflicts). A block-wide scan finds the bin
+   holding the k-th largest logit, then the top-p bin.
+3. inside a threshold bin, radix select over the order-preserving bits of the logit (digits of at
+   most 11 bits: 2 passes for fp16 / bf16, 3 for fp32), histograms of the bin's tokens only; the
+   exact threshold, ties included. top-k then top-p: up to 2 + 2 x digits passes.
+4. sampling: each thread sums ``exp2((x - M) scale)`` over its kept tokens in fp32 (in its tile
+   order), the sums go to 2^-32 fixed point, an integer block scan finds the thread where
+   ``floor(u * total)`` falls, and that thread re-walks its tiles (same sums, same bits) to the
+   token: inverse-transform sampling over a fixed token order, one exponential per token.
+
+So plain temperature (or min-p) sampling reads the row twice; top-k or top-p add 3 (halves) or 4
+(fp32) passes each. Shared memory: the histograms (``BINS`` and ``2^11`` bins of u32 counts and
+u64 masses) and the scan buffers, 38 KB at 512 threads. Registers (sm_90a, 512 threads): 109,
+no local memory.
+
+Invalid per-row array values are not checked on the device (that would need a host sync): they
+give unspecified tokens, never an access outside the arrays (temperature <= 0 or NaN is greedy,
+top_k <= 0 or >= vocab and top_p >= 1 or NaN are off, top_p <= 0 keeps the top tokens, min_p > 1
+acts as 1).
+"""
+
+import functools
+import math
+
+import numpy as np
+from numba import types
+
+from .. import compile_check, ptx
+from .._arrays import empty, kernel_buffer, stream_handle
+from .._checks import output, tensor
+from .._env import SIMULATOR, cuda
+from .._launch import Kernel, array1d, jit
+from . import _rowwise as rw
+from .softmax import _argmax_key, _key_max
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32")
+#: Elements of a tile (one 16-byte load of halves, two of floats).
+TILE = 8
+#: Threads of a row's block at most (one block a row; 512 leaves room for 2 blocks an SM).
+MAX_THREADS = 512
+#: Tiles a thread aims for when the vocabulary is small (fewer threads for short rows).
+TILES_PER_THREAD = 4
+#: Tiles loaded before any is used (loads in flight per thread). The kernel holds every pass in
+#: one body: at 4 it needs 128 registers and still spills a few words (sm_90a, 512 threads); at 2,
+#: 109 registers and no local memory.
+UNROLL = 2
+#: Logit-deficit histogram: bins per logit unit and bins (the last catches every deficit beyond
+#: (BINS - 1) / BINS_PER_LOGIT = 32 logits, p / p_max < 1e-13 at temperature 1).
+BINS_PER_LOGIT = 16
+BINS = 512
+#: Widest radix digit (histogram of 2^11 bins).
+DIGIT_BITS = 11
+#: Under the simulator, whose cost is per Python operation, smaller histograms (the thresholds are
+#: exact for any sizes: they only trade histogram work against passes; tests run both).
+if SIMULATOR:
+    BINS, DIGIT_BITS = 64, 6
+#: Fixed-point scales: bin masses (p / p_max in [0, 1], summed over at most 2^23 tokens) and the
+#: per-thread sums of the sampling pass (at most 2^16 tokens a thread).
+MASS_ONE = 2.0**40
+SUM_ONE = 2.0**32
+#: Largest vocabulary (fixed-point sums stay below 2^63).
+MAX_VOCAB = 2**23
+
+#: Bits of the per-row parameter mask telling which parameters are arrays.
+_T_ARRAY, _K_ARRAY, _P_ARRAY, _MINP_ARRAY, _SEED_ARRAY = 1, 2, 4, 8, 16
+
+_F0 = np.float32(0.0)
+_NEG_INF = np.float32(-np.inf)
+_LOG2E = np.float32(math.log2(math.e))
+_U32_MAX = np.uint32(0xFFFFFFFF)
+_U32_SIGN = np.uint32(0x80000000)
+_U64_0 = np.uint64(0)
+_U64_1 = np.uint64(1)
+_U32_0 = np.uint32(0)
+_U32_1 = np.uint32(1)
+_MASS_ONE = np.float32(MASS_ONE)
+_SUM_ONE = np.float64(SUM_ONE)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31, _S11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
+_2_M53 = np.float64(2.0**-53)
+
+
+# ---- device helpers ----------------------------------------------------------------------------
+
+if SIMULATOR:  # NumPy warns on uint64 wrap-around: Python ints, masked
+    _M64 = (1 << 64) - 1
+
+    @cuda.jit(device=True, inline="always")
+    def _uniform(seed):
+        z = (int(seed) + int(_GOLDEN)) & _M64
+        z = ((z ^ (z >> 30)) * int(_MIX1)) & _M64
+        z = ((z ^ (z >> 27)) * int(_MIX2)) & _M64
+        z = z ^ (z >> 31)
+        return np.float64(z >> 11) * _2_M53
+else:
+    @cuda.jit(device=True, inline="always")
+    def _uniform(seed):
+        """A uniform double in [0, 1) from a 64-bit seed (splitmix64: one step, then the
+        finaliser)."""
+        z = np.uint64(seed) + _GOLDEN
+        z = (z ^ (z >> _S30)) * _MIX1
+        z = (z ^ (z >> _S27)) * _MIX2
+        z = z ^ (z >> _S31)
+        return np.float64(z >> _S11) * _2_M53
+
+
+@cuda.jit(device=True, inline="always")
+def _key(v):
+    """Order-preserving uint32 of a float32 (-0 and 0 equal)."""
+    bits = ptx.f32_bits(v)
+    if v == _F0:
+        bits = _U32_0
+    if bits & _U32_SIGN:
+        return bits ^ _U32_MAX
+    return bits | _U32_SIGN
+
+
+@cuda.jit(device=True, inline="always")
+def _from_key(k):
+    """Inverse of ``_key`` (argmax keys: NaN is 0x7FFFFFFF)."""
+    if k & _U32_SIGN:
+        return ptx.f32_from_bits(k ^ _U32_SIGN)
+    return ptx.f32_from_bits(k ^ _U32_MAX)
+
+
+@functools.lru_cache(maxsize=None)
+def _binner(bins, per_logit):
+    """Device function ``bin(v, m)``: the deficit bin of logit v below the row max m, in
+    ``bins`` bins of ``1 / per_logit`` logits, the last one catching the rest (monotone: larger
+    logits, lower bins)."""
+    last = np.float32(bins - 1)
+    rx = np.float32(per_logit)
+
+    @cuda.jit(device=True, inline="always")
+    def bin_of(v, m):
+        d = (m - v) * rx
+        if d < last:
+            return np.int32(d)
+        return np.int32(bins - 1)
+
+    return bin_of
+
+
+@functools.lru_cache(maxsize=None)
+def _syncer(threads):
+    """``cuda.syncthreads`` for blocks of more than one thread (nothing for one thread)."""
+    if threads > 1:
+        @cuda.jit(device=True, inline="always")
+        def sync():
+            cuda.syncthreads()
+    else:
+        @cuda.jit(device=True, inline="always")
+        def sync():
+            pass
+    return sync
+
+
+@cuda.jit(device=True, inline="always")
+def _weight(v, m, scale):
+    """p / p_max = 2^((v - m) scale); 0 for -inf (also at temperature inf)."""
+    if v > _NEG_INF:
+        return ptx.ex2_approx((v - m) * scale)
+    return _F0
+
+
+@cuda.jit(device=True, inline="always")
+def _min_f32(a, b):
+    return a if a <= b else b
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_loader(k, vector):
+    """Device function ``load(x, xo, tile, cols, a, a0)``: the tile's 8 elements as float32 into
+    ``a[a0:a0 + 8]`` (-inf past the row's end); 16-byte loads for full tiles when ``vector``."""
+    load8 = rw.chunk_loader(k, TILE)
+    load1 = rw.chunk_loader(k, 1)
+
+    @cuda.jit(device=True, inline="always")
+    def load(x, xo, tile, cols, a, a0):
+        j = tile * TILE
+        if vector and j + TILE <= cols:
+            load8(x, xo + j, a, a0)
+        else:
+            for i in range(TILE):
+                if j + i < cols:
+                    load1(x, xo + j + i, a, a0 + i)
+                else:
+                    a[a0 + i] = _NEG_INF
+
+    return load
+
+
+@functools.lru_cache(maxsize=None)
+def _block_scan2(threads):
+    """Device function ``scan(a, b, buf_a, buf_b) -> (a, b)``: inclusive block-wide prefix sums of
+    two uint64 values (Hillis-Steele in shared memory; integer sums, exact). Every thread calls."""
+    sync = _syncer(threads)
+
+    @cuda.jit(device=True, inline="always")
+    def scan(a, b, buf_a, buf_b):
+        t = cuda.threadIdx.x
+        sync()  # earlier readers of the buffers are done
+        buf_a[t] = a
+        buf_b[t] = b
+        sync()
+        off = 1
+        while off < threads:
+            pa = _U64_0
+            pb = _U64_0
+            if t >= off:
+                pa = buf_a[t - off]
+                pb = buf_b[t - off]
+            sync()
+            a += pa
+            b += pb
+            buf_a[t] = a
+            buf_b[t] = b
+            sync()
+            off *= 2
+        return a, b
+
+    return scan
+
+
+@functools.lru_cache(maxsize=None)
+def _block_search(threads):
+    """Device function ``search(prim, sec, n, need, buf_a, buf_b, res) -> (i, prim_before,
+    sec_before, prim_at, sec_at)``: the first histogram slot ``i`` < n whose inclusive running
+    sum of ``prim`` reaches ``need``, with the running sums of ``prim`` and ``sec`` before it and
+    both values at it. Slot 0 (zeros before) when none does. Every thread calls; each sums a
+    run of consecutive slots, an integer block scan places the crossing in one thread."""
+    sync = _syncer(threads)
+    scan = _block_scan2(threads)
+
+    @cuda.jit(device=True, inline="always")
+    def search(prim, sec, n, need, buf_a, buf_b, res):
+        t = cuda.threadIdx.x
+        per = (n + threads - 1) // threads
+        lp = _U64_0
+        ls = _U64_0
+        for i in range(per):
+            s = t * per + i
+            if s < n:
+                lp += np.uint64(prim[s])
+                ls += np.uint64(sec[s])
+        if t == 0:
+            res[0] = _U64_0
+            res[1] = _U64_0
+            res[2] = _U64_0
+            res[3] = np.uint64(prim[0])
+            res[4] = np.uint64(sec[0])
+        ip, is_ = scan(lp, ls, buf_a, buf_b)  # (synchronises before its first write)
+        cp = ip - lp
+        cs = is_ - ls
+        if cp < need and need <= ip:
+            found = False
+            for i in range(per):
+                s = t * per + i
+                if s < n and not found:
+                    vp = np.uint64(prim[s])
+                    vs = np.uint64(sec[s])
+                    if cp + vp >= need:
+                        res[0] = np.uint64(s)
+                        res[1] = cp
+                        res[2] = cs
+                        res[3] = vp
+                        res[4] = vs
+                        found = True
+                    cp += vp
+                    cs += vs
+        sync()
+        return np.int32(res[0]), res[1], res[2], res[3], res[4]
+
+    return search
+
+
+@functools.lru_cache(maxsize=None)
+def _block_total(threads):
+    """Device function ``total(arr, n, buf_a, buf_b) -> uint64``: the sum of ``arr[0:n]``, the
+    same in every thread (integer: exact). Every thread calls."""
+    scan = _block_scan2(threads)
+
+    @cuda.jit(device=True, inline="always")
+    def total(arr, n, buf_a, buf_b):
+        s = _U64_0
+        for i in range(cuda.threadIdx.x, n, threads):
+            s += np.uint64(arr[i])
+        scan(s, _U64_0, buf_a, buf_b)
+        return buf_a[threads - 1]
+
+    return total
+
+
+@functools.lru_cache(maxsize=None)
+def _small_reducer(threads, combine):
+    """``rw.row_reducer`` for blocks of fewer than 32 threads (no warp shuffles, whose full lane
+    mask needs a whole warp): every thread combines the block's values from shared memory, in
+    thread order."""
+    sync = _syncer(threads)
+
+    @cuda.jit(device=True, inline="always")
+    def reduce(value, scratch):
+        sync()
+        scratch[cuda.threadIdx.x] = value
+        sync()
+        value = scratch[0]
+        for i in range(1, threads):
+            value = combine(value, scratch[i])
+        return value
+
+    return reduce
+
+
+@functools.lru_cache(maxsize=None)
+def _small_pair_reducer(threads, combine):
+    """``rw.row_pair_reducer`` (float32 pairs) for blocks of fewer than 32 threads."""
+    sync = _syncer(threads)
+
+    @cuda.jit(device=True, inline="always")
+    def reduce(a, b, scratch):
+        t = cuda.threadIdx.x
+        sync()
+        scratch[t] = a
+        scratch[threads + t] = b
+        sync()
+        a = scratch[0]
+        b = scratch[threads]
+        for i in range(1, threads):
+            a, b = combine(a, b, scratch[i], scratch[threads + i])
+        return a, b
+
+    return reduce
+
+
+def _key_digits(k, digit_bits):
+    """``(low_bit, width, levels)`` of the radix select: the significant bits of the float32 key
+    of a ``k`` element (bf16: the top 16; fp16 values in fp32: the top 19), cut into
+    ``levels`` digits of at most ``digit_bits``."""
+    low = {rw.KIND_BF16: 16, rw.KIND_F16: 13, rw.KIND_F32: 0}[k]
+    bits = 32 - low
+    levels = -(-bits // digit_bits)
+    return low, -(-bits // levels), levels
+
+
+# ---- the kernel --------------------------------------------------------------------------------
+
+def _sample_kernel_fn(k, vector, threads, bins, digit_bits):
+    load = _tile_loader(k, vector)
+    if threads >= 32:
+        reduce_key = rw.row_pair_reducer(threads, _key_max, False)
+        reduce_min = rw.row_reducer(threads, _min_f32)
+    else:
+        reduce_key = _small_pair_reducer(threads, _key_max)
+        reduce_min = _small_reducer(threads, _min_f32)
+    scan = _block_scan2(threads)
+    search = _block_search(threads)
+    total = _block_total(threads)
+    pair_slots = 2 * max(rw.scratch_slots(threads, 1), threads if threads < 32 else 1)
+    sync = _syncer(threads)
+    bin_of = _binner(bins, BINS_PER_LOGIT)
+    low, width, levels = _key_digits(k, digit_bits)
+    hist = 1 << digit_bits
+    step = UNROLL * threads
+    na = UNROLL * TILE
+
+    @cuda.jit(device=True, inline="always")
+    def kept_weight(v, valid, m, scale, kb, kt, lmin):
+        """Weight of a token in the sampling pass: 0 unless valid and kept by every filter."""
+        w = _F0
+        if valid and (v - m) * scale >= lmin:
+            b = bin_of(v, m)
+            if b < kb or (b == kb and _key(v) >= kt):
+                w = _weight(v, m, scale)
+        return w
+
+    @cuda.jit(device=True, inline="always")
+    def refine(x, xo, cols, ntiles, m, scale, b, need, by_mass, floor_t, dcnt, dmass, buf_a,
+               buf_b, res, a):
+        """Radix select inside deficit bin ``b`` over the tokens with key >= ``floor_t``: the
+        largest key threshold t such that the tokens with key >= t reach ``need`` of the count
+        (``by_mass`` False: top-k) or of the mass (True: top-p), i.e. the first key, from the
+        top, where the running count / mass reaches ``need``. Returns (t, count, mass) of the
+        tokens of the bin with key >= t (every token of key t is kept: ties)."""
+        t = cuda.threadIdx.x
+        prefix = _U32_0
+        above_c = _U64_0
+        above_m = _U64_0
+        c_at = _U64_0
+        m_at = _U64_0
+        for level in range(levels):
+            hi = 32 - level * width
+            lo = max(hi - width, low)
+            nd = 1 << (hi - lo)
+            for s in range(t, nd, threads):
+                dcnt[s] = _U32_0
+                dmass[s] = _U64_0
+            sync()
+            tile = t
+            while tile < ntiles:
+                for u in range(UNROLL):
+                    if tile + u * threads < ntiles:
+                        load(x, xo, tile + u * threads, cols, a, u * TILE)
+                for u in range(UNROLL):
+                    tu = tile + u * threads
+                    if tu < ntiles:
+                        for i in range(TILE):
+                            v = a[u * TILE + i]
+                            if tu * TILE + i < cols and bin_of(v, m) == b:
+                                kv = _key(v)
+                                if (kv >= floor_t
+                                        and (np.uint64(kv ^ prefix) >> np.uint64(hi)) == _U64_0):
+                                    d = (nd - 1) - np.int32((kv >> np.uint32(lo))
+                                                            & np.uint32(nd - 1))
+                                    cuda.atomic.add(dcnt, d, _U32_1)
+                                    cuda.atomic.add(
+                                        dmass, d, np.uint64(_weight(v, m, scale) * _MASS_ONE))
+                tile += step
+            sync()
+            if by_mass:
+                d, m_before, c_before, m_at, c_at = search(dmass, dcnt, nd, need - above_m,
+                                                           buf_a, buf_b, res)
+            else:
+                d, c_before, m_before, c_at, m_at = search(dcnt, dmass, nd, need - above_c,
+                                                           buf_a, buf_b, res)
+            above_c += c_before
+            above_m += m_before
+            prefix |= np.uint32((nd - 1) - d) << np.uint32(lo)
+            sync()
+        return prefix, above_c + c_at, above_m + m_at
+
+    def sample_kernel(x, out, temps, top_ks, top_ps, min_ps, seeds, temp_s, top_k_s, top_p_s,
+                      min_p_s, seed_s, arrays, cols, x_stride, o_stride):
+        scratch = cuda.shared.array(pair_slots, np.float32)
+        bcnt = cuda.shared.array(bins, np.uint32)
+        bmass = cuda.shared.array(bins, np.uint64)
+        dcnt = cuda.shared.array(hist, np.uint32)
+        dmass = cuda.shared.array(hist, np.uint64)
+        buf_a = cuda.shared.array(threads, np.uint64)
+        buf_b = cuda.shared.array(threads, np.uint64)
+        res = cuda.shared.array(5, np.uint64)
+        a = cuda.local.array(na, np.float32)
+        t = cuda.threadIdx.x
+        row = cuda.blockIdx.x
+        xo = np.int64(row) * x_stride
+        ntiles = (cols + TILE - 1) // TILE
+
+        # ---- pass 1: argmax (the lowest index of the max; NaN counts as the largest) --------
+        bv = _NEG_INF
+        bi = np.int32(-1)
+        tile = t
+        while tile < ntiles:
+            for u in range(UNROLL):
+                if tile + u * threads < ntiles:
+                    load(x, xo, tile + u * threads, cols, a, u * TILE)
+            for u in range(UNROLL):
+                tu = tile + u * threads
+                if tu < ntiles:
+                    for i in range(TILE):
+                        v = a[u * TILE + i]
+                        if tu * TILE + i < cols and (bi < 0 or v > bv or (v != v and bv == bv)):
+                            bv = v
+                            bi = np.int32(tu * TILE + i)
+            tile += step
+        hi, lo = _argmax_key(bv, bi)
+        hf, lf = reduce_key(ptx.f32_from_bits(hi), ptx.f32_from_bits(lo), scratch)
+        best = np.int64(_U32_MAX - ptx.f32_bits(lf))
+        m = _from_key(ptx.f32_bits(hf))
+
+        temp = temps[row] if arrays & _T_ARRAY else temp_s
+        if not (temp > _F0) or not (m > _NEG_INF and m < -_NEG_INF):
+            if t == 0:
+                out[np.int64(row) * o_stride] = best
+            return
+        top_k = top_ks[row] if arrays & _K_ARRAY else top_k_s
+        top_p = top_ps[row] if arrays & _P_ARRAY else top_p_s
+        min_p = min_ps[row] if arrays & _MINP_ARRAY else min_p_s
+        seed = seeds[row] if arrays & _SEED_ARRAY else seed_s
+        scale = _LOG2E / temp
+        use_k = top_k > 0 and top_k < cols
+        use_p = top_p < np.float32(1.0)  # NaN: off
+        lmin = _NEG_INF
+        if min_p > _F0:
+            lmin = min(math.log2(min_p), _F0)
+
+        # kept: deficit bin < kb, or == kb with key >= kt (kb = bins: every bin)
+        kb = np.int32(bins)
+        kt = _U32_0
+        if use_k or use_p:
+            # ---- pass 2: deficit histogram (counts, and masses for top-p) -------------------
+            for s in range(t, bins, threads):
+                bcnt[s] = _U32_0
+                bmass[s] = _U64_0
+            sync()
+            far_cnt = _U32_0
+            far_mass = _U64_0
+            tile = t
+            while tile < ntiles:
+                for u in range(UNROLL):
+                    if tile + u * threads < ntiles:
+                        load(x, xo, tile + u * threads, cols, a, u * TILE)
+                for u in range(UNROLL):
+                    tu = tile + u * threads
+                    if tu < ntiles:
+                        for i in range(TILE):
+                            if tu * TILE + i < cols:
+                                v = a[u * TILE + i]
+                                b = bin_of(v, m)
+                                q = _U64_0
+                                if use_p:
+                                    q = np.uint64(_weight(v, m, scale) * _MASS_ONE)
+                                if b < bins - 1:
+                                    cuda.atomic.add(bcnt, b, _U32_1)
+                                    if use_p:
+                                        cuda.atomic.add(bmass, b, q)
+                                else:
+                                    far_cnt += _U32_1
+                                    far_mass += q
+                tile += step
+            if far_cnt > _U32_0:
+                cuda.atomic.add(bcnt, bins - 1, far_cnt)
+                cuda.atomic.add(bmass, bins - 1, far_mass)
+            sync()
+
+            total_mass = _U64_0
+            if use_k:
+                b, c_before, m_before, c_at, m_at = search(
+                    bcnt, bmass, bins, np.uint64(top_k), buf_a, buf_b, res)
+                kb = b
+                kept_cnt = c_at
+                kept_mass = m_at
+                if c_before + c_at > np.uint64(top_k):
+                    kt, kept_cnt, kept_mass = refine(
+                        x, xo, cols, ntiles, m, scale, b, np.uint64(top_k) - c_before, False,
+                        _U32_0, dcnt, dmass, buf_a, buf_b, res, a)
+                total_mass = m_before + kept_mass
+                if use_p:
+                    sync()
+                    if t == 0:  # the top-p scan sees only what top-k keeps
+                        bcnt[b] = np.uint32(kept_cnt)
+                        bmass[b] = kept_mass
+                    sync()
+            if use_p:
+                if not use_k:
+                    total_mass = total(bmass, bins, buf_a, buf_b)
+                tf = math.ceil(np.float64(top_p) * np.float64(total_mass))
+                target = _U64_1
+                if tf > 1:
+                    target = np.uint64(tf)
+                b, m_before, c_before, m_at, c_at = search(bmass, bcnt, bins, target, buf_a,
+                                                           buf_b, res)
+                floor_t = kt if b == kb else _U32_0
+                if c_at > _U64_1:
+                    pt, _, _ = refine(x, xo, cols, ntiles, m, scale, b, target - m_before,
+                                      True, floor_t, dcnt, dmass, buf_a, buf_b, res, a)
+                else:
+                    pt = floor_t
+                kb = b
+                kt = pt
+
+        # ---- sampling pass: per-thread sums of the kept tokens' weights --------------------
+        z = _F0
+        tile = t
+        while tile < ntiles:
+            for u in range(UNROLL):
+                if tile + u * threads < ntiles:
+                    load(x, xo, tile + u * threads, cols, a, u * TILE)
+            for u in range(UNROLL):
+                tu = tile + u * threads
+                if tu < ntiles:
+                    for i in range(TILE):
+                        z += kept_weight(a[u * TILE + i], tu * TILE + i < cols, m, scale, kb,
+                                         kt, lmin)
+            tile += step
+        zq = np.uint64(np.float64(z) * _SUM_ONE)
+        incl, _ = scan(zq, _U64_0, buf_a, buf_b)
+        z_total = buf_a[threads - 1]
+        target = np.uint64(_uniform(seed) * np.float64(z_total))
+        if target >= z_total and z_total > _U64_0:
+            target = z_total - _U64_1
+        # the first thread whose inclusive sum passes the target (integer sums: exactly one
+        # thread has excl <= target < incl, unless the total is 0)
+        mine = np.float32(t) if incl > target else np.float32(threads)
+        owner = np.int32(reduce_min(mine, scratch))
+        if t == owner:
+            r = np.float64(target - (incl - zq))
+            c = _F0
+            pick = best
+            found = False
+            tile = t
+            while tile < ntiles and not found:
+                for u in range(UNROLL):
+                    if tile + u * threads < ntiles:
+                        load(x, xo, tile + u * threads, cols, a, u * TILE)
+                for u in range(UNROLL):
+                    tu = tile + u * threads
+                    if tu < ntiles:
+                        for i in range(TILE):
+                            c += kept_weight(a[u * TILE + i], tu * TILE + i < cols, m, scale,
+                                             kb, kt, lmin)
+                            if not found and np.float64(c) * _SUM_ONE > r:
+                                pick = np.int64(tu * TILE + i)
+                                found = True
+                tile += step
+            out[np.int64(row) * o_stride] = pick
+        elif owner >= threads and t == 0:  # no mass at all (cannot happen for finite rows)
+            out[np.int64(row) * o_stride] = best
+
+    return sample_kernel
+
+
+def _buf(k):
+    return array1d(np.float32 if k == rw.KIND_F32 else np.uint16)
+
+
+def _signature(k):
+    f32 = array1d(np.float32)
+    return (_buf(k), array1d(np.int64), f32, array1d(np.int32), f32, f32, array1d(np.int64),
+            types.float32, types.int32, types.float32, types.float32, types.int64, types.int32,
+            types.int32, types.int64, types.int64)
+
+
+def _options(threads):
+    """One block of up to 512 threads an SM (109 registers: a 64-register cap spills)."""
+    return {"launch_bounds": (threads, 1)}
+
+
+@functools.lru_cache(maxsize=None)
+def _sample_kernel(k, vector, threads, bins, digit_bits):
+    return Kernel(jit(_sample_kernel_fn(k, vector, threads, bins, digit_bits),
+                      **_options(threads)),
+                  _signature(k), "sample_kernel")
+
+
+def threads_for(vocab):
+    """Threads of a row's block: a function of the vocabulary only, so a row's token does not
+    depend on the batch or the layout."""
+    tiles = -(-vocab // TILE)
+    return min(rw.pow2_ceil(-(-tiles // TILES_PER_THREAD)), MAX_THREADS)
+
+
+# ---- host side ----------------------------------------------------------------------------------
+
+_DUMMIES = {}
+
+
+def _dummy(like, dtype):
+    """A one-element device array standing in for a parameter given as a scalar."""
+    if SIMULATOR:
+        return np.zeros(1, dtype)
+    device = like.obj.device.index if like.kind == "torch" else cuda.get_current_device().id
+    key = (device, np.dtype(dtype).name)
+    buf = _DUMMIES.get(key)
+    if buf is None:
+        buf = _DUMMIES[key] = cuda.to_device(np.zeros(1, dtype))
+    return kernel_buffer(tensor(buf, "dummy"))
+
+
+def _param(name, value, rows, dtype, like, kind_ok, check):
+    """``(scalar, array buffer, is_array)`` of one parameter: a Python scalar (checked by
+    ``check``) or a device array (rows,) of ``dtype``."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected {kind_ok[1]} or a {dtype} array of shape ({rows},), "
+                        f"got bool")
+    if isinstance(value, kind_ok[0]):
+        check(value)
+        return value, _dummy(like, dtype), False
+    try:
+        tv = tensor(value, name)
+    except TypeError:
+        raise TypeError(f"{name}: expected {kind_ok[1]} or a {dtype} array of shape ({rows},), "
+                        f"got {type(value).__name__}") from None
+    if tv.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {tv.dtype}")
+    if tv.shape != (rows,):
+        raise ValueError(f"{name}: expected shape ({rows},) (one value a row of logits), got "
+                         f"{tv.shape}")
+    if rows > 1 and tv.strides[0] != 1:
+        raise ValueError(f"{name}: expected a contiguous array, got strides {tv.strides}")
+    return 0, kernel_buffer(tv), True
+
+
+_FLOAT = ((int, float, np.floating, np.integer), "a float")
+_INT = ((int, np.integer), "an int")
+
+
+def _check_temperature(v):
+    if not (math.isfinite(v) and v >= 0):
+        raise ValueError(f"temperature: expected a finite float >= 0, got {v}")
+
+
+def _check_top_k(v):
+    if v < 0:
+        raise ValueError(f"top_k: expected an int >= 0 (0: off), got {v}")
+
+
+def _check_top_p(v):
+    if not (0 < v <= 1):
+        raise ValueError(f"top_p: expected a float in (0, 1], got {v}")
+
+
+def _check_min_p(v):
+    if not (0 <= v <= 1):
+        raise ValueError(f"min_p: expected a float in [0, 1], got {v}")
+
+
+def _check_seed(v):
+    if not (-2**63 <= v < 2**64):
+        raise ValueError(f"seed: expected a 64-bit int, got {v}")
+
+
+def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, out=None,
+           stream=None):
+    """Sample one token per row of ``logits`` (vLLM's sampling parameters), on the GPU.
+
+    Args:
+        logits: (rows, vocab) fp16 / bf16 / fp32, last dimension contiguous.
+        temperature: float >= 0 (0: greedy, the argmax) or a float32 array (rows,).
+        top_k: int >= 0 (0: off; keeps every logit >= the k-th largest, ties included) or an
+            int32 array (rows,).
+        top_p: float in (0, 1] (1: off) or a float32 array (rows,).
+        min_p: float in [0, 1] (0: off) or a float32 array (rows,).
+        seed: int (every row's seed) or an int64 array (rows,). The token of a row depends only
+            on its logits, its parameters and its seed.
+        out: optional int64 (rows,).
+        stream: CUDA stream (default: the caller's framework's current stream).
+
+    Filters apply in the order top_k, top_p (on the top-k-renormalised distribution), min_p, on
+    softmax(logits / temperature); the draw is from the renormalised kept set. Array parameters
+    are not range-checked (no host sync): invalid values give unspecified tokens, never an
+    out-of-bounds access. Rows whose max is NaN or +-inf return their argmax.
+
+    Returns:
+        ``out``: int64 token ids (rows,), in logits' array kind.
+
+    Raises:
+        TypeError: non-arrays, unsupported dtypes, parameters of the wrong type or dtype,
+            ``out`` not int64.
+        ValueError: logits not 2-D, an empty vocabulary, a non-contiguous last dimension,
+            parameter arrays or ``out`` of the wrong shape, scalars out of range.
+        NotImplementedError: a vocabulary over 2^23.
+    """
+    tx = tensor(logits, "logits", ndim=2, dtypes=FLOAT_DTYPES)
+    rows, cols = tx.shape
+    if cols == 0:
+        raise ValueError(f"logits: expected a non-empty vocabulary, got shape {tx.shape}")
+    if rows and cols > 1 and tx.strides[1] != 1:
+        raise ValueError(f"logits: expected the last dimension to be contiguous (stride 1), got "
+                         f"strides {tx.strides}")
+    if cols > MAX_VOCAB:
+        raise NotImplementedError(f"logits: a vocabulary of at most 2^23, got {cols}")
+    temp_s, temps, t_arr = _param("temperature", temperature, rows, "float32", tx, _FLOAT,
+                                  _check_temperature)
+    top_k_s, top_ks, k_arr = _param("top_k", top_k, rows, "int32", tx, _INT, _check_top_k)
+    top_p_s, top_ps, p_arr = _param("top_p", top_p, rows, "float32", tx, _FLOAT, _check_top_p)
+    min_p_s, min_ps, mp_arr = _param("min_p", min_p, rows, "float32", tx, _FLOAT, _check_min_p)
+    seed_s, seeds, s_arr = _param("seed", seed, rows, "int64", tx, _INT, _check_seed)
+    to = output("out", out, (rows,), "int64", tx)
+    if to is None:
+        out = empty(tx, (rows,), "int64")
+        to = tensor(out, "out")
+    if rows == 0:
+        return out
+    x_stride = tx.strides[0] if rows > 1 else cols
+    o_stride = to.strides[0] if rows > 1 else 1
+    arrays = (_T_ARRAY * t_arr | _K_ARRAY * k_arr | _P_ARRAY * p_arr | _MINP_ARRAY * mp_arr
+              | _SEED_ARRAY * s_arr)
+    seed_s = int(seed_s)
+    if seed_s >= 2**63:
+        seed_s -= 2**64  # the same 64 bits, as the kernel's int64
+    k = rw.kind(tx.dtype)
+    vector = rw.vector_aligned(tx, 0 if rows == 1 else x_stride, rw.vector_width(tx.dtype))
+    threads = threads_for(cols)
+    _sample_kernel(k, vector, threads, BINS, DIGIT_BITS)(
+        rows, threads,
+        (kernel_buffer(tx), kernel_buffer(to), temps, top_ks, top_ps, min_ps, seeds,
+         float(temp_s), min(int(top_k_s), 2**31 - 1), float(top_p_s), float(min_p_s), seed_s,
+         arrays, cols, x_stride, o_stride),
+        stream_handle(stream, (tx,)))
+    return out
+
+
+# (the fp32 variant compiles to 108 registers, no local memory either: not registered, to keep
+# CI's compile check short)
+compile_check.register(
+    "sample_bf16", lambda: (_sample_kernel_fn(rw.KIND_BF16, True, MAX_THREADS, 512, 11),
+                            _signature(rw.KIND_BF16), _options(MAX_THREADS)),
+    sass_must_have=("LDG.E.128",))
