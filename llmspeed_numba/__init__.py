@@ -32,4 +32,16 @@ __all__ = [
     "softmax", "argmax", "sample", "embedding",
     "paged_decode_attention", "paged_kv_append", "PagedKVCache", "PageAllocator", "OutOfPages",
     "warp_tile_matmul",
+    "LLM", "SamplingParams", "RequestOutput",
 ]
+
+_ENGINE_NAMES = ("LLM", "SamplingParams", "RequestOutput")
+
+
+def __getattr__(name):
+    # the engine needs torch: imported on first use, so the ops alone never import it
+    if name in _ENGINE_NAMES:
+        from . import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'llmspeed_numba' has no attribute {name!r}")

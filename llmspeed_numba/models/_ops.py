@@ -19,13 +19,14 @@ from ..ops.paged_decode import paged_decode_attention
 from ..ops.paged_kv_append import paged_kv_append
 from ..ops.rms_norm import rms_norm
 from ..ops.rotary import rotary_embedding
+from ..ops.sample import sample
 from ..ops.softmax import argmax
 
 _OPS = {
     "argmax": argmax, "embedding": embedding, "flash_attn_varlen": flash_attn_varlen,
     "gemm": gemm, "paged_decode_attention": paged_decode_attention,
     "paged_kv_append": paged_kv_append, "rms_norm": rms_norm,
-    "rotary_embedding": rotary_embedding, "silu_and_mul": silu_and_mul,
+    "rotary_embedding": rotary_embedding, "sample": sample, "silu_and_mul": silu_and_mul,
 }
 
 

@@ -1,0 +1,240 @@
+"""``LLM``: the engine behind vLLM's offline API, on our model and ops.
+
+Requests wait in the ``Scheduler`` (continuous batching, chunked prefill, preemption); each
+engine step the ``ModelRunner`` runs the scheduled tokens (decodes replayed from CUDA graphs,
+prefill chunks packed eagerly) and samples on the GPU; finished requests come back as
+``RequestOutput``. A bad request is refused alone (``add_request`` raises; ``generate`` reports
+it in that request's output) while the others go on.
+"""
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import _env
+from ..paged_cache import PagedKVCache
+from .runner import BATCH_BUCKETS, ModelRunner
+from .sampling_params import SamplingParams
+from .scheduler import Request, Scheduler
+
+#: Tokens per page of the KV cache.
+BLOCK_SIZE = 16
+#: KV-cache pages under the simulator (no device memory to size it by).
+SIMULATOR_PAGES = 64
+LOAD_FORMATS = ("auto", "dummy")
+
+
+@dataclass
+class RequestOutput:
+    """One request's result: ``finish_reason`` "stop", "length", "abort", or "error" (then
+    ``error`` says why and nothing was generated)."""
+
+    request_id: object
+    prompt: object
+    prompt_token_ids: list
+    token_ids: list = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+def _load(model, dtype, load_format, seed):
+    """``(config, weights, tokenizer)``: a checkpoint, or random weights (``dummy``) of a
+    preset name or of a checkpoint's config."""
+    from ..models.checkpoint import load_checkpoint
+    from ..models.config import ModelConfig, load_config
+    from ..models.random_model import PRESETS, ByteTokenizer, preset_config, random_weights
+
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format: expected one of {LOAD_FORMATS}, got {load_format!r}")
+    if load_format == "auto":
+        return load_checkpoint(model, dtype)
+    if isinstance(model, ModelConfig):
+        config, tokenizer = model, None
+    elif isinstance(model, str) and model in PRESETS:
+        config = preset_config(model)
+        tokenizer = ByteTokenizer() if model == "tiny" else None
+    else:
+        config, tokenizer = load_config(model), None
+    device = "cpu" if _env.SIMULATOR else "cuda"
+    return config, random_weights(config, seed=seed, dtype=dtype, device=device), tokenizer
+
+
+class LLM:
+    """A model served by the engine.
+
+    ``model``: a Hugging Face directory, a .gguf file, or None (the embedded SmolLM2-135M);
+    with ``load_format="dummy"``, also a preset name of ``models.random_model.PRESETS``
+    ("llama-3-8b", "smollm2-135m", "tiny") or a ``ModelConfig``, weights drawn at random. ``kv_cache_memory``: the
+    fraction of the GPU memory free after loading (a float in (0, 1]) or a byte count (an int)
+    given to the paged KV cache. ``max_model_len``: prompt + output tokens at most (default: the
+    model's context, capped by the cache). ``max_num_batched_tokens``: tokens per step (default
+    8192, at least ``max_num_seqs``). ``seed`` draws the seeds of requests that set none.
+    """
+
+    def __init__(self, model=None, *, dtype="bfloat16", max_num_seqs=256, max_model_len=None,
+                 kv_cache_memory=0.9, load_format="auto", cuda_graphs=True, seed=0,
+                 max_num_batched_tokens=None):
+        from ..models.llama import LlamaModel
+        from ..models.model import model_dtype
+
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or not (
+                1 <= max_num_seqs <= BATCH_BUCKETS[-1]):
+            raise ValueError(f"max_num_seqs: expected an int in [1, {BATCH_BUCKETS[-1]}], got "
+                             f"{max_num_seqs!r}")
+        dt = model_dtype(dtype)
+        config, weights, self.tokenizer = _load(model, dt, load_format, seed)
+        self.config = config
+        self.llama = LlamaModel(config, weights, dt)
+        del weights
+        pages = self._cache_pages(kv_cache_memory, dt)
+        context = config.max_position_embeddings
+        limit = min(context, (pages - 1) * BLOCK_SIZE)
+        if max_model_len is None:
+            max_model_len = limit
+        elif isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or not (
+                1 <= max_model_len <= limit):
+            raise ValueError(f"max_model_len: expected an int in [1, {limit}] (the model's "
+                             f"context {context}, and the KV cache's {pages - 1} pages of "
+                             f"{BLOCK_SIZE}), got {max_model_len!r}")
+        self.max_model_len = max_model_len
+        self.cache = PagedKVCache(pages, BLOCK_SIZE, config.num_key_value_heads, config.head_dim,
+                                  str(dt).removeprefix("torch."), kind="torch",
+                                  num_layers=config.num_hidden_layers)
+        scratch = self.cache.add_sequence(1)  # padded decode rows write here, never read
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = max(8192, max_num_seqs)
+        tok = self.tokenizer
+        self.scheduler = Scheduler(
+            self.cache, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len, eos_token_ids=config.eos_token_id,
+            detokenize=None if tok is None else tok.decode)
+        use_graphs = bool(cuda_graphs) and not _env.SIMULATOR
+        self.runner = ModelRunner(self.llama, self.cache, scratch_page=self.cache.pages(scratch)[0],
+                                  cuda_graphs=use_graphs,
+                                  max_width=-(-max_model_len // BLOCK_SIZE))
+        self._seeds = np.random.default_rng(seed)
+        self._ids = itertools.count()
+        self._prompts = {}
+
+    def _cache_pages(self, kv_cache_memory, dtype):
+        c = self.config
+        page_bytes = (2 * c.num_hidden_layers * BLOCK_SIZE * c.num_key_value_heads * c.head_dim
+                      * dtype.itemsize)
+        if isinstance(kv_cache_memory, bool) or not isinstance(kv_cache_memory, (int, float)):
+            raise TypeError(f"kv_cache_memory: expected a fraction (float) or bytes (int), got "
+                            f"{type(kv_cache_memory).__name__}")
+        if isinstance(kv_cache_memory, float):
+            if not 0 < kv_cache_memory <= 1:
+                raise ValueError(f"kv_cache_memory: expected a fraction in (0, 1], got "
+                                 f"{kv_cache_memory}")
+            if _env.SIMULATOR:
+                return SIMULATOR_PAGES
+            import torch
+
+            budget = int(kv_cache_memory * torch.cuda.mem_get_info()[0])
+        else:
+            budget = kv_cache_memory
+        pages = budget // page_bytes
+        if pages < 2:
+            raise ValueError(f"kv_cache_memory: {budget} bytes hold {pages} pages of "
+                             f"{page_bytes} bytes; at least 2 are needed")
+        return int(pages)
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def _prompt_ids(self, prompt):
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: this model has no tokenizer (dummy weights); pass "
+                                 "token ids")
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)):
+            vocab = self.config.vocab_size
+            bad = [t for t in prompt if not isinstance(t, (int, np.integer))
+                   or isinstance(t, bool) or not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt: token ids must be ints in [0, {vocab}), got "
+                                 f"{bad[0]!r}")
+            return [int(t) for t in prompt]
+        raise TypeError(f"prompt: expected a str or a list of token ids, got "
+                        f"{type(prompt).__name__}")
+
+    def add_request(self, prompt, sampling=None):
+        """Queue one request; returns its id. Raises ``ValueError`` / ``TypeError`` for a bad
+        one (empty prompt, a prompt over max_model_len, bad sampling parameters...), which
+        changes nothing."""
+        params = SamplingParams() if sampling is None else sampling
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling: expected SamplingParams, got {type(params).__name__}")
+        request_id = next(self._ids)
+        request = Request(request_id, self._prompt_ids(prompt), params)
+        request.sampling_seed = (params.seed if params.seed is not None
+                                 else int(self._seeds.integers(2**62)))
+        self.scheduler.add(request)
+        self._prompts[request_id] = (prompt, request)
+        return request_id
+
+    def has_unfinished(self):
+        return self.scheduler.has_unfinished()
+
+    def step(self):
+        """One engine step; returns the ``RequestOutput`` of each request finished in it."""
+        batch = self.scheduler.schedule()
+        sampled = self.runner.execute(batch) if batch.entries else {}
+        return [self._output(r) for r in self.scheduler.update(batch, sampled)]
+
+    def _text(self, request):
+        if self.tokenizer is None:
+            return ""
+        if request.text is not None:
+            return request.text
+        return self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+
+    def _output(self, request):
+        prompt, _ = self._prompts.pop(request.request_id)
+        return RequestOutput(request.request_id, prompt, list(request.prompt_token_ids),
+                             list(request.output_token_ids), self._text(request),
+                             request.finish_reason)
+
+    def generate(self, prompts, sampling=None):
+        """Generate for ``prompts`` (a str, a list of token ids, or a list of either) with
+        ``sampling`` (one ``SamplingParams`` for all, or one per prompt). Returns one
+        ``RequestOutput`` per prompt, in order; a bad request's has finish_reason "error"."""
+        single = isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple)) and prompts and
+            isinstance(prompts[0], (int, np.integer)))
+        prompts = [prompts] if single else list(prompts)
+        params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(
+            prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"sampling: expected one SamplingParams or {len(prompts)}, got "
+                             f"{len(params)}")
+        outputs, slot = [None] * len(prompts), {}
+        for i, (prompt, sp) in enumerate(zip(prompts, params)):
+            try:
+                slot[self.add_request(prompt, sp)] = i
+            except (TypeError, ValueError) as exc:
+                outputs[i] = RequestOutput(None, prompt, [], finish_reason="error",
+                                           error=str(exc))
+        while self.has_unfinished():
+            for out in self.step():
+                if out.request_id in slot:
+                    outputs[slot[out.request_id]] = out
+        return outputs
+
+    def stream(self, prompt, sampling=None):
+        """Yield the text of one request's new tokens as they are produced."""
+        request_id = self.add_request(prompt, sampling)
+        request = self._prompts[request_id][1]
+        shown = ""
+        while True:
+            done = any(out.request_id == request_id for out in self.step())
+            text = self._text(request)
+            if text.startswith(shown) and len(text) > len(shown) and (
+                    done or not text.endswith("\ufffd")):
+                yield text[len(shown):]
+                shown = text
+            if done:
+                return
