@@ -371,7 +371,8 @@ def _softmax_fused_kernel_fn(x_kind, o_kind, vec, tpr, rpb, cpt):
                     z += ptx.ex2_approx((a[i] - m) * scale)
         if tail_live:
             z += ptx.ex2_approx((tv - m) * scale)
-        inv = _F1 / row_sum(z, scratch)
+        z = row_sum(z, scratch)  # every lane takes part; rows past the end sum to zero
+        inv = _F1 / z if live else _F0
         for v in range(cpt):
             c = v * tpr + t
             if live and c < chunks:
