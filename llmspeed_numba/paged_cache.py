@@ -22,8 +22,8 @@ on the host and copied to the device on each ``tables`` / ``append`` call.
 
 import numpy as np
 
-from ._arrays import numpy_dtype
-from ._env import SIMULATOR, cuda
+from ._arrays import dtype_name, numpy_dtype
+from ._env import SIMULATOR, cuda, require_cuda
 
 KINDS = ("numba", "torch", "cupy")
 
@@ -39,10 +39,13 @@ class PagedKVCache:
     """Paged K/V storage for many sequences plus their page tables.
 
     ``num_blocks`` pages of ``block_size`` tokens (a power of two, 8..256 for decode), each token
-    holding ``nheads_k x headdim`` values of ``dtype`` ("float16" or "bfloat16"). ``kind``:
-    "numba", "torch" or "cupy" (bfloat16 needs "torch"). ``max_blocks_per_seq``: an optional
-    limit on one sequence's pages (``ValueError`` past it); it is also the minimum width of the
-    tables.
+    holding ``nheads_k x headdim`` values of ``dtype``: float16 or bfloat16, as a name or a
+    NumPy / ml_dtypes / torch dtype. ``kind``: "numba", "torch" or "cupy" (on a GPU, bfloat16
+    needs "torch"). ``max_blocks_per_seq``: an optional limit on one sequence's pages
+    (``ValueError`` past it); it is also the minimum width of the tables.
+
+    Raises ``TypeError`` for arguments of the wrong type and unsupported dtypes, ``ValueError``
+    for values out of range, ``NoCudaError`` without a GPU outside the simulator.
     """
 
     def __init__(self, num_blocks, block_size, nheads_k, headdim, dtype="float16", *,
@@ -55,18 +58,25 @@ class PagedKVCache:
                 raise ValueError(f"{name}: expected a positive int, got {value}")
         if block_size & (block_size - 1):
             raise ValueError(f"block_size: expected a power of two, got {block_size}")
+        dtype = dtype_name(dtype, "dtype")
         if dtype not in ("float16", "bfloat16"):
-            raise TypeError(f"dtype: expected 'float16' or 'bfloat16', got {dtype!r}")
+            raise TypeError(f"dtype: expected float16 or bfloat16, got {dtype}")
+        require_cuda()
         if kind not in KINDS:
             raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
         if not SIMULATOR and kind == "cupy" and dtype == "bfloat16":
             raise TypeError("kind: CuPy has no bfloat16; use kind='torch'")
         if not SIMULATOR and kind == "numba" and dtype == "bfloat16":
             raise TypeError("kind: numba device arrays cannot hold bfloat16; use kind='torch'")
-        if max_blocks_per_seq is not None and (
-                isinstance(max_blocks_per_seq, bool) or max_blocks_per_seq < 1):
-            raise ValueError(f"max_blocks_per_seq: expected a positive int or None, got "
-                             f"{max_blocks_per_seq!r}")
+        if max_blocks_per_seq is not None:
+            if isinstance(max_blocks_per_seq, bool) or not isinstance(max_blocks_per_seq,
+                                                                      (int, np.integer)):
+                raise TypeError(f"max_blocks_per_seq: expected an int or None, got "
+                                f"{type(max_blocks_per_seq).__name__}")
+            if max_blocks_per_seq < 1:
+                raise ValueError(f"max_blocks_per_seq: expected a positive int or None, got "
+                                 f"{max_blocks_per_seq}")
+            max_blocks_per_seq = int(max_blocks_per_seq)
         self.num_blocks = int(num_blocks)
         self.block_size = int(block_size)
         self.nheads_k = int(nheads_k)

@@ -90,9 +90,9 @@ def tc_config(headdim):
 
 # ---- validation ---------------------------------------------------------------------------
 
-def _check_options(causal, softmax_scale, window_size, headdim):
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+def _check_options(causal, softmax_scale, window_size, headdim, return_lse):
+    _checks.boolean("causal", causal)
+    _checks.boolean("return_lse", return_lse)
     scale = _checks.softmax_scale(softmax_scale, headdim)
     left, right = _checks.window_size(window_size)
     return scale, left, right
@@ -290,7 +290,8 @@ def flash_attn(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1
     same_dtype("q", tq, k=tk, v=tv)
     _check_layout({"q": tq, "k": tk, "v": tv})
     _check_headdim(headdim)
-    scale, left, right = _check_options(causal, softmax_scale, window_size, headdim)
+    scale, left, right = _check_options(causal, softmax_scale, window_size, headdim,
+                                        return_lse)
     out, to = _output(out, tq, tq.shape)
     lse = empty(tq, (batch, nheads, seqlen_q), "float32")
     if batch and seqlen_q and nheads:
@@ -343,7 +344,8 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     _check_headdim(headdim)
     max_seqlen_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
-    scale, left, right = _check_options(causal, softmax_scale, window_size, headdim)
+    scale, left, right = _check_options(causal, softmax_scale, window_size, headdim,
+                                        return_lse)
     _check_cu_seqlens("cu_seqlens_q", tcq, total_q, max_seqlen_q, "max_seqlen_q")
     _check_cu_seqlens("cu_seqlens_k", tck, total_k, max_seqlen_k, "max_seqlen_k")
     out, to = _output(out, tq, tq.shape)

@@ -32,7 +32,7 @@ import numpy as np
 from numba import types
 
 from .. import compile_check
-from .._arrays import STORAGE, empty, kernel_buffer, stream_handle
+from .._arrays import STORAGE, dtype_name, empty, kernel_buffer, stream_handle
 from .._checks import choice, non_negative_strides, output, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit, max_shared_per_block_optin, sm_count
@@ -493,8 +493,8 @@ def _prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, st
     choice("activation", activation, ACTIVATIONS)
     choice("backend", backend, BACKENDS)
     if out_dtype is None:  # out's dtype when given, else the input dtype
-        out_dtype = tensor(out, "out").dtype if out is not None else ta.dtype
-    out_dtype = _dtype_name(out_dtype)
+        out_dtype = tensor(out, "out", dtypes=OUTPUT_DTYPES).dtype if out is not None else ta.dtype
+    out_dtype = dtype_name(out_dtype, "out_dtype")
     if out_dtype not in OUTPUT_DTYPES:
         raise TypeError(f"out_dtype: expected one of {OUTPUT_DTYPES}, got {out_dtype!r}")
     a_k_inner, lda = _layout(ta, "a")
@@ -511,16 +511,6 @@ def _prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, st
     return _Problem(ta, tb, to, tc if beta != 0.0 else None, tbias, out, M, N, K, a_k_inner,
                     b_k_inner, lda, ldb, _vector_ok(ta, lda), _vector_ok(tb, ldb), alpha, beta,
                     activation, out_dtype, backend, stream_handle(stream, (ta, tb)))
-
-
-def _dtype_name(dtype):
-    """Library name of ``out_dtype``: a string, numpy / ml_dtypes dtype or torch dtype."""
-    if isinstance(dtype, str):
-        return dtype
-    try:
-        return np.dtype(dtype).name
-    except TypeError:
-        return str(dtype).replace("torch.", "")
 
 
 # ---- launch --------------------------------------------------------------------------------
