@@ -277,6 +277,16 @@ def test_softmax_argmax_bad_inputs(rng):
         softmax(x, temperature=0.0)
     with pytest.raises(TypeError, match="temperature: expected a float"):
         softmax(x, temperature="hot")
+    with pytest.raises(TypeError, match="temperature: expected a float, got int"):
+        softmax(x, temperature=1)
+    with pytest.raises(ValueError, match="temperature: expected a finite float > 0"):
+        softmax(x, temperature=float("inf"))
+    with pytest.raises(TypeError, match="dtype: expected a dtype"):
+        softmax(x, dtype=object())
+    with pytest.raises(TypeError, match=r"^dtype: expected float32, got float16$"):
+        softmax(dev(random_array((2, 16), "float32", rng)), dtype=np.float16)
+    with pytest.raises(TypeError, match="x: expected dtype in"):
+        softmax(dev(np.ones((2, 16), np.int32)))
     with pytest.raises(TypeError, match="dtype: expected float16"):
         softmax(x, dtype="bfloat16")
     with pytest.raises(TypeError, match="out: expected dtype float16"):
