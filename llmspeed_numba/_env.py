@@ -55,13 +55,13 @@ if SIMULATOR:
     if not getattr(_kernelapi.FakeCUDAShared.array, "_llmspeed_patched", False):
         _original_shared_array = _kernelapi.FakeCUDAShared.array
         _original_local_array = _kernelapi.FakeCUDALocal.array
-        _shared_array._llmspeed_patched = True
-        _local_array._llmspeed_patched = True
-        _kernelapi.FakeCUDAShared.array = _shared_array
-        _kernelapi.FakeCUDALocal.array = _local_array
+        _shared_array._llmspeed_patched = True  # type: ignore[attr-defined]
+        _local_array._llmspeed_patched = True  # type: ignore[attr-defined]
+        _kernelapi.FakeCUDAShared.array = _shared_array  # type: ignore[method-assign]
+        _kernelapi.FakeCUDALocal.array = _local_array  # type: ignore[method-assign]
 
 
-_HAVE_GPU = []
+_HAVE_GPU: list[bool] = []
 
 
 def have_gpu() -> bool:

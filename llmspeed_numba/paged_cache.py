@@ -20,10 +20,13 @@ All bookkeeping is on the host (Python lists): no device synchronisation. The ta
 on the host and copied to the device on each ``tables`` / ``append`` call.
 """
 
+from typing import Iterable, Sequence
+
 import numpy as np
 
 from ._arrays import dtype_name, numpy_dtype
 from ._env import SIMULATOR, cuda, require_cuda
+from ._typing import ArrayLike, DTypeLike, StreamLike
 
 KINDS = ("numba", "torch", "cupy")
 
@@ -48,8 +51,9 @@ class PagedKVCache:
     for values out of range, ``NoCudaError`` without a GPU outside the simulator.
     """
 
-    def __init__(self, num_blocks, block_size, nheads_k, headdim, dtype="float16", *,
-                 kind="numba", max_blocks_per_seq=None):
+    def __init__(self, num_blocks: int, block_size: int, nheads_k: int, headdim: int,
+                 dtype: DTypeLike = "float16", *, kind: str = "numba",
+                 max_blocks_per_seq: int | None = None) -> None:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
                             ("nheads_k", nheads_k), ("headdim", headdim)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -126,18 +130,18 @@ class PagedKVCache:
 
     # ---- bookkeeping -----------------------------------------------------------------------
     @property
-    def num_free_pages(self):
+    def num_free_pages(self) -> int:
         return len(self._free)
 
     @property
-    def sequences(self):
+    def sequences(self) -> list[int]:
         """Ids of the live sequences, oldest first."""
         return list(self._lengths)
 
-    def length(self, seq_id):
+    def length(self, seq_id: int) -> int:
         return self._lengths[self._check_id(seq_id)]
 
-    def pages(self, seq_id):
+    def pages(self, seq_id: int) -> list[int]:
         """Page ids of a sequence, in order (a copy)."""
         return list(self._pages[self._check_id(seq_id)])
 
@@ -171,7 +175,7 @@ class PagedKVCache:
                 owned.append(self._free.pop())
             self._lengths[seq_id] = new_length
 
-    def add_sequence(self, length=0):
+    def add_sequence(self, length: int = 0) -> int:
         """Start a sequence of ``length`` tokens (its pages allocated); returns its id."""
         if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
             raise ValueError(f"length: expected an int >= 0, got {length!r}")
@@ -180,7 +184,7 @@ class PagedKVCache:
         self._next_id += 1
         return seq_id
 
-    def extend(self, seq_ids, new_tokens):
+    def extend(self, seq_ids: int | Iterable[int], new_tokens: int) -> None:
         """Grow each sequence of ``seq_ids`` (an id or a list of ids) by ``new_tokens`` tokens,
         allocating pages as needed; all or nothing (``OutOfPages``)."""
         ids = [seq_ids] if isinstance(seq_ids, (int, np.integer)) else list(seq_ids)
@@ -191,14 +195,15 @@ class PagedKVCache:
             raise ValueError(f"seq_ids: expected distinct ids, got {ids}")
         self._grow([(i, self.length(i) + int(new_tokens)) for i in ids])
 
-    def free(self, seq_id):
+    def free(self, seq_id: int) -> None:
         """Return a finished sequence's pages to the pool."""
         self._check_id(seq_id)
         self._free.extend(reversed(self._pages.pop(seq_id)))
         del self._lengths[seq_id]
 
     # ---- tables ----------------------------------------------------------------------------
-    def host_tables(self, seq_ids, *, lengths=None, width=None):
+    def host_tables(self, seq_ids: Iterable[int], *, lengths: Sequence[int] | None = None,
+                    width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """NumPy int32 ``(block_table, seq_lens)`` of ``seq_ids`` in that order (the batch).
 
         ``width`` (columns of block_table) defaults to the most pages any of them holds (at
@@ -218,13 +223,16 @@ class PagedKVCache:
                         np.int32)
         return table, lens
 
-    def tables(self, seq_ids, *, width=None):
+    def tables(self, seq_ids: Iterable[int], *,
+               width: int | None = None) -> tuple[ArrayLike, ArrayLike]:
         """Device int32 ``(block_table, seq_lens)`` of ``seq_ids`` (the decode batch, in order),
         in the cache's array kind. See ``host_tables``."""
         table, lens = self.host_tables(seq_ids, width=width)
         return self._to_device(table), self._to_device(lens)
 
-    def append(self, seq_ids, k, v, *, stream=None, width=None):
+    def append(self, seq_ids: Iterable[int], k: ArrayLike, v: ArrayLike, *,
+               stream: StreamLike = None,
+               width: int | None = None) -> tuple[ArrayLike, ArrayLike]:
         """Append ``k``, ``v`` (batch, new_tokens, nheads_k, headdim) to the sequences
         ``seq_ids`` (one per batch row): allocate their pages (all or nothing), write the tokens
         with ``paged_kv_append``, and return the device ``(block_table, seq_lens)`` *after* the
@@ -246,7 +254,7 @@ class PagedKVCache:
         return block_table, self._to_device(np.array([self._lengths[i] for i in ids],
                                                      np.int32))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"PagedKVCache({self.num_blocks} x {self.block_size} tokens, nheads_k "
                 f"{self.nheads_k}, headdim {self.headdim}, {self.dtype}, {self.kind}; "
                 f"{len(self._lengths)} sequences, {len(self._free)} free pages)")

@@ -26,6 +26,7 @@ from .. import compile_check
 from .._arrays import kernel_buffer, stream_handle
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
+from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 from .rms_norm import check_eps, prepare_norm
 
@@ -190,7 +191,9 @@ def _layer_norm_kernel(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, has_bia
     return Kernel(jit(fn), _signature(x_kind, w_kind), "layer_norm_kernel")
 
 
-def layer_norm(x, weight, bias, eps=1e-5, *, residual=None, out=None, stream=None):
+def layer_norm(x: ArrayLike, weight: ArrayLike, bias: ArrayLike | None, eps: float = 1e-5, *,
+               residual: ArrayLike | None = None, out: ArrayLike | None = None,
+               stream: StreamLike = None) -> ArrayLike:
     """LayerNorm of the last dimension of ``x``, optionally after adding ``residual`` in place.
 
     Args:

@@ -73,6 +73,7 @@ simulator), unchecked on the GPU.
 
 import functools
 import math
+from typing import Any
 
 import numpy as np
 from numba import types
@@ -83,6 +84,7 @@ from .._arrays import (Buffer, empty, kernel_buffer, stream_handle, torch_curren
 from .._checks import boolean, output, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, PreparedLaunch, array1d, jit, sm_count
+from .._typing import ArrayLike, StreamLike
 from ._attention_common import LOG2E, NEG_INF
 
 HALF_DTYPES = ("float16", "bfloat16")
@@ -1079,9 +1081,14 @@ def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_
             "folded": folded}
 
 
-def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, *, softmax_scale=None,
-                           window_size=(-1, -1), return_lse=False, out=None, stream=None,
-                           num_splits=None, check_bounds=None, _tuning=None, _split_path=None):
+def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
+                           block_table: ArrayLike, seq_lens: ArrayLike, *,
+                           softmax_scale: float | None = None,
+                           window_size: tuple[int, int] = (-1, -1), return_lse: bool = False,
+                           out: ArrayLike | None = None, stream: StreamLike = None,
+                           num_splits: int | None = None, check_bounds: bool | None = None,
+                           _tuning: Any = None, _split_path: str | None = None
+                           ) -> ArrayLike | tuple[ArrayLike, ArrayLike]:
     """Attention of the newest tokens of each sequence over its paged KV cache.
 
     q: (batch, nheads, headdim), or (batch, q_len, nheads, headdim) for ``q_len`` new tokens

@@ -27,6 +27,7 @@ from .._arrays import kernel_buffer, stream_handle
 from .._checks import aligned, boolean, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit
+from .._typing import ArrayLike, StreamLike
 from .paged_decode import _check_cache_layout, _host_int_array
 
 HALF_DTYPES = ("float16", "bfloat16")
@@ -108,8 +109,9 @@ def check_append_tables(block_table, seq_lens, num_blocks, block_size, new_token
                              f"{int(block_table[b, j])}")
 
 
-def paged_kv_append(k, v, k_cache, v_cache, block_table, seq_lens, *, stream=None,
-                    check_bounds=None):
+def paged_kv_append(k: ArrayLike, v: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
+                    block_table: ArrayLike, seq_lens: ArrayLike, *, stream: StreamLike = None,
+                    check_bounds: bool | None = None) -> None:
     """Write ``k``, ``v`` (batch, new_tokens, nheads_k, headdim) into the pages of each sequence
     at positions ``seq_lens[b] ..`` (its current length; ``seq_lens`` is not modified).
 

@@ -41,6 +41,7 @@ from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import no_overlap, one_of_dtypes, output, same_dtype, shape, tensor
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
+from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
@@ -285,7 +286,9 @@ def prepare_norm(x, weight, bias, residual, out):
                 strides=(x_stride, r_stride, o_stride), vec=vec, plan=(tpr, rpb, cpt))
 
 
-def rms_norm(x, weight, eps=1e-6, *, residual=None, out=None, stream=None):
+def rms_norm(x: ArrayLike, weight: ArrayLike, eps: float = 1e-6, *,
+             residual: ArrayLike | None = None, out: ArrayLike | None = None,
+             stream: StreamLike = None) -> ArrayLike:
     """RMSNorm of the last dimension of ``x``, optionally after adding ``residual`` in place.
 
     Args:

@@ -47,6 +47,7 @@ from .._arrays import as_tensor, kernel_buffer, stream_handle
 from .._checks import choice, same_dtype, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit
+from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
@@ -252,8 +253,11 @@ def _vector_ok(t, width):
     return t.ptr % 16 == 0 and t.strides[0] % width == 0 and t.strides[1] % width == 0
 
 
-def rotary_embedding(q, k, positions, *, base=10000.0, cos_sin_cache=None, style="neox",
-                     rotary_dim=None, check_bounds=True, stream=None):
+def rotary_embedding(q: ArrayLike, k: ArrayLike | None, positions: ArrayLike, *,
+                     base: float = 10000.0, cos_sin_cache: ArrayLike | None = None,
+                     style: str = "neox", rotary_dim: int | None = None,
+                     check_bounds: bool = True,
+                     stream: StreamLike = None) -> tuple[ArrayLike, ArrayLike | None]:
     """Rotate ``q`` and ``k`` in place by the rotary embedding of ``positions``.
 
     Args:

@@ -51,6 +51,7 @@ from .._arrays import Buffer, dtype_name, empty, kernel_buffer, stream_handle
 from .._checks import output, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit, sm_count
+from .._typing import ArrayLike, DTypeLike, StreamLike
 from . import _rowwise as rw
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
@@ -840,7 +841,8 @@ def _argmax_plan(rows, chunks, x_kind, vec):
     return _argmax_kernel(x_kind, vec, tpr, rpb, UNROLL, False), 1, tpr, rpb
 
 
-def softmax(x, *, temperature=1.0, dtype=None, out=None, stream=None):
+def softmax(x: ArrayLike, *, temperature: float = 1.0, dtype: DTypeLike | None = None,
+            out: ArrayLike | None = None, stream: StreamLike = None) -> ArrayLike:
     """Softmax of ``x / temperature`` over the last dimension, accumulated in fp32.
 
     Args:
@@ -913,7 +915,8 @@ def softmax(x, *, temperature=1.0, dtype=None, out=None, stream=None):
     return out
 
 
-def argmax(x, *, out=None, stream=None):
+def argmax(x: ArrayLike, *, out: ArrayLike | None = None,
+           stream: StreamLike = None) -> ArrayLike:
     """Index of the largest element of each row of ``x`` (..., vocab): greedy sampling.
 
     Ties go to the lowest index; NaN counts as the largest value (as torch.argmax).
