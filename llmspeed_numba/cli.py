@@ -44,7 +44,7 @@ def _add_demo(subparsers):
             "reference and print a table: op, shape, max error, tolerance, time, status. On a "
             "GPU the cases use real sizes and time the op; without one the command restarts "
             "itself in numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) with tiny sizes, where "
-            "the whole demo takes a few minutes (see README, 'The CUDA simulator').", 79),
+            "the whole demo takes a minute or two (see README, 'The CUDA simulator').", 79),
         epilog="examples:\n"
                f"  {PROG} demo                  every case\n"
                f"  {PROG} demo --list           the cases, without running them\n"
