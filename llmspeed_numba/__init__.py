@@ -2,11 +2,12 @@
 
 Ops take numba device arrays, CuPy arrays or PyTorch CUDA tensors (no copies) and return results
 in the caller's kind. Under ``NUMBA_ENABLE_CUDASIM=1`` the same kernels run in numba's CUDA
-simulator, on NumPy arrays.
+simulator, on NumPy arrays. Without a GPU and without that variable the import succeeds and the
+first op call (or ``PagedKVCache``) raises ``NoCudaError`` saying so.
 """
 
 from . import _env  # noqa: F401  (NumPy / simulator fixes before anything compiles)
-from ._env import SIMULATOR, have_gpu
+from ._env import SIMULATOR, NoCudaError, have_gpu
 from .autotune import autotune
 from .ops.flash_attn import flash_attn, flash_attn_varlen
 from .ops.gemm import GemmConfig, gemm
@@ -25,7 +26,7 @@ from .paged_cache import OutOfPages, PageAllocator, PagedKVCache
 __version__ = "0.1.0"
 
 __all__ = [
-    "SIMULATOR", "have_gpu", "__version__",
+    "SIMULATOR", "have_gpu", "NoCudaError", "__version__",
     "gemm", "GemmConfig", "autotune",
     "flash_attn", "flash_attn_varlen",
     "rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul", "gelu", "gelu_and_mul",

@@ -22,7 +22,7 @@ import weakref
 
 import numpy as np
 
-from ._env import SIMULATOR, cuda
+from ._env import SIMULATOR, cuda, require_cuda
 
 #: dtype names the library knows, with their storage dtype inside kernels.
 STORAGE = {
@@ -268,6 +268,7 @@ _READERS = {}  # type -> reader, filled on first sight of each array type
 
 
 def _reader_for(obj):
+    require_cuda()  # once per array type while it succeeds; every call while it raises
     cls = type(obj)
     module = cls.__module__
     if module.startswith("torch") and hasattr(obj, "data_ptr"):
@@ -380,6 +381,24 @@ def empty(like: Tensor, shape, dtype):
         # would be on the host; callers that use bf16 pass torch tensors in practice.
         raise TypeError("bfloat16 results need a torch (or ml_dtypes) array kind; pass out=")
     return cuda.device_array(shape, dtype=np_dtype)
+
+
+def dtype_name(dtype, name):
+    """Library name ("float16", "bfloat16", ...) of a dtype argument given as a name, a NumPy /
+    ml_dtypes dtype or scalar type, or a torch dtype; ``TypeError`` naming ``name`` otherwise.
+    Callers check the name against what they support."""
+    if isinstance(dtype, str):
+        return dtype
+    text = str(dtype)
+    if text.startswith("torch."):
+        return text[len("torch."):]
+    if dtype is not None:
+        try:
+            return np.dtype(dtype).name
+        except TypeError:
+            pass
+    raise TypeError(f"{name}: expected a dtype (a name such as 'float16', or a NumPy, ml_dtypes "
+                    f"or torch dtype), got {dtype!r}")
 
 
 def _numpy_dtype(dtype):

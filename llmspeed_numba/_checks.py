@@ -81,6 +81,32 @@ def output(name, out, expected_shape, expected_dtype, like):
     return t
 
 
+def one_of_dtypes(name, t, allowed, whose=None):
+    """``t.dtype`` is in ``allowed`` (duplicates dropped); ``whose`` labels the first entry, e.g.
+    ``"x's"`` in "expected dtype float16 (x's) or float32"."""
+    allowed = tuple(dict.fromkeys(allowed))
+    if t.dtype not in allowed:
+        shown = [f"{d} ({whose})" if whose and i == 0 and len(allowed) > 1 else d
+                 for i, d in enumerate(allowed)]
+        raise TypeError(f"{name}: expected dtype {' or '.join(shown)}, got {t.dtype}")
+
+
+def no_overlap(name, t, other_name, other):
+    """``t`` and ``other`` (None allowed) share no memory: ``ValueError`` otherwise."""
+    if other is None or t.size == 0 or other.size == 0:
+        return
+    t_end = t.ptr + t.extent() * t.itemsize
+    o_end = other.ptr + other.extent() * other.itemsize
+    if t.ptr < o_end and other.ptr < t_end:
+        raise ValueError(f"{name}: expected an array that does not overlap {other_name}, got "
+                         f"one sharing its memory")
+
+
+def boolean(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+
+
 def choice(name, value, allowed):
     if value not in allowed:
         raise ValueError(f"{name}: expected one of {tuple(allowed)}, got {value!r}")

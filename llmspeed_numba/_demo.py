@@ -48,16 +48,37 @@ def all_cases(on_gpu):
     return cases
 
 
-def run_demo(argv=()):
+def selected_cases(on_gpu, filters=()):
+    """The cases whose op label contains one of ``filters`` (all when empty)."""
+    return [c for c in all_cases(on_gpu) if not filters or any(f in c.op for f in filters)]
+
+
+def list_cases(filters=()):
+    from ._env import have_gpu
+
+    cases = selected_cases(have_gpu(), filters)
+    for case in cases:
+        print(f"{case.op:<26} {case.shape}")
+    return 0 if cases else _no_case(filters)
+
+
+def _no_case(filters):
+    print(f"no demo case matches {list(filters)}; 'demo --list' shows them", file=sys.stderr)
+    return 2
+
+
+def run_demo(filters=()):
     from ._env import have_gpu
 
     on_gpu = have_gpu()
+    cases = selected_cases(on_gpu, filters)
+    if not cases:
+        return _no_case(filters)
     print(f"llmspeed_numba demo on {'GPU' if on_gpu else 'the CUDA simulator'}")
     print(f"{'op':<26} {'shape':<34} {'max err':>10} {'tolerance':>10} {'time':>12}  status")
     failures = 0
-    for case in all_cases(on_gpu):
-        if argv and not any(a in case.op for a in argv):
-            continue
+    start = time.perf_counter()
+    for case in cases:
         try:
             err, tol, seconds = case.run()
             ok = err <= tol
@@ -70,5 +91,5 @@ def run_demo(argv=()):
             failures += 1
             print(f"{case.op:<26} {case.shape:<34} {'':>10} {'':>10} {'':>12}  ERROR")
             traceback.print_exc(file=sys.stdout)
-    print(f"{failures} failure(s)")
+    print(f"{len(cases)} case(s), {failures} failure(s), {time.perf_counter() - start:.1f} s")
     return 1 if failures else 0

@@ -55,20 +55,47 @@ if SIMULATOR:
     if not getattr(_kernelapi.FakeCUDAShared.array, "_llmspeed_patched", False):
         _original_shared_array = _kernelapi.FakeCUDAShared.array
         _original_local_array = _kernelapi.FakeCUDALocal.array
-        _shared_array._llmspeed_patched = True
-        _local_array._llmspeed_patched = True
-        _kernelapi.FakeCUDAShared.array = _shared_array
-        _kernelapi.FakeCUDALocal.array = _local_array
+        _shared_array._llmspeed_patched = True  # type: ignore[attr-defined]
+        _local_array._llmspeed_patched = True  # type: ignore[attr-defined]
+        _kernelapi.FakeCUDAShared.array = _shared_array  # type: ignore[method-assign]
+        _kernelapi.FakeCUDALocal.array = _local_array  # type: ignore[method-assign]
+
+
+_HAVE_GPU: list[bool] = []
 
 
 def have_gpu() -> bool:
-    """True when a real CUDA GPU is usable (never under the simulator)."""
+    """True when a real CUDA GPU is usable (never under the simulator). Asked once."""
     if SIMULATOR:
         return False
-    try:
-        return cuda.is_available() and len(cuda.gpus) > 0
-    except Exception:  # driver missing or broken: treat as no GPU
-        return False
+    if not _HAVE_GPU:
+        try:
+            _HAVE_GPU.append(bool(cuda.is_available() and len(cuda.gpus) > 0))
+        except Exception:  # driver missing or broken: treat as no GPU
+            _HAVE_GPU.append(False)
+    return _HAVE_GPU[0]
 
 
-__all__ = ["SIMULATOR", "have_gpu", "cuda"]
+#: What ops, ``PagedKVCache`` and ``info`` say on a machine without a usable GPU when the
+#: simulator was not asked for.
+NO_CUDA_MESSAGE = (
+    "no CUDA driver/GPU found; to run on the CPU in numba's CUDA simulator, set "
+    "NUMBA_ENABLE_CUDASIM=1 before importing llmspeed_numba (slow: see README)")
+
+
+class NoCudaError(RuntimeError):
+    """No usable CUDA GPU, and ``NUMBA_ENABLE_CUDASIM`` was not set before the import."""
+
+
+def require_cuda() -> None:
+    """Raise ``NoCudaError`` unless kernels can run (a GPU, or the simulator).
+
+    numba fixes the target at import, from the environment, so the library cannot switch to the
+    simulator itself once imported; importing still succeeds (``info``, ``compile-check`` and
+    the references need no GPU), and the first thing that needs a device says how to proceed.
+    """
+    if not SIMULATOR and not have_gpu():
+        raise NoCudaError(NO_CUDA_MESSAGE)
+
+
+__all__ = ["SIMULATOR", "have_gpu", "cuda", "NO_CUDA_MESSAGE", "NoCudaError", "require_cuda"]

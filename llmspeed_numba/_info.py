@@ -10,7 +10,7 @@ def info():
     import numpy as np
 
     from . import __version__, ptx
-    from ._env import SIMULATOR, cuda, have_gpu
+    from ._env import NO_CUDA_MESSAGE, SIMULATOR, cuda, have_gpu
 
     facts = {
         "llmspeed_numba": __version__,
@@ -19,7 +19,7 @@ def info():
         "numba-cuda": _version("numba-cuda"),
         "numpy": np.__version__,
         "cuda-bindings": _version("cuda-bindings"),
-        "target": "CUDA simulator" if SIMULATOR else ("GPU" if have_gpu() else "no GPU found"),
+        "target": "CUDA simulator" if SIMULATOR else ("GPU" if have_gpu() else NO_CUDA_MESSAGE),
         "ptx backend": ptx.BACKEND,
         "NVVM / nvJitLink": _toolchain(),
         "kernel cache dir": _cache_dir(),

@@ -21,8 +21,13 @@ import statistics
 import tempfile
 import threading
 import time
+from typing import TYPE_CHECKING, Sequence
 
 from ._env import SIMULATOR, cuda
+from ._typing import ArrayLike, DTypeLike, StreamLike
+
+if TYPE_CHECKING:  # ops.gemm imports this module
+    from .ops.gemm import GemmConfig
 
 _lock = threading.Lock()
 _memory = {}   # path -> parsed cache file
@@ -154,8 +159,12 @@ def tune_gemm_problem(p, candidates=None, warmup=2, rep=10):
     return best
 
 
-def autotune(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=None,
-             out_dtype=None, backend="auto", stream=None, candidates=None, warmup=2, rep=10):
+def autotune(a: ArrayLike, b: ArrayLike, *, c: ArrayLike | None = None, alpha: float = 1.0,
+             beta: float = 0.0, bias: ArrayLike | None = None, activation: str | None = None,
+             out: ArrayLike | None = None, out_dtype: DTypeLike | None = None,
+             backend: str = "auto", stream: StreamLike = None,
+             candidates: "Sequence[GemmConfig | str | dict] | None" = None, warmup: int = 2,
+             rep: int = 10) -> "GemmConfig":
     """Autotune ``gemm`` for the shape class of these arguments (same meaning as ``gemm``'s);
     returns the winning ``GemmConfig``, which later ``gemm`` calls of the class then use.
     ``candidates``: the configurations to time (default: ``ops.gemm.candidates``)."""

@@ -15,15 +15,11 @@ Needs ``numba-cuda[cu13]`` (NVVM, nvJitLink) and ``nvidia-cuda-nvdisasm``; no dr
 """
 
 import dataclasses
-import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
-
-from ._env import SIMULATOR
 
 TARGET_CC = (9, 0, "a")
 _TARGET_ARCH = "sm_90a"
@@ -158,20 +154,27 @@ def compile_kernel(check: KernelCheck) -> CompileReport:
     return report
 
 
-def run_all(names=None):
+def checks(names=None):
+    """The registered checks (all, or those named), sorted by name; ``ValueError`` for a name
+    that is not registered."""
     import llmspeed_numba  # noqa: F401  (importing the package registers every op's kernels)
 
-    checks = [c for n, c in sorted(_REGISTRY.items()) if names is None or n in names]
-    return [compile_kernel(c) for c in checks]
+    unknown = sorted(set(names or ()) - set(_REGISTRY))
+    if unknown:
+        raise ValueError(f"kernel names: {unknown} are not registered; 'compile-check --list' "
+                         f"shows the {len(_REGISTRY)} that are")
+    return [c for n, c in sorted(_REGISTRY.items()) if not names or n in names]
 
 
-def main(argv=None):
-    if SIMULATOR:
-        print("compile_check needs the real numba.cuda: unset NUMBA_ENABLE_CUDASIM",
-              file=sys.stderr)
-        return 2
-    argv = sys.argv[1:] if argv is None else argv
-    reports = run_all(set(argv) or None)
-    print(json.dumps([dataclasses.asdict(r) for r in reports], indent=1))
-    return 1 if any(r.problems for r in reports) else 0
+def check_kernel(check: KernelCheck) -> CompileReport:
+    """``compile_kernel``, with a failure to compile reported as a problem of that kernel (so
+    one broken kernel does not hide the others' reports)."""
+    try:
+        return compile_kernel(check)
+    except Exception as exc:  # noqa: BLE001 - reported, and the check fails
+        return CompileReport(check.name, 0, 0, 0, 0, {}, {}, 0,
+                             [f"compile failed: {type(exc).__name__}: {exc}"])
 
+
+def run_all(names=None):
+    return [check_kernel(c) for c in checks(names)]

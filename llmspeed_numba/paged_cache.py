@@ -20,10 +20,13 @@ All bookkeeping is on the host (Python lists): no device synchronisation. The ta
 on the host and copied to the device on each ``tables`` / ``append`` call.
 """
 
+from typing import Iterable, Sequence
+
 import numpy as np
 
-from ._arrays import numpy_dtype
-from ._env import SIMULATOR, cuda
+from ._arrays import dtype_name, numpy_dtype
+from ._env import SIMULATOR, cuda, require_cuda
+from ._typing import ArrayLike, DTypeLike, StreamLike
 
 __all__ = ["NO_PAGE", "OutOfPages", "PageAllocator", "PagedKVCache"]
 
@@ -45,7 +48,8 @@ class PageAllocator:
     Python (no device), so a scheduler can plan with it on any machine.
     """
 
-    def __init__(self, num_blocks, block_size, *, max_blocks_per_seq=None):
+    def __init__(self, num_blocks: int, block_size: int, *,
+                 max_blocks_per_seq: int | None = None) -> None:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
@@ -53,10 +57,15 @@ class PageAllocator:
                 raise ValueError(f"{name}: expected a positive int, got {value}")
         if block_size & (block_size - 1):
             raise ValueError(f"block_size: expected a power of two, got {block_size}")
-        if max_blocks_per_seq is not None and (
-                isinstance(max_blocks_per_seq, bool) or max_blocks_per_seq < 1):
-            raise ValueError(f"max_blocks_per_seq: expected a positive int or None, got "
-                             f"{max_blocks_per_seq!r}")
+        if max_blocks_per_seq is not None:
+            if isinstance(max_blocks_per_seq, bool) or not isinstance(max_blocks_per_seq,
+                                                                      (int, np.integer)):
+                raise TypeError(f"max_blocks_per_seq: expected an int or None, got "
+                                f"{type(max_blocks_per_seq).__name__}")
+            if max_blocks_per_seq < 1:
+                raise ValueError(f"max_blocks_per_seq: expected a positive int or None, got "
+                                 f"{max_blocks_per_seq}")
+            max_blocks_per_seq = int(max_blocks_per_seq)
         self.num_blocks = int(num_blocks)
         self.block_size = int(block_size)
         self.max_blocks_per_seq = max_blocks_per_seq
@@ -67,18 +76,18 @@ class PageAllocator:
 
     # ---- bookkeeping -----------------------------------------------------------------------
     @property
-    def num_free_pages(self):
+    def num_free_pages(self) -> int:
         return len(self._free)
 
     @property
-    def sequences(self):
+    def sequences(self) -> list[int]:
         """Ids of the live sequences, oldest first."""
         return list(self._lengths)
 
-    def length(self, seq_id):
+    def length(self, seq_id: int) -> int:
         return self._lengths[self._check_id(seq_id)]
 
-    def pages(self, seq_id):
+    def pages(self, seq_id: int) -> list[int]:
         """Page ids of a sequence, in order (a copy)."""
         return list(self._pages[self._check_id(seq_id)])
 
@@ -134,7 +143,7 @@ class PageAllocator:
                 owned.append(self._free.pop())
             self._lengths[seq_id] = new_length
 
-    def add_sequence(self, length=0):
+    def add_sequence(self, length: int = 0) -> int:
         """Start a sequence of ``length`` tokens (its pages allocated); returns its id."""
         if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
             raise ValueError(f"length: expected an int >= 0, got {length!r}")
@@ -143,7 +152,7 @@ class PageAllocator:
         self._next_id += 1
         return seq_id
 
-    def extend(self, seq_ids, new_tokens):
+    def extend(self, seq_ids: int | Iterable[int], new_tokens: int) -> None:
         """Grow each sequence of ``seq_ids`` (an id or a list of ids) by ``new_tokens`` tokens,
         allocating pages as needed; all or nothing (``OutOfPages``)."""
         ids = [seq_ids] if isinstance(seq_ids, (int, np.integer)) else list(seq_ids)
@@ -171,14 +180,15 @@ class PageAllocator:
         self._lengths[seq_id] = length
         return True
 
-    def free(self, seq_id):
+    def free(self, seq_id: int) -> None:
         """Return a finished sequence's pages to the pool."""
         self._check_id(seq_id)
         self._free.extend(reversed(self._pages.pop(seq_id)))
         del self._lengths[seq_id]
 
     # ---- tables ----------------------------------------------------------------------------
-    def host_tables(self, seq_ids, *, lengths=None, width=None):
+    def host_tables(self, seq_ids: Iterable[int], *, lengths: Sequence[int] | None = None,
+                    width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """NumPy int32 ``(block_table, seq_lens)`` of ``seq_ids`` in that order (the batch).
 
         ``width`` (columns of block_table) defaults to the most pages any of them holds (at
@@ -203,16 +213,21 @@ class PagedKVCache(PageAllocator):
     """Paged K/V storage for many sequences plus their page tables.
 
     ``num_blocks`` pages of ``block_size`` tokens (a power of two, 8..256 for decode), each token
-    holding ``nheads_k x headdim`` values of ``dtype`` ("float16" or "bfloat16"). ``kind``:
-    "numba", "torch" or "cupy" (bfloat16 needs "torch"). ``max_blocks_per_seq``: an optional
-    limit on one sequence's pages (``ValueError`` past it); it is also the minimum width of the
-    tables. ``num_layers``: None for one cache pair of (num_blocks, block_size, nheads_k, headdim),
-    or the number of layers of a model, whose layers share the pages (one page id addresses the
-    same slot of every layer): ``k_cache[layer]`` is then one layer's cache.
+    holding ``nheads_k x headdim`` values of ``dtype``: float16 or bfloat16, as a name or a
+    NumPy / ml_dtypes / torch dtype. ``kind``: "numba", "torch" or "cupy" (on a GPU, bfloat16
+    needs "torch"). ``max_blocks_per_seq``: an optional limit on one sequence's pages
+    (``ValueError`` past it); it is also the minimum width of the tables. ``num_layers``: None
+    for one cache pair of (num_blocks, block_size, nheads_k, headdim), or the number of layers of
+    a model, whose layers share the pages (one page id addresses the same slot of every layer):
+    ``k_cache[layer]`` is then one layer's cache.
+
+    Raises ``TypeError`` for arguments of the wrong type and unsupported dtypes, ``ValueError``
+    for values out of range, ``NoCudaError`` without a GPU outside the simulator.
     """
 
-    def __init__(self, num_blocks, block_size, nheads_k, headdim, dtype="float16", *,
-                 kind="numba", max_blocks_per_seq=None, num_layers=None):
+    def __init__(self, num_blocks: int, block_size: int, nheads_k: int, headdim: int,
+                 dtype: DTypeLike = "float16", *, kind: str = "numba",
+                 max_blocks_per_seq: int | None = None, num_layers: int | None = None) -> None:
         super().__init__(num_blocks, block_size, max_blocks_per_seq=max_blocks_per_seq)
         for name, value in (("nheads_k", nheads_k), ("headdim", headdim),
                             ("num_layers", 1 if num_layers is None else num_layers)):
@@ -220,8 +235,10 @@ class PagedKVCache(PageAllocator):
                 raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
             if value < 1:
                 raise ValueError(f"{name}: expected a positive int, got {value}")
+        dtype = dtype_name(dtype, "dtype")
         if dtype not in ("float16", "bfloat16"):
-            raise TypeError(f"dtype: expected 'float16' or 'bfloat16', got {dtype!r}")
+            raise TypeError(f"dtype: expected float16 or bfloat16, got {dtype}")
+        require_cuda()
         if kind not in KINDS:
             raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
         if not SIMULATOR and kind == "cupy" and dtype == "bfloat16":
@@ -271,13 +288,16 @@ class PagedKVCache(PageAllocator):
             return cupy.asarray(host)
         return cuda.to_device(host)
 
-    def tables(self, seq_ids, *, width=None):
+    def tables(self, seq_ids: Iterable[int], *,
+               width: int | None = None) -> tuple[ArrayLike, ArrayLike]:
         """Device int32 ``(block_table, seq_lens)`` of ``seq_ids`` (the decode batch, in order),
         in the cache's array kind. See ``host_tables``."""
         table, lens = self.host_tables(seq_ids, width=width)
         return self._to_device(table), self._to_device(lens)
 
-    def append(self, seq_ids, k, v, *, stream=None, width=None):
+    def append(self, seq_ids: Iterable[int], k: ArrayLike, v: ArrayLike, *,
+               stream: StreamLike = None,
+               width: int | None = None) -> tuple[ArrayLike, ArrayLike]:
         """Append ``k``, ``v`` (batch, new_tokens, nheads_k, headdim) to the sequences
         ``seq_ids`` (one per batch row): allocate their pages (all or nothing), write the tokens
         with ``paged_kv_append``, and return the device ``(block_table, seq_lens)`` *after* the
@@ -304,7 +324,7 @@ class PagedKVCache(PageAllocator):
         return block_table, self._to_device(np.array([self._lengths[i] for i in ids],
                                                      np.int32))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"PagedKVCache({self.num_blocks} x {self.block_size} tokens, nheads_k "
                 f"{self.nheads_k}, headdim {self.headdim}, {self.dtype}, {self.kind}; "
                 f"{len(self._lengths)} sequences, {len(self._free)} free pages)")

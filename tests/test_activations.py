@@ -76,6 +76,9 @@ def test_gelu_in_place_and_leading_dims(rng):
     _case("silu", True, (2, 2, 16), "float16", rng)
 
 
+# The simulator does device arithmetic in NumPy, which reports the fp32 overflow of exp(-x) that
+# these inputs rely on (silu(x) = x / (1 + inf) = -0); a GPU reports nothing.
+@pytest.mark.filterwarnings("ignore:.*overflow encountered:RuntimeWarning")
 def test_activation_tails_of_the_range(rng):
     # large |x|: exp overflow (silu -> -0, gelu -> 0 or x), and values near 0
     x_h = np.array([[-100.0, -30.0, -8.0, -1e-3, 0.0, 1e-3, 8.0, 30.0, 100.0, 60000.0,

@@ -32,7 +32,8 @@ def _start_compile_check():
         stdout = tempfile.TemporaryFile(mode="w+")
         stderr = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "llmspeed_numba", "compile-check", *names[i::CHILDREN]],
+            [sys.executable, "-m", "llmspeed_numba", "compile-check", "--json", "-",
+             *names[i::CHILDREN]],
             stdout=stdout, stderr=stderr, text=True, env=env)
         atexit.register(lambda proc=proc: proc.poll() is None and proc.kill())  # deselected
         children.append((proc, stdout, stderr))
@@ -49,9 +50,16 @@ def reports():
         returncode = proc.wait(timeout=1800)
         stdout.seek(0)
         stderr.seek(0)
+        log = stderr.read()
         if returncode not in (0, 1):
-            pytest.fail(f"compile-check crashed:\n{stderr.read()[-4000:]}")
-        found.update((r["name"], r) for r in json.loads(stdout.read()))
+            pytest.fail(f"compile-check crashed:\n{log[-4000:]}")
+        part = json.loads(stdout.read())
+        found.update((r["name"], r) for r in part)
+        # progress (one line per kernel, stderr is not a terminal) and the summary on stderr
+        failed = sum(bool(r["problems"]) for r in part)
+        assert all(f"] {r['name']} " in log for r in part), log[-2000:]
+        assert (f"compile-check: {len(part)} kernels, {len(part) - failed} ok, {failed} failed"
+                in log), log[-2000:]
     assert sorted(found) == _NAMES, "a registered kernel was not compiled"
     return found
 

@@ -315,6 +315,7 @@ def test_bad_inputs(rng):
         (ValueError, "softmax_scale: expected a finite number > 0", (q, k, v),
          {"softmax_scale": float("inf")}),
         (TypeError, "causal: expected a bool", (q, k, v), {"causal": 1}),
+        (TypeError, "return_lse: expected a bool, got int", (q, k, v), {"return_lse": 1}),
         (ValueError, r"out: expected shape \(1, 4, 4, 16\)", (q, k, v),
          {"out": _dev((1, 4, 4, 8), "float16", rng)}),
         (TypeError, "out: expected dtype float16", (q, k, v),
@@ -356,6 +357,8 @@ def test_bad_varlen_inputs(rng):
          (q, k, _dev((12, 1, 16), "bfloat16", rng), cu_q, cu_k, 6, 7)),
         (TypeError, "max_seqlen_k: expected an int", (q, k, v, cu_q, cu_k, 6, 7.0)),
     ]
+    with pytest.raises(TypeError, match="return_lse: expected a bool, got str"):
+        flash_attn_varlen(q, k, v, cu_q, cu_k, 6, 7, return_lse="yes")
     for error, match, args in cases:
         with pytest.raises(error, match=match):
             flash_attn_varlen(*args)

@@ -455,6 +455,10 @@ def test_error_out(rng):
         gemm(a, b, out=_empty((5, 4), "float16"))
     with pytest.raises(TypeError, match="out: expected dtype"):
         gemm(a, b, out=_empty((4, 5), "float32"), out_dtype="float16")
+    with pytest.raises(TypeError, match=r"^out: expected dtype in .*, got int32$"):
+        gemm(a, b, out=place(np.zeros((4, 5), np.int32), False))   # out names out, not out_dtype
+    with pytest.raises(TypeError, match="out_dtype: expected a dtype"):
+        gemm(a, b, out_dtype=object())
 
 
 def test_error_backend_and_config(rng):

@@ -211,6 +211,19 @@ def test_norm_bad_inputs(op, rng):
     big = dev(random_array((4, 3, 16), "float16", rng))
     with pytest.raises(ValueError, match="do not collapse into one row stride"):
         call(big[:, :2], w)
+    # out must not overlap residual (both are written): the same array, or rows shared
+    r = dev(random_array((2, 16), "float16", rng))
+    with pytest.raises(ValueError, match="out: expected an array that does not overlap "
+                                         "residual, got one sharing its memory"):
+        call(x, w, residual=r, out=r)
+    rows3 = dev(random_array((3, 16), "float16", rng))
+    with pytest.raises(ValueError, match="out: expected an array that does not overlap"):
+        call(x, w, residual=rows3[:2], out=rows3[1:])
+    with pytest.raises(TypeError, match=r"^weight: expected dtype float32, got float16$"):
+        call(dev(random_array((2, 16), "float32", rng)), w)   # x's dtype named once
+    with pytest.raises(TypeError, match=r"^weight: expected dtype float16 \(x's\) or float32, "
+                                        r"got bfloat16$"):
+        call(x, dev(random_array((16,), "bfloat16", rng)))
     if op == "layer_norm":
         with pytest.raises(ValueError, match=r"bias: expected shape \(16,\)"):
             call(x, w, bias=dev(random_array((8,), "float16", rng)))

@@ -68,6 +68,31 @@ def test_max_blocks_per_seq_and_bad_arguments():
         PagedKVCache(4, 8, 1, 16, dtype="float32")
     with pytest.raises(ValueError, match="kind"):
         PagedKVCache(4, 8, 1, 16, kind="jax")
+    with pytest.raises(TypeError, match="^dtype: expected float16 or bfloat16, got float32$"):
+        PagedKVCache(4, 8, 1, 16, dtype=np.float32)
+    with pytest.raises(TypeError, match="dtype: expected a dtype"):
+        PagedKVCache(4, 8, 1, 16, dtype=None)
+    with pytest.raises(TypeError, match="max_blocks_per_seq: expected an int or None, got float"):
+        PagedKVCache(4, 8, 1, 16, max_blocks_per_seq=1.5)
+    with pytest.raises(ValueError, match="max_blocks_per_seq: expected a positive int"):
+        PagedKVCache(4, 8, 1, 16, max_blocks_per_seq=0)
+
+
+def test_dtype_given_as_numpy_ml_dtypes_or_torch():
+    import ml_dtypes
+
+    dtypes = [np.float16, np.dtype(np.float16), ml_dtypes.bfloat16, "bfloat16"]
+    try:
+        import torch
+    except ImportError:  # torch is optional: the NumPy forms still run
+        torch = None
+    if torch is not None:
+        dtypes += [torch.float16, torch.bfloat16]
+    for dtype in dtypes:
+        kind = "torch" if not SIMULATOR and "bfloat16" in str(dtype) else "numba"
+        cache = PagedKVCache(2, 8, 1, 16, dtype=dtype, kind=kind)
+        assert cache.dtype == ("bfloat16" if "bfloat16" in str(dtype) else "float16")
+        assert to_host(cache.k_cache).dtype.name == cache.dtype
 
 
 def test_tables():

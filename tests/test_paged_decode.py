@@ -348,6 +348,10 @@ def test_bad_types_and_dtypes(rng):
         paged_decode_attention(q, kc, vc, bt, sl, softmax_scale="0.1")
     with pytest.raises(TypeError, match="window_size"):
         paged_decode_attention(q, kc, vc, bt, sl, window_size=3)
+    with pytest.raises(TypeError, match="return_lse: expected a bool, got int"):
+        paged_decode_attention(q, kc, vc, bt, sl, return_lse=1)
+    with pytest.raises(TypeError, match="check_bounds: expected a bool, got str"):
+        paged_decode_attention(q, kc, vc, bt, sl, check_bounds="no")
     with pytest.raises(TypeError, match="out: expected dtype"):
         paged_decode_attention(q, kc, vc, bt, sl,
                                out=to_device(np.zeros(q.shape, np.float32)))
@@ -410,8 +414,22 @@ def test_bad_table_contents_checked(rng):
         paged_decode_attention(q, kc, vc, to_device(table), sl, check_bounds=True)
     # append: the new positions need pages
     k = to_device(random_array((2, 3, 2, 16), "float16", rng))
-    with pytest.raises(ValueError, match="seq_lens: appending 3 tokens"):
-        paged_kv_append(k, k, kc, vc, bt, to_device(np.array([0, 22], np.int32)),
+    capacity = case.block_table.shape[1] * 8
+    table = (rf"the block_table's capacity of {capacity} tokens \(max_blocks_per_seq "
+             rf"{case.block_table.shape[1]} x block_size 8\)")
+    with pytest.raises(ValueError, match=rf"^seq_lens: appending 3 tokens needs seq_lens\[b\] "
+                                         rf"\+ 3 <= {capacity}, {table}, got seq_lens\[1\] = "
+                                         rf"{capacity - 2}$"):
+        paged_kv_append(k, k, kc, vc, bt, to_device(np.array([0, capacity - 2], np.int32)),
+                        check_bounds=True)
+    with pytest.raises(ValueError, match=r"^seq_lens: expected lengths >= 0, got seq_lens\[0\] "
+                                         r"= -1$"):
+        paged_kv_append(k, k, kc, vc, bt, to_device(np.array([-1, 0], np.int32)),
+                        check_bounds=True)
+    many = to_device(random_array((2, capacity + 4, 2, 16), "float16", rng))
+    with pytest.raises(ValueError, match=rf"^k: expected at most {capacity} new tokens, {table}, "
+                                         rf"got {capacity + 4}$"):
+        paged_kv_append(many, many, kc, vc, bt, to_device(np.array([0, 0], np.int32)),
                         check_bounds=True)
     with pytest.raises(ValueError, match="block_table: expected page ids"):
         paged_kv_append(k, k, kc, vc, bt, to_device(np.array([16, 2], np.int32)),
@@ -433,6 +451,13 @@ def test_append_bad_input(rng):
                         to_device(random_array((2, 1, 2, 16), "bfloat16", rng)), kc, vc, bt, sl)
     with pytest.raises(TypeError, match="seq_lens: expected dtype int32"):
         paged_kv_append(k, k, kc, vc, bt, to_device(np.array([1, 2], np.int64)))
+    with pytest.raises(TypeError, match="check_bounds: expected a bool, got int"):
+        paged_kv_append(k, k, kc, vc, bt, sl, check_bounds=1)
+    with pytest.raises(TypeError, match="k: expected a CUDA array"):
+        paged_kv_append([1.0], k, kc, vc, bt, sl)
+    odd_pages = to_device(np.zeros((4, 12, 2, 16), np.float16))
+    with pytest.raises(NotImplementedError, match="k_cache: block_size 12 is not supported"):
+        paged_kv_append(k, k, odd_pages, odd_pages, bt, sl)
 
 
 # ---- GPU ------------------------------------------------------------------------------------

@@ -139,6 +139,14 @@ def test_rotary_bad_inputs(rng):
         rotary_embedding(q, k, pos, rotary_dim=0)
     with pytest.raises(TypeError, match="rotary_dim: expected an int"):
         rotary_embedding(q, k, pos, rotary_dim=8.0)
+    odd = dev(random_array((2, 4, 7), "float16", rng))   # rotary_dim not given: blame q
+    with pytest.raises(ValueError, match=r"q: expected an even headdim >= 2 .* got shape "
+                                         r"\(2, 4, 7\)"):
+        rotary_embedding(odd, None, pos)
+    with pytest.raises(ValueError, match="base: expected a finite float > 0"):
+        rotary_embedding(q, k, pos, base=float("inf"))
+    with pytest.raises(TypeError, match="k: expected a CUDA array"):
+        rotary_embedding(q, [1.0], pos)
     with pytest.raises(ValueError, match="style: expected one of"):
         rotary_embedding(q, k, pos, style="llama")
     with pytest.raises(ValueError, match="base: expected a finite float > 0"):

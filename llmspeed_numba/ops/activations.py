@@ -30,6 +30,7 @@ from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import choice, output, tensor
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
+from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 from ._activations_device import gelu_erf, gelu_tanh, silu
 
@@ -208,7 +209,8 @@ def _check_approximate(approximate):
     return f"gelu_{approximate}"
 
 
-def silu_and_mul(x, *, out=None, stream=None):
+def silu_and_mul(x: ArrayLike, *, out: ArrayLike | None = None,
+                 stream: StreamLike = None) -> ArrayLike:
     """``silu(x[..., :d]) * x[..., d:]`` for ``x`` (..., 2d): returns (..., d) in x's dtype and
     kind (or ``out``).
 
@@ -221,13 +223,15 @@ def silu_and_mul(x, *, out=None, stream=None):
     return _launch(x, out, stream, "silu", True)
 
 
-def gelu_and_mul(x, *, approximate="none", out=None, stream=None):
+def gelu_and_mul(x: ArrayLike, *, approximate: str = "none", out: ArrayLike | None = None,
+                 stream: StreamLike = None) -> ArrayLike:
     """``gelu(x[..., :d]) * x[..., d:]`` for ``x`` (..., 2d) (GeGLU); ``approximate`` is
     ``"none"`` (erf, exact) or ``"tanh"``. Returns (..., d); errors as ``silu_and_mul``."""
     return _launch(x, out, stream, _check_approximate(approximate), True)
 
 
-def gelu(x, *, approximate="none", out=None, stream=None):
+def gelu(x: ArrayLike, *, approximate: str = "none", out: ArrayLike | None = None,
+         stream: StreamLike = None) -> ArrayLike:
     """GELU of every element of ``x`` (..., n): exact (``approximate="none"``) or the tanh form.
     Returns x's shape, dtype and kind (or ``out``; ``out=x`` works in place)."""
     return _launch(x, out, stream, _check_approximate(approximate), False)

@@ -25,6 +25,8 @@ The private keywords ``_impl`` ("tc" / "simt") and ``_config`` (a ``TC_CONFIGS``
 """
 
 
+from typing import Any
+
 import numpy as np
 from numba import types
 
@@ -34,6 +36,7 @@ from .._checks import (aligned, contiguous, last_dim_contiguous, non_negative_st
                        same_dtype, shape, tensor)
 from .._env import SIMULATOR
 from .._launch import array1d
+from .._typing import ArrayLike, StreamLike
 from ._attention_common import LOG2E
 from . import _flash_attn_simt, _flash_attn_tc
 
@@ -90,9 +93,9 @@ def tc_config(headdim):
 
 # ---- validation ---------------------------------------------------------------------------
 
-def _check_options(causal, softmax_scale, window_size, headdim):
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+def _check_options(causal, softmax_scale, window_size, headdim, return_lse):
+    _checks.boolean("causal", causal)
+    _checks.boolean("return_lse", return_lse)
     scale = _checks.softmax_scale(softmax_scale, headdim)
     left, right = _checks.window_size(window_size)
     return scale, left, right
@@ -257,8 +260,11 @@ def _output(out, tq, expected_shape):
 
 # ---- public API ---------------------------------------------------------------------------
 
-def flash_attn(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1),
-               return_lse=False, out=None, stream=None, _impl=None, _config=None):
+def flash_attn(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False,
+               softmax_scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
+               return_lse: bool = False, out: ArrayLike | None = None,
+               stream: StreamLike = None, _impl: str | None = None,
+               _config: Any = None) -> ArrayLike | tuple[ArrayLike, ArrayLike]:
     """Attention forward, FlashAttention 2 semantics.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim); fp16 or
@@ -290,7 +296,8 @@ def flash_attn(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1
     same_dtype("q", tq, k=tk, v=tv)
     _check_layout({"q": tq, "k": tk, "v": tv})
     _check_headdim(headdim)
-    scale, left, right = _check_options(causal, softmax_scale, window_size, headdim)
+    scale, left, right = _check_options(causal, softmax_scale, window_size, headdim,
+                                        return_lse)
     out, to = _output(out, tq, tq.shape)
     lse = empty(tq, (batch, nheads, seqlen_q), "float32")
     if batch and seqlen_q and nheads:
@@ -304,9 +311,13 @@ def flash_attn(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1
     return (out, lse) if return_lse else out
 
 
-def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-                      causal=False, softmax_scale=None, window_size=(-1, -1), return_lse=False,
-                      out=None, stream=None, _impl=None, _config=None):
+def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
+                      cu_seqlens_k: ArrayLike, max_seqlen_q: int, max_seqlen_k: int, *,
+                      causal: bool = False, softmax_scale: float | None = None,
+                      window_size: tuple[int, int] = (-1, -1), return_lse: bool = False,
+                      out: ArrayLike | None = None, stream: StreamLike = None,
+                      _impl: str | None = None,
+                      _config: Any = None) -> ArrayLike | tuple[ArrayLike, ArrayLike]:
     """Attention forward over a packed batch of sequences of different lengths.
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); sequence ``b`` is rows
@@ -343,7 +354,8 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     _check_headdim(headdim)
     max_seqlen_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
-    scale, left, right = _check_options(causal, softmax_scale, window_size, headdim)
+    scale, left, right = _check_options(causal, softmax_scale, window_size, headdim,
+                                        return_lse)
     _check_cu_seqlens("cu_seqlens_q", tcq, total_q, max_seqlen_q, "max_seqlen_q")
     _check_cu_seqlens("cu_seqlens_k", tck, total_k, max_seqlen_k, "max_seqlen_k")
     out, to = _output(out, tq, tq.shape)

@@ -32,10 +32,11 @@ import numpy as np
 from numba import types
 
 from .. import compile_check
-from .._arrays import STORAGE, empty, kernel_buffer, stream_handle
+from .._arrays import STORAGE, dtype_name, empty, kernel_buffer, stream_handle
 from .._checks import choice, non_negative_strides, output, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit, max_shared_per_block_optin, sm_count
+from .._typing import ArrayLike, DTypeLike, StreamLike
 from ..autotune import enabled as _autotune_enabled
 from ..autotune import generation as _autotune_generation
 from ..autotune import lookup as _autotune_lookup
@@ -80,9 +81,9 @@ class GemmConfig:
     stages: int = 4
     thread_m: int = 8
     thread_n: int = 8
-    split_k: int = None
+    split_k: int | None = None
     group_m: int = 8
-    min_blocks: int = None
+    min_blocks: int | None = None
     wgmma: bool = False
 
     @property
@@ -493,8 +494,8 @@ def _prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, st
     choice("activation", activation, ACTIVATIONS)
     choice("backend", backend, BACKENDS)
     if out_dtype is None:  # out's dtype when given, else the input dtype
-        out_dtype = tensor(out, "out").dtype if out is not None else ta.dtype
-    out_dtype = _dtype_name(out_dtype)
+        out_dtype = tensor(out, "out", dtypes=OUTPUT_DTYPES).dtype if out is not None else ta.dtype
+    out_dtype = dtype_name(out_dtype, "out_dtype")
     if out_dtype not in OUTPUT_DTYPES:
         raise TypeError(f"out_dtype: expected one of {OUTPUT_DTYPES}, got {out_dtype!r}")
     a_k_inner, lda = _layout(ta, "a")
@@ -511,16 +512,6 @@ def _prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, st
     return _Problem(ta, tb, to, tc if beta != 0.0 else None, tbias, out, M, N, K, a_k_inner,
                     b_k_inner, lda, ldb, _vector_ok(ta, lda), _vector_ok(tb, ldb), alpha, beta,
                     activation, out_dtype, backend, stream_handle(stream, (ta, tb)))
-
-
-def _dtype_name(dtype):
-    """Library name of ``out_dtype``: a string, numpy / ml_dtypes dtype or torch dtype."""
-    if isinstance(dtype, str):
-        return dtype
-    try:
-        return np.dtype(dtype).name
-    except TypeError:
-        return str(dtype).replace("torch.", "")
 
 
 # ---- launch --------------------------------------------------------------------------------
@@ -650,8 +641,11 @@ def candidates(p):
     return out
 
 
-def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=None,
-         out_dtype=None, backend="auto", config=None, stream=None):
+def gemm(a: ArrayLike, b: ArrayLike, *, c: ArrayLike | None = None, alpha: float = 1.0,
+         beta: float = 0.0, bias: ArrayLike | None = None, activation: str | None = None,
+         out: ArrayLike | None = None, out_dtype: DTypeLike | None = None,
+         backend: str = "auto", config: "GemmConfig | str | dict | None" = None,
+         stream: StreamLike = None) -> ArrayLike:
     """``out = activation(alpha * a @ b + beta * c + bias)``.
 
     a: (M, K), b: (K, N): fp16, bf16 (Tensor Cores, fp32 accumulation) or fp32 (SIMT), the same
@@ -673,12 +667,12 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
     ranks, mismatched shapes, unsupported strides or a bad config; ``NotImplementedError`` for
     fp32 inputs with ``backend="tensor_core"``.
     """
-    if config is not None:
-        config = resolve_config(config)
+    cfg = None if config is None else resolve_config(config)
+    if cfg is not None:
         if backend == "auto":
-            backend = config.backend
-        elif backend != config.backend:
-            raise ValueError(f"config: a {config.backend} configuration with "
+            backend = cfg.backend
+        elif backend != cfg.backend:
+            raise ValueError(f"config: a {cfg.backend} configuration with "
                              f"backend={backend!r}")
     p = _prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, stream)
     if p.M == 0 or p.N == 0:
@@ -686,7 +680,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
     if p.K == 0:
         _launch_reduce(p, kernel_buffer(p.to), 0)  # sums nothing: act(beta * c + bias)
         return p.out
-    _run(p, _choose(p, config))
+    _run(p, _choose(p, cfg))
     return p.out
 
 

@@ -26,6 +26,7 @@ from .. import compile_check
 from .._arrays import kernel_buffer, stream_handle
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
+from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 from .rms_norm import check_eps, prepare_norm
 
@@ -131,7 +132,8 @@ def _layer_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, has_
             unpack1(tword, 0, a)
             d = a[0] - mean
             acc += d * d
-        inv = _F1 / math.sqrt(row_sum(acc, scratch) * inv_cols + eps)
+        var = row_sum(acc, scratch) * inv_cols  # every lane takes part (rows past the end: 0)
+        inv = _F1 / math.sqrt(var + eps) if live else _F0
 
         # pass 3: normalise, scale, shift, store
         if cpt > 0:
@@ -189,14 +191,16 @@ def _layer_norm_kernel(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, has_bia
     return Kernel(jit(fn), _signature(x_kind, w_kind), "layer_norm_kernel")
 
 
-def layer_norm(x, weight, bias, eps=1e-5, *, residual=None, out=None, stream=None):
+def layer_norm(x: ArrayLike, weight: ArrayLike, bias: ArrayLike | None, eps: float = 1e-5, *,
+               residual: ArrayLike | None = None, out: ArrayLike | None = None,
+               stream: StreamLike = None) -> ArrayLike:
     """LayerNorm of the last dimension of ``x``, optionally after adding ``residual`` in place.
 
     Args:
         x: (..., hidden) fp16 / bf16 / fp32, last dimension contiguous.
         weight: (hidden,) x's dtype or float32.
         bias: (hidden,) weight's dtype, or None.
-        eps: added to the variance (float >= 0).
+        eps: added to the variance (a finite number >= 0).
         residual: optional, x's shape and dtype; updated in place to ``x + residual`` (rounded
             to the dtype), whose norm is returned.
         out: optional output, x's shape and dtype (may be ``x``; must not overlap ``residual``).
@@ -206,9 +210,9 @@ def layer_norm(x, weight, bias, eps=1e-5, *, residual=None, out=None, stream=Non
         ``out``: the normalised rows, x's dtype, in x's array kind.
 
     Raises:
-        TypeError: a non-array, an unsupported dtype, dtypes that disagree.
+        TypeError: a non-array, an unsupported dtype, dtypes that disagree, eps not a number.
         ValueError: shapes that disagree, a non-contiguous last dimension, hidden == 0,
-            eps negative or not finite.
+            eps negative or not finite, ``out`` overlapping ``residual``.
     """
     eps = check_eps(eps)
     p = prepare_norm(x, weight, bias, residual, out)

@@ -73,6 +73,7 @@ simulator), unchecked on the GPU.
 
 import functools
 import math
+from typing import Any
 
 import numpy as np
 from numba import types
@@ -80,9 +81,10 @@ from numba import types
 from .. import _checks, compile_check, ptx
 from .._arrays import (Buffer, empty, kernel_buffer, stream_handle, torch_current_stream,
                       torch_signature)
-from .._checks import output, same_dtype, shape, tensor
+from .._checks import boolean, output, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, PreparedLaunch, array1d, jit, sm_count
+from .._typing import ArrayLike, StreamLike
 from ._attention_common import LOG2E, NEG_INF
 
 HALF_DTYPES = ("float16", "bfloat16")
@@ -1079,9 +1081,14 @@ def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_
             "folded": folded}
 
 
-def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, *, softmax_scale=None,
-                           window_size=(-1, -1), return_lse=False, out=None, stream=None,
-                           num_splits=None, check_bounds=None, _tuning=None, _split_path=None):
+def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
+                           block_table: ArrayLike, seq_lens: ArrayLike, *,
+                           softmax_scale: float | None = None,
+                           window_size: tuple[int, int] = (-1, -1), return_lse: bool = False,
+                           out: ArrayLike | None = None, stream: StreamLike = None,
+                           num_splits: int | None = None, check_bounds: bool | None = None,
+                           _tuning: Any = None, _split_path: str | None = None
+                           ) -> ArrayLike | tuple[ArrayLike, ArrayLike]:
     """Attention of the newest tokens of each sequence over its paged KV cache.
 
     q: (batch, nheads, headdim), or (batch, q_len, nheads, headdim) for ``q_len`` new tokens
@@ -1103,9 +1110,9 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, *, softma
     from the shapes, see the module docstring). ``check_bounds``: see the module docstring.
     ``_split_path``: ``"folded"`` or ``"two_kernels"`` (None: ``SPLIT_PATH``), for comparisons.
 
-    Errors: ``TypeError`` (not an array, dtype), ``ValueError`` (shapes, strides, alignment,
-    options; with checks on, seq_lens / block_table contents), ``NotImplementedError`` (headdim,
-    block_size, window_size[1] > 0).
+    Errors: ``TypeError`` (not an array, dtype, options of the wrong type), ``ValueError``
+    (shapes, strides, alignment, option values; with checks on, seq_lens / block_table
+    contents), ``NotImplementedError`` (headdim, block_size, window_size[1] > 0).
     """
     split_path = SPLIT_PATH if _split_path is None else _split_path
     key = _fast_key(q, k_cache, v_cache, block_table, seq_lens, out, softmax_scale, window_size,
@@ -1122,6 +1129,9 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, *, softma
     num_blocks, block_size, nheads_k, _ = tk.shape
     q_len = tq.shape[1] if tq.ndim == 4 else 1
     scale, left = _check_options(softmax_scale, window_size, headdim, num_splits, split_path)
+    boolean("return_lse", return_lse)
+    if check_bounds is not None:
+        boolean("check_bounds", check_bounds)
     lse_shape = (batch, nheads, q_len) if tq.ndim == 4 else (batch, nheads)
     out_given = out is not None
     to = output("out", out, tq.shape, tq.dtype, tq)

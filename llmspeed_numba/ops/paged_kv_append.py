@@ -24,9 +24,10 @@ from numba import types
 
 from .. import compile_check, ptx
 from .._arrays import kernel_buffer, stream_handle
-from .._checks import aligned, same_dtype, shape, tensor
+from .._checks import aligned, boolean, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit
+from .._typing import ArrayLike, StreamLike
 from .paged_decode import _check_cache_layout, _host_int_array
 
 HALF_DTYPES = ("float16", "bfloat16")
@@ -80,13 +81,21 @@ def _append_kernel(vec):
 def check_append_tables(block_table, seq_lens, num_blocks, block_size, new_tokens):
     """Host check that every new position has a page in range (host int arrays); ValueError."""
     capacity = block_table.shape[1] * block_size
-    bad = np.flatnonzero((seq_lens < 0) | (seq_lens + new_tokens > capacity))
-    if bad.size:
-        b = int(bad[0])
-        raise ValueError(f"seq_lens: appending {new_tokens} tokens needs seq_lens[b] in "
-                         f"[0, {capacity - new_tokens}] (max_blocks_per_seq "
-                         f"{block_table.shape[1]} x block_size {block_size}), got "
-                         f"seq_lens[{b}] = {int(seq_lens[b])}")
+    table = (f"the block_table's capacity of {capacity} tokens (max_blocks_per_seq "
+             f"{block_table.shape[1]} x block_size {block_size})")
+    if new_tokens > capacity:
+        raise ValueError(f"k: expected at most {capacity} new tokens, {table}, got {new_tokens}")
+    negative = np.flatnonzero(seq_lens < 0)
+    if negative.size:
+        b = int(negative[0])
+        raise ValueError(f"seq_lens: expected lengths >= 0, got seq_lens[{b}] = "
+                         f"{int(seq_lens[b])}")
+    past = np.flatnonzero(seq_lens.astype(np.int64) + new_tokens > capacity)
+    if past.size:
+        b = int(past[0])
+        raise ValueError(f"seq_lens: appending {new_tokens} tokens needs seq_lens[b] + "
+                         f"{new_tokens} <= {capacity}, {table}, got seq_lens[{b}] = "
+                         f"{int(seq_lens[b])}")
     for b, n in enumerate(seq_lens):
         if new_tokens == 0:
             break
@@ -100,17 +109,18 @@ def check_append_tables(block_table, seq_lens, num_blocks, block_size, new_token
                              f"{int(block_table[b, j])}")
 
 
-def paged_kv_append(k, v, k_cache, v_cache, block_table, seq_lens, *, stream=None,
-                    check_bounds=None):
+def paged_kv_append(k: ArrayLike, v: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
+                    block_table: ArrayLike, seq_lens: ArrayLike, *, stream: StreamLike = None,
+                    check_bounds: bool | None = None) -> None:
     """Write ``k``, ``v`` (batch, new_tokens, nheads_k, headdim) into the pages of each sequence
     at positions ``seq_lens[b] ..`` (its current length; ``seq_lens`` is not modified).
 
     Caches: (num_blocks, block_size, nheads_k, headdim), k's dtype (fp16 / bf16), block_size a
     power of two, rows contiguous and 16-byte aligned. ``block_table`` int32 (batch,
     max_blocks_per_seq) must already hold the pages of the new positions. ``check_bounds``: see
-    the module docstring. Errors: ``TypeError`` (not an array, dtype), ``ValueError`` (shapes,
-    strides; with checks on, positions without a valid page), ``NotImplementedError``
-    (block_size not a power of two).
+    the module docstring. Errors: ``TypeError`` (not an array, dtype, check_bounds not a bool),
+    ``ValueError`` (shapes, strides; with checks on, positions past the block_table's capacity
+    or without a valid page), ``NotImplementedError`` (block_size not a power of two).
     """
     tk = tensor(k, "k", ndim=4, dtypes=HALF_DTYPES)
     tv = tensor(v, "v", ndim=4)
@@ -139,6 +149,7 @@ def paged_kv_append(k, v, k_cache, v_cache, block_table, seq_lens, *, stream=Non
                                   f"expected a power of two")
     if check_bounds is None:
         check_bounds = SIMULATOR or tbt.kind == "numpy"
+    boolean("check_bounds", check_bounds)
     if check_bounds:
         check_append_tables(_host_int_array(tbt), _host_int_array(tsl), num_blocks, block_size,
                             new_tokens)

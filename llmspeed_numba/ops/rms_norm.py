@@ -38,9 +38,10 @@ from numba import types
 
 from .. import compile_check
 from .._arrays import empty, kernel_buffer, stream_handle
-from .._checks import output, same_dtype, shape, tensor
+from .._checks import no_overlap, one_of_dtypes, output, same_dtype, shape, tensor
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
+from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
@@ -163,8 +164,8 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, interl
             load_summed1(x, xo + tail, residual, ro + tail, tword, trword, a, b)
             ss += a[0] * a[0]
 
-        total = row_sum(ss, scratch)
-        inv = _F1 / math.sqrt(total / np.float32(cols) + eps)
+        total = row_sum(ss, scratch)  # every lane takes part; rows past the end sum to zero
+        inv = _F1 / math.sqrt(total / np.float32(cols) + eps) if live else _F0
 
         if cpt > 0:
             # every weight chunk before the first store: loaded beside each output store, its
@@ -260,9 +261,7 @@ def prepare_norm(x, weight, bias, residual, out):
     if tr is not None:
         shape("residual", tr, tx.shape, "to match x")
     same_dtype("x", tx, residual=tr)
-    for nm, t in (("weight", tw), ("bias", tb)):
-        if t is not None and t.dtype not in (tx.dtype, "float32"):
-            raise TypeError(f"{nm}: expected dtype {tx.dtype} (x's) or float32, got {t.dtype}")
+    one_of_dtypes("weight", tw, (tx.dtype, "float32"), "x's")
     if tb is not None and tb.dtype != tw.dtype:
         raise TypeError(f"bias: expected dtype {tw.dtype} to match weight, got {tb.dtype}")
     for nm, t in (("weight", tw), ("bias", tb)):
@@ -270,6 +269,8 @@ def prepare_norm(x, weight, bias, residual, out):
             raise ValueError(f"{nm}: expected a contiguous vector, got strides {t.strides}")
     r_stride = x_stride if tr is None else rw.rows_view("residual", tr)[2]
     to = output("out", out, tx.shape, tx.dtype, tx)
+    if to is not None:  # both are written: the norm to out, x + residual to residual
+        no_overlap("out", to, "residual", tr)
     if to is None:
         out = empty(tx, tx.shape, tx.dtype)
         to = tensor(out, "out")
@@ -285,13 +286,15 @@ def prepare_norm(x, weight, bias, residual, out):
                 strides=(x_stride, r_stride, o_stride), vec=vec, plan=(tpr, rpb, cpt))
 
 
-def rms_norm(x, weight, eps=1e-6, *, residual=None, out=None, stream=None):
+def rms_norm(x: ArrayLike, weight: ArrayLike, eps: float = 1e-6, *,
+             residual: ArrayLike | None = None, out: ArrayLike | None = None,
+             stream: StreamLike = None) -> ArrayLike:
     """RMSNorm of the last dimension of ``x``, optionally after adding ``residual`` in place.
 
     Args:
         x: (..., hidden) fp16 / bf16 / fp32, last dimension contiguous.
         weight: (hidden,) x's dtype or float32.
-        eps: added to the mean square (float >= 0).
+        eps: added to the mean square (a finite number >= 0).
         residual: optional, x's shape and dtype; updated in place to ``x + residual`` (rounded
             to the dtype), whose norm is returned (vLLM's fused add + RMSNorm).
         out: optional output, x's shape and dtype (may be ``x``; must not overlap ``residual``).
@@ -301,9 +304,9 @@ def rms_norm(x, weight, eps=1e-6, *, residual=None, out=None, stream=None):
         ``out``: the normalised rows, x's dtype, in x's array kind.
 
     Raises:
-        TypeError: a non-array, an unsupported dtype, dtypes that disagree.
+        TypeError: a non-array, an unsupported dtype, dtypes that disagree, eps not a number.
         ValueError: shapes that disagree, a non-contiguous last dimension, hidden == 0,
-            eps negative or not finite.
+            eps negative or not finite, ``out`` overlapping ``residual``.
     """
     eps = check_eps(eps)
     p = prepare_norm(x, weight, None, residual, out)

@@ -47,6 +47,7 @@ from .._arrays import as_tensor, kernel_buffer, stream_handle
 from .._checks import choice, same_dtype, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit
+from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
@@ -252,15 +253,19 @@ def _vector_ok(t, width):
     return t.ptr % 16 == 0 and t.strides[0] % width == 0 and t.strides[1] % width == 0
 
 
-def rotary_embedding(q, k, positions, *, base=10000.0, cos_sin_cache=None, style="neox",
-                     rotary_dim=None, check_bounds=True, stream=None):
+def rotary_embedding(q: ArrayLike, k: ArrayLike | None, positions: ArrayLike, *,
+                     base: float = 10000.0, cos_sin_cache: ArrayLike | None = None,
+                     style: str = "neox", rotary_dim: int | None = None,
+                     check_bounds: bool = True,
+                     stream: StreamLike = None) -> tuple[ArrayLike, ArrayLike | None]:
     """Rotate ``q`` and ``k`` in place by the rotary embedding of ``positions``.
 
     Args:
         q: (tokens, nheads, headdim) fp16 / bf16 / fp32, last dimension contiguous.
         k: (tokens, nheads_k, headdim), q's dtype, or None.
         positions: (tokens,) int32 or int64.
-        base: the RoPE base (``theta``), used when ``cos_sin_cache`` is None (float > 0).
+        base: the RoPE base (``theta``), used when ``cos_sin_cache`` is None (a finite number
+            > 0).
         cos_sin_cache: optional (max_position, rotary_dim) table, cos then sin in the last
             dimension (vLLM's layout), fp16 / bf16 / fp32.
         style: ``"neox"`` (rotate halves) or ``"gptj"`` (rotate interleaved pairs).
@@ -276,9 +281,10 @@ def rotary_embedding(q, k, positions, *, base=10000.0, cos_sin_cache=None, style
     Raises:
         TypeError: non-arrays; q / k / cache not fp16, bf16 or fp32; k's dtype differs from q's;
             positions not int32 / int64; base or rotary_dim of the wrong type.
-        ValueError: shapes that disagree; rotary_dim odd, < 2 or > headdim; a cache whose last
-            dimension is not rotary_dim; positions outside the cache (``check_bounds``);
-            base <= 0; an unknown style; a non-contiguous last dimension.
+        ValueError: shapes that disagree; rotary_dim odd, < 2 or > headdim (without
+            rotary_dim: headdim odd or < 2); a cache whose last dimension is not rotary_dim;
+            positions outside the cache (``check_bounds``); base <= 0 or not finite; an
+            unknown style; a non-contiguous last dimension.
     """
     tq = tensor(q, "q", dtypes=FLOAT_DTYPES)
     _check_head_tensor("q", tq)
@@ -294,6 +300,9 @@ def rotary_embedding(q, k, positions, *, base=10000.0, cos_sin_cache=None, style
     same_dtype("q", tq, k=tk)
     choice("style", style, STYLES)
     if rotary_dim is None:
+        if headdim < 2 or headdim % 2:
+            raise ValueError(f"q: expected an even headdim >= 2 (every element rotates when "
+                             f"rotary_dim is not given), got shape {tq.shape}")
         rotary_dim = headdim
     if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, (int, np.integer)):
         raise TypeError(f"rotary_dim: expected an int, got {type(rotary_dim).__name__}")

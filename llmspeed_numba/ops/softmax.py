@@ -47,10 +47,11 @@ import numpy as np
 from numba import types
 
 from .. import compile_check, ptx
-from .._arrays import Buffer, empty, kernel_buffer, stream_handle
+from .._arrays import Buffer, dtype_name, empty, kernel_buffer, stream_handle
 from .._checks import output, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit, sm_count
+from .._typing import ArrayLike, DTypeLike, StreamLike
 from . import _rowwise as rw
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
@@ -371,7 +372,8 @@ def _softmax_fused_kernel_fn(x_kind, o_kind, vec, tpr, rpb, cpt):
                     z += ptx.ex2_approx((a[i] - m) * scale)
         if tail_live:
             z += ptx.ex2_approx((tv - m) * scale)
-        inv = _F1 / row_sum(z, scratch)
+        z = row_sum(z, scratch)  # every lane takes part; rows past the end sum to zero
+        inv = _F1 / z if live else _F0
         for v in range(cpt):
             c = v * tpr + t
             if live and c < chunks:
@@ -839,12 +841,13 @@ def _argmax_plan(rows, chunks, x_kind, vec):
     return _argmax_kernel(x_kind, vec, tpr, rpb, UNROLL, False), 1, tpr, rpb
 
 
-def softmax(x, *, temperature=1.0, dtype=None, out=None, stream=None):
+def softmax(x: ArrayLike, *, temperature: float = 1.0, dtype: DTypeLike | None = None,
+            out: ArrayLike | None = None, stream: StreamLike = None) -> ArrayLike:
     """Softmax of ``x / temperature`` over the last dimension, accumulated in fp32.
 
     Args:
         x: (..., vocab) fp16 / bf16 / fp32 logits, last dimension contiguous.
-        temperature: float > 0 (finite).
+        temperature: a finite float > 0 (an int is a TypeError: pass ``float(t)``).
         dtype: output dtype, x's (default) or float32 (a name, numpy or torch dtype).
         out: optional output, x's shape, dtype ``dtype`` (or x's / float32 when ``dtype`` is
             None); may be ``x`` itself when the dtypes agree.
@@ -861,16 +864,15 @@ def softmax(x, *, temperature=1.0, dtype=None, out=None, stream=None):
             temperature that is not finite and > 0.
     """
     tx, rows, cols, x_stride = _prepare(x)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating)):
+    if not isinstance(temperature, (float, np.floating)):
         raise TypeError(f"temperature: expected a float, got {type(temperature).__name__}")
     if not (math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"temperature: expected a finite float > 0, got {temperature}")
     if dtype is not None:
-        if not isinstance(dtype, str):  # numpy / ml_dtypes / torch dtype objects
-            text = str(dtype)
-            dtype = text[len("torch."):] if text.startswith("torch.") else np.dtype(dtype).name
+        dtype = dtype_name(dtype, "dtype")
         if dtype not in (tx.dtype, "float32"):
-            raise TypeError(f"dtype: expected {tx.dtype} (x's) or float32, got {dtype}")
+            shown = "float32" if tx.dtype == "float32" else f"{tx.dtype} (x's) or float32"
+            raise TypeError(f"dtype: expected {shown}, got {dtype}")
     if out is not None:
         to = tensor(out, "out")
         want = dtype or (to.dtype if to.dtype in (tx.dtype, "float32") else tx.dtype)
@@ -913,7 +915,8 @@ def softmax(x, *, temperature=1.0, dtype=None, out=None, stream=None):
     return out
 
 
-def argmax(x, *, out=None, stream=None):
+def argmax(x: ArrayLike, *, out: ArrayLike | None = None,
+           stream: StreamLike = None) -> ArrayLike:
     """Index of the largest element of each row of ``x`` (..., vocab): greedy sampling.
 
     Ties go to the lowest index; NaN counts as the largest value (as torch.argmax).

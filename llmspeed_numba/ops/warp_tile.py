@@ -17,6 +17,7 @@ from .._arrays import empty, kernel_buffer, replay_key, stream_handle, torch_cur
 from .._checks import contiguous, output, same_dtype, shape, tensor
 from .._env import cuda
 from .._launch import Kernel, PreparedLaunch, array1d, jit
+from .._typing import ArrayLike, StreamLike
 
 TILE_M, TILE_N, TILE_K = 16, 8, 16
 _A_TILE = TILE_M * TILE_K          # uint16 elements of the A tile in shared memory
@@ -112,7 +113,8 @@ def _fast_call(a, b, out, stream):
     return out
 
 
-def warp_tile_matmul(a, b, *, out=None, stream=None):
+def warp_tile_matmul(a: ArrayLike, b: ArrayLike, *, out: ArrayLike | None = None,
+                     stream: StreamLike = None) -> ArrayLike:
     """``out = a @ b`` (fp32) for ``a`` (16, K), ``b`` (K, 8): fp16 or bf16, row-major, contiguous,
     K >= 8 a multiple of 8. Returns ``out`` (16, 8) float32 in the kind of ``a``."""
     fast = _fast_call(a, b, out, stream)

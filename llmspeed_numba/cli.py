@@ -1,0 +1,246 @@
+"""The command line: ``python -m llmspeed_numba <command>`` (also installed as ``llmspeed-numba``).
+
+Each command is added by its own ``_add_<name>(subparsers)``, which makes its parser (with a real
+``--help``) and sets ``func``: a function of the parsed arguments returning the exit status. A
+new command is one such function plus its name in ``COMMANDS``. Exit status: 0 success, 1 a
+failed check, 2 a usage error (argparse's, with the usage).
+"""
+
+import argparse
+import os
+import sys
+import textwrap
+import time
+
+PROG = "python -m llmspeed_numba"
+
+
+# ---- info ----------------------------------------------------------------------------------
+
+def _add_info(subparsers):
+    p = subparsers.add_parser(
+        "info", help="versions, target (GPU or simulator), device facts, kernel cache",
+        description="Print the versions (Python, numba, numba-cuda, NumPy, cuda-bindings), the "
+                    "target (a GPU, numba's CUDA simulator, or neither and what to do), the "
+                    "device's name, compute capability, SM count and opt-in shared memory, "
+                    "the NVVM / nvJitLink toolchain and the kernel cache directory.")
+    p.set_defaults(func=_info)
+
+
+def _info(args):
+    from ._info import print_info
+
+    print_info()
+    return 0
+
+
+# ---- demo ----------------------------------------------------------------------------------
+
+def _add_demo(subparsers):
+    p = subparsers.add_parser(
+        "demo", help="run every op on random inputs and check it against float64 references",
+        description=textwrap.fill(
+            "Run each op on random inputs, check the result against its float64 NumPy "
+            "reference and print a table: op, shape, max error, tolerance, time, status. On a "
+            "GPU the cases use real sizes and time the op; without one the command restarts "
+            "itself in numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) with tiny sizes, where "
+            "the whole demo takes a minute or two (see README, 'The CUDA simulator').", 79),
+        epilog="examples:\n"
+               f"  {PROG} demo                  every case\n"
+               f"  {PROG} demo --list           the cases, without running them\n"
+               f"  {PROG} demo gemm rms_norm    the cases whose op contains 'gemm' or "
+               "'rms_norm'\n\nexit status: 0 when every case passes, 1 otherwise",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("filters", nargs="*", metavar="FILTER",
+                   help="run only the cases whose op label contains one of these substrings "
+                        "(default: every case)")
+    p.add_argument("--list", action="store_true",
+                   help="print the cases (op and shape) that would run, and exit")
+    p.set_defaults(func=_demo)
+
+
+def _demo(args):
+    from ._env import SIMULATOR, have_gpu
+
+    if not SIMULATOR and not have_gpu():
+        _rerun_in_simulator(args.argv)
+    from ._demo import list_cases, run_demo
+
+    if args.list:
+        return list_cases(args.filters)
+    return run_demo(args.filters)
+
+
+def _rerun_in_simulator(argv):
+    """numba picks the simulator at import, from the environment: on a machine without a GPU,
+    start this command again with ``NUMBA_ENABLE_CUDASIM=1``."""
+    print("no CUDA GPU found: running in numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)",
+          file=sys.stderr, flush=True)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    os.execve(sys.executable, [sys.executable, "-m", "llmspeed_numba", *argv], env)
+
+
+# ---- compile-check -------------------------------------------------------------------------
+
+def _add_compile_check(subparsers):
+    p = subparsers.add_parser(
+        "compile-check", help="compile every registered kernel for sm_90a and check its SASS "
+                              "(no GPU needed)",
+        description="Compile each registered kernel for sm_90a offline (NVVM, nvJitLink, "
+                    "nvdisasm; no GPU or driver needed) and check its machine code: the "
+                    "Tensor Core / vector instructions asked for are present, and there is no "
+                    "local memory (spills, stack) and no ptxas warning. Progress goes to "
+                    "stderr; the failures and a one-line summary to stdout. Takes minutes "
+                    "(NVVM and ptxas, one kernel after another). Needs the real numba.cuda: "
+                    "NUMBA_ENABLE_CUDASIM must be unset.",
+        epilog="exit status: 0 when every kernel is clean, 1 when one is not, 2 for a usage "
+               "error")
+    p.add_argument("names", nargs="*", metavar="KERNEL",
+                   help="check only these registered kernels (default: all; --list shows them)")
+    p.add_argument("--list", action="store_true", help="print the registered kernels and exit")
+    p.add_argument("--json", metavar="PATH",
+                   help="write every kernel's report (registers, spills, instruction counts, "
+                        "problems) as JSON to PATH, or to stdout with '-' (the failures and "
+                        "the summary then go to stderr)")
+    p.set_defaults(func=_compile_check)
+
+
+def _compile_check(args):
+    import dataclasses
+    import json
+
+    from . import compile_check
+    from ._env import SIMULATOR
+
+    if SIMULATOR:
+        print("compile-check needs the real numba.cuda: unset NUMBA_ENABLE_CUDASIM",
+              file=sys.stderr)
+        return 2
+    try:
+        checks = compile_check.checks(args.names)
+    except ValueError as exc:
+        args.command_parser.error(str(exc))
+    if args.list:
+        for check in checks:
+            print(check.name)
+        return 0
+    text = sys.stderr if args.json == "-" else sys.stdout
+    progress = _Progress(len(checks), sys.stderr)
+    reports = []
+    start = time.perf_counter()
+    for check in checks:
+        progress.start(check.name)
+        report = compile_check.check_kernel(check)
+        reports.append(report)
+        progress.done(check.name, not report.problems)
+    progress.close()
+    failed = [r for r in reports if r.problems]
+    for r in failed:
+        print(f"FAILED {r.name}: " + "; ".join(r.problems), file=text)
+    if args.json is not None:
+        data = json.dumps([dataclasses.asdict(r) for r in reports], indent=1)
+        if args.json == "-":
+            print(data)
+        else:
+            with open(args.json, "w") as f:
+                f.write(data + "\n")
+    print(f"compile-check: {len(reports)} kernels, {len(reports) - len(failed)} ok, "
+          f"{len(failed)} failed, {time.perf_counter() - start:.0f} s", file=text)
+    return 1 if failed else 0
+
+
+class _Progress:
+    """A text progress bar on a terminal (one line, redrawn); one line per kernel otherwise
+    (logs, CI)."""
+
+    WIDTH = 30
+
+    def __init__(self, total, stream):
+        self.total, self.stream, self.count = total, stream, 0
+        self.tty = stream.isatty()
+        self.t0 = time.perf_counter()
+
+    def _bar(self):
+        filled = self.WIDTH * self.count // max(self.total, 1)
+        return f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.count}/{self.total}"
+
+    def start(self, name):
+        self.t0 = time.perf_counter()
+        if self.tty:
+            self.stream.write(f"\r\033[K{self._bar()} compiling {name}")
+            self.stream.flush()
+
+    def done(self, name, ok):
+        self.count += 1
+        if not self.tty:
+            status = "ok" if ok else "FAILED"
+            width = len(str(self.total))
+            self.stream.write(f"[{self.count:>{width}}/{self.total}] {name} {status} "
+                              f"({time.perf_counter() - self.t0:.1f} s)\n")
+        elif not ok:
+            self.stream.write(f"\r\033[K{name} FAILED\n")
+        self.stream.flush()
+
+    def close(self):
+        if self.tty:
+            self.stream.write(f"\r\033[K{self._bar()}\n")
+            self.stream.flush()
+
+
+# ---- help ----------------------------------------------------------------------------------
+
+def _add_help(subparsers):
+    p = subparsers.add_parser("help", help="this help, or a command's (help COMMAND)",
+                              description="Print the overall help, or one command's.")
+    p.add_argument("command", nargs="?", help="the command to describe")
+    p.set_defaults(func=_help)
+
+
+def _help(args):
+    if args.command is None:
+        args.parser.print_help()
+        return 0
+    sub = args.subparsers.choices.get(args.command)
+    if sub is None:
+        args.command_parser.error(f"unknown command {args.command!r} (choose from "
+                                  f"{', '.join(args.subparsers.choices)})")
+    sub.print_help()
+    return 0
+
+
+# ---- the parser ----------------------------------------------------------------------------
+
+COMMANDS = (_add_info, _add_demo, _add_compile_check, _add_help)
+
+
+def build_parser():
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="LLM-inference GPU kernels written in Python with Numba CUDA. Without a "
+                    "GPU, kernels run in numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1; "
+                    "'demo' switches to it by itself).",
+        epilog=f"'{PROG} COMMAND --help' describes a command.")
+    parser.add_argument("--version", action="version", version=f"llmspeed_numba {__version__}")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for add in COMMANDS:
+        add(subparsers)
+    for sub in subparsers.choices.values():  # so a command can report a usage error
+        sub.set_defaults(command_parser=sub)
+    parser.set_defaults(func=None, parser=parser, subparsers=subparsers)
+    return parser
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the command's parser, so the usage shown is the command's
+        (args.command_parser if args.func else parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
+    if args.func is None:  # no command: the overall help
+        parser.print_help()
+        return 0
+    args.argv = argv
+    return args.func(args)
