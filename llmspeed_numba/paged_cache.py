@@ -250,7 +250,7 @@ class PagedKVCache(PageAllocator):
         self.dtype = dtype
         self.kind = kind
         self.num_layers = None if num_layers is None else int(num_layers)
-        shape = (self.num_blocks, self.block_size, self.nheads_k, self.headdim)
+        shape: tuple[int, ...] = (self.num_blocks, self.block_size, self.nheads_k, self.headdim)
         if self.num_layers is not None:
             shape = (self.num_layers,) + shape
         self.k_cache = self._zeros(shape, dtype)

@@ -115,6 +115,8 @@ class LLM:
                                   cuda_graphs=use_graphs,
                                   max_width=-(-max_model_len // BLOCK_SIZE))
         self._seeds = np.random.default_rng(seed)
+        #: requests preempted (pages freed, recomputed later) so far
+        self.num_preemptions = 0
         self._ids = itertools.count()
         self._prompts = {}
 
@@ -179,9 +181,15 @@ class LLM:
     def has_unfinished(self):
         return self.scheduler.has_unfinished()
 
+    def request(self, request_id):
+        """The live ``Request`` of ``request_id`` (its tokens so far), or None once finished."""
+        entry = self._prompts.get(request_id)
+        return None if entry is None else entry[1]
+
     def step(self):
         """One engine step; returns the ``RequestOutput`` of each request finished in it."""
         batch = self.scheduler.schedule()
+        self.num_preemptions += len(batch.preempted)
         sampled = self.runner.execute(batch) if batch.entries else {}
         return [self._output(r) for r in self.scheduler.update(batch, sampled)]
 
@@ -227,7 +235,7 @@ class LLM:
     def stream(self, prompt, sampling=None):
         """Yield the text of one request's new tokens as they are produced."""
         request_id = self.add_request(prompt, sampling)
-        request = self._prompts[request_id][1]
+        request = self.request(request_id)
         shown = ""
         while True:
             done = any(out.request_id == request_id for out in self.step())

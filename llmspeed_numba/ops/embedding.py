@@ -21,6 +21,7 @@ from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import output, tensor
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
+from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
@@ -67,7 +68,8 @@ def _embedding_kernel(k, vec, id_dtype):
     return Kernel(jit(_embedding_kernel_fn(k, vec)), _signature(k, id_dtype), "embedding_kernel")
 
 
-def embedding(ids, weight, *, out=None, stream=None):
+def embedding(ids: ArrayLike, weight: ArrayLike, *, out: ArrayLike | None = None,
+              stream: StreamLike = None) -> ArrayLike:
     """``weight[ids]``: rows of ``weight`` (rows, hidden) picked by ``ids`` (n,).
 
     Args:

@@ -68,6 +68,7 @@ from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import output, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit
+from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 from .softmax import _argmax_key, _key_max
 
@@ -748,8 +749,10 @@ def _check_seed(v):
         raise ValueError(f"seed: expected a 64-bit int, got {v}")
 
 
-def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, out=None,
-           stream=None):
+def sample(logits: ArrayLike, *, temperature: float | ArrayLike = 1.0,
+           top_k: int | ArrayLike = 0, top_p: float | ArrayLike = 1.0,
+           min_p: float | ArrayLike = 0.0, seed: int | ArrayLike = 0,
+           out: ArrayLike | None = None, stream: StreamLike = None) -> ArrayLike:
     """Sample one token per row of ``logits`` (vLLM's sampling parameters), on the GPU.
 
     Args:

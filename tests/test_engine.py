@@ -1,0 +1,138 @@
+"""The engine (``llmspeed_numba/engine/llm.py``, ``runner.py``) on a tiny random model.
+
+Simulator (CI): continuous batching with chunked prefill (a token budget smaller than a prompt,
+so a chunk continues over the paged cache) gives each prompt the tokens of the plain greedy loop
+(``Model.generate_greedy``) on the same weights; bad requests are refused alone; the CLI's
+``generate`` runs the whole path. GPU suite: the same equality on SmolLM2 with many requests
+(admissions as others finish, preemption from a small cache, CUDA-graph decode), sampling
+reproducibility, and streaming.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from llmspeed_numba import LLM, SIMULATOR, SamplingParams, have_gpu  # noqa: E402
+from llmspeed_numba.models.model import Model  # noqa: E402
+from llmspeed_numba.models.random_model import preset_config, random_weights  # noqa: E402
+
+GPU = not SIMULATOR and have_gpu()
+
+
+def _tiny():
+    return preset_config("tiny", num_hidden_layers=1, vocab_size=64, max_position_embeddings=64)
+
+
+def test_chunked_continuous_batching_equals_the_plain_loop():
+    config = _tiny()
+    llm = LLM(config, load_format="dummy", max_num_seqs=2, max_num_batched_tokens=4, seed=0)
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=2))
+    expected = Model(config, None, random_weights(config, seed=0)).generate_greedy(prompts, 2)
+    assert [o.token_ids for o in outs] == expected
+    assert [o.finish_reason for o in outs] == ["length", "length"]
+    assert [o.prompt_token_ids for o in outs] == prompts
+    assert not llm.has_unfinished() and llm.cache.num_free_pages == llm.cache.num_blocks - 1
+
+
+def test_bad_requests_fail_alone():
+    llm = LLM(_tiny(), load_format="dummy", max_num_seqs=2, max_model_len=16, seed=0)
+    outs = llm.generate([[1, 2], [], [3] * 20, [4], [5, 64], "text"],
+                        [SamplingParams(max_tokens=1), SamplingParams(),
+                         SamplingParams(), SamplingParams(top_p=2.0), SamplingParams(),
+                         SamplingParams()])
+    assert outs[0].finish_reason == "length" and len(outs[0].token_ids) == 1
+    errors = [o.error for o in outs[1:]]
+    assert all(o.finish_reason == "error" and not o.token_ids for o in outs[1:])
+    assert "empty prompt" in errors[0]
+    assert "longer than max_model_len 16" in errors[1]
+    assert "top_p: expected a number in (0, 1]" in errors[2]
+    assert "token ids must be ints in [0, 64)" in errors[3]
+    assert "no tokenizer" in errors[4]
+    with pytest.raises(ValueError, match="max_tokens"):
+        llm.add_request([1], SamplingParams(max_tokens=0))
+    with pytest.raises(TypeError, match="sampling: expected SamplingParams"):
+        llm.add_request([1], {"max_tokens": 1})
+    with pytest.raises(ValueError, match="load_format"):
+        LLM(_tiny(), load_format="pt")
+    with pytest.raises(ValueError, match="max_model_len: expected an int in"):
+        LLM(_tiny(), load_format="dummy", max_model_len=10**6)
+
+
+def test_cli_generate_runs_the_tiny_model(tmp_path):
+    env = dict(os.environ)
+    env.pop("NUMBA_ENABLE_CUDASIM", None)  # the command restarts itself in the simulator
+    if GPU:
+        pytest.skip("on a GPU the command loads the real model (test_models_gpu covers it)")
+    run = subprocess.run([sys.executable, "-m", "llmspeed_numba", "generate", "Hi",
+                          "--max-new-tokens", "1"], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "tiny random-weight model" in run.stderr
+    assert "time to first token" in run.stderr
+
+
+# ---- GPU suite -------------------------------------------------------------------------------
+
+gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+
+
+def _smollm2_prompts(tokenizer, n):
+    topics = ["the sea", "numbers", "a cat", "Paris", "rain", "music", "trees", "the moon",
+              "bread", "trains", "winter", "a robot"]
+    return [tokenizer.encode(tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"Write two sentences about {topics[i % len(topics)]}."}]),
+        add_special_tokens=False) for i in range(n)]
+
+
+def _gguf():
+    from test_models_gpu import _smollm2_gguf
+
+    return _smollm2_gguf()
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_engine_greedy_equals_each_prompt_alone():
+    """12 requests through 4 slots and a small token budget (chunked prefill, admissions as
+    others finish), then with a cache so small that sequences are preempted and recomputed:
+    every request's greedy tokens equal the plain loop's for that prompt alone."""
+    from llmspeed_numba.models import load_model
+
+    path = _gguf()
+    model = load_model(path)
+    prompts = _smollm2_prompts(model.tokenizer, 12)
+    expected = [model.generate_greedy([p], 24, stop_at_eos=False)[0] for p in prompts]
+    model.release()
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    for kwargs in (dict(max_num_seqs=4, max_num_batched_tokens=64),
+                   dict(max_num_seqs=8, kv_cache_memory=6 * 1024 * 1024)):
+        llm = LLM(path, **kwargs)
+        outs = llm.generate(prompts, params)
+        got = [o.token_ids for o in outs]
+        assert got == expected, (kwargs, [i for i, (a, b) in enumerate(zip(got, expected))
+                                          if a != b])
+        print(kwargs, "pages", llm.cache.num_blocks, "preemptions", llm.num_preemptions)
+    assert llm.num_preemptions > 0  # the small cache did preempt
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_engine_sampling_is_reproducible_and_streams():
+    llm = LLM(_gguf(), max_num_seqs=8)
+    prompts = _smollm2_prompts(llm.tokenizer, 6)
+    params = [SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=s)
+              for s in range(6)]
+    first = [o.token_ids for o in llm.generate(prompts, params)]
+    again = [o.token_ids for o in llm.generate(prompts[::-1], params[::-1])][::-1]
+    assert first == again  # a request's tokens do not depend on its batch
+    other = [o.token_ids for o in llm.generate(
+        prompts, [SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=100 + s)
+                  for s in range(6)])]
+    assert other != first
+    text = "".join(llm.stream(prompts[0], SamplingParams(max_tokens=12)))
+    assert text == llm.generate(prompts[0], SamplingParams(max_tokens=12))[0].text
