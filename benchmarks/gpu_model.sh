@@ -5,22 +5,12 @@
 #      (compiles its kernels);
 #   2. alone on the GPU: bench_model (timings), rows to $OUT/model.csv.
 # Expects the gguf wheel in .whl/ and the test GGUF in .gpu/ (see tests/test_models_gpu.py).
-# numba's kernel cache is carried between calls as .gpu/numba_cache.tgz (returned in $OUT);
-# source files get content-derived mtimes so a cached kernel of changed source never matches.
+# numba's kernel cache is carried between calls as .gpu/numba_cache.tgz (returned in $OUT; see
+# gpu_setup.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NUMBA_CACHE_DIR=/tmp/numba_cache
-export LLMSPEED_TEST_GGUF=$PWD/.gpu/smollm2-8l.gguf
-[ -f .gpu/numba_cache.tgz ] && tar xzf .gpu/numba_cache.tgz -C /tmp
-python3 - <<'PY'
-import hashlib, os, pathlib
-for p in pathlib.Path("llmspeed_numba").rglob("*.py"):
-    h = int(hashlib.sha256(p.read_bytes()).hexdigest()[:7], 16)
-    os.utime(p, (1_600_000_000 + h, 1_600_000_000 + h))
-PY
+source benchmarks/gpu_setup.sh || exit 1
 start=$(date +%s)
 T=${PHASE1_LIMIT:-400}
 timeout $T python3 -m pytest -q -s -p no:cacheprovider \

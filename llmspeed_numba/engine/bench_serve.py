@@ -21,16 +21,20 @@ def _progress(done, total, start, out):
     out.flush()
 
 
-def run(llm, *, num_requests=64, prompt_len=512, output_len=256, seed=0, out=sys.stderr):
-    """Run the load on ``llm`` (an ``LLM``); returns a dict of the measurements."""
+def run(llm, *, num_requests=64, prompt_len=512, output_len=256, seed=0, random_lengths=True,
+        out=sys.stderr):
+    """Run the load on ``llm`` (an ``LLM``); returns a dict of the measurements. With
+    ``random_lengths=False`` every prompt and output has exactly the given length."""
     from .sampling_params import SamplingParams
 
     rng = np.random.default_rng(seed)
     vocab = llm.config.vocab_size
-    prompts = [rng.integers(0, vocab, int(rng.integers(max(1, prompt_len // 2), prompt_len + 1)))
-               .tolist() for _ in range(num_requests)]
-    outputs = [int(rng.integers(max(1, output_len // 2), output_len + 1))
-               for _ in range(num_requests)]
+
+    def length(n):
+        return int(rng.integers(max(1, n // 2), n + 1)) if random_lengths else n
+
+    prompts = [rng.integers(0, vocab, length(prompt_len)).tolist() for _ in range(num_requests)]
+    outputs = [length(output_len) for _ in range(num_requests)]
     start = time.perf_counter()
     first, finish, slots = {}, {}, {}
     for prompt, n in zip(prompts, outputs):
