@@ -25,6 +25,12 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "simulator" if SIMULATOR else "gpu"))
 
 
+def pytest_collection_finish(session):
+    # test_compile_check.py's children are waited for at exit only when its tests run
+    os.environ["LLMSPEED_COMPILE_CHECK_SELECTED"] = "1" if any(
+        item.module.__name__.endswith("test_compile_check") for item in session.items) else "0"
+
+
 def pytest_collection_modifyitems(config, items):
     # The compile check's child process starts at collection and compiles on the second core;
     # its tests wait for it, so they run last, after the simulator tests.

@@ -4,6 +4,8 @@ keep its Tensor Core / vector instructions in SASS with no local memory (see com
 Runs ``python -m llmspeed_numba compile-check`` in child processes without the simulator (this
 process has ``NUMBA_ENABLE_CUDASIM=1``), each on half of the registered kernels. They start when
 this module is collected, so their minutes of NVVM/ptxas work run beside the simulator tests.
+Under pytest-xdist (``-n 2``) only the first worker starts them; they write their reports to a
+folder named by the run's id, where the worker that runs these tests (any) reads them.
 """
 
 import atexit
@@ -12,54 +14,82 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
 #: Child processes: with two cores, two children and the simulator tests share them, so the
 #: NVVM/ptxas minutes end about when the tests do instead of a single child running on alone.
 CHILDREN = 2
+#: Each child's command: the compile check, then its exit status in ``<part>.rc`` (the marker
+#: that its ``<part>.json`` and ``<part>.log`` are complete).
+_CHILD = ('"$1" -m llmspeed_numba compile-check --json "$0.json" "${@:2}" > "$0.log" 2>&1; '
+          'echo $? > "$0.rc.tmp"; mv "$0.rc.tmp" "$0.rc"')
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+_FOLDER = os.path.join(tempfile.gettempdir(), "llmspeed-compile-check-" + os.environ.get(
+    "PYTEST_XDIST_TESTRUNUID", str(os.getpid())))
 
 
-def _start_compile_check():
+def _registered():
     import llmspeed_numba  # noqa: F401  (importing the package registers every op's kernels)
     from llmspeed_numba import compile_check
 
-    names = sorted(compile_check.registered())
+    return sorted(compile_check.registered())
+
+
+def _start_compile_check(names):
+    os.makedirs(_FOLDER, exist_ok=True)
+    for name in os.listdir(_FOLDER):  # a previous run's, if the id repeats
+        os.remove(os.path.join(_FOLDER, name))
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env.pop("LLMSPEED_NUMBA_PTX_BACKEND", None)
     children = []
     for i in range(CHILDREN):
-        stdout = tempfile.TemporaryFile(mode="w+")
-        stderr = tempfile.TemporaryFile(mode="w+")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "llmspeed_numba", "compile-check", "--json", "-",
-             *names[i::CHILDREN]],
-            stdout=stdout, stderr=stderr, text=True, env=env)
-        atexit.register(lambda proc=proc: proc.poll() is None and proc.kill())  # deselected
-        children.append((proc, stdout, stderr))
-    return names, children
+        part = os.path.join(_FOLDER, f"part{i}")
+        children.append(subprocess.Popen(
+            ["bash", "-c", _CHILD, part, sys.executable, *names[i::CHILDREN]], env=env))
+
+    def finish():
+        # the children's reports may be read by another worker: wait for them when these tests
+        # are selected in this run (conftest.py says), else stop them
+        for proc in children:
+            if os.environ.get("LLMSPEED_COMPILE_CHECK_SELECTED") == "1":
+                proc.wait()
+            elif proc.poll() is None:
+                proc.kill()
+
+    atexit.register(finish)
 
 
-_NAMES, _CHILDREN = _start_compile_check()
+_NAMES = _registered()
+if _WORKER in (None, "gw0"):
+    _start_compile_check(_NAMES)
 
 
 @pytest.fixture(scope="module")
 def reports():
     found = {}
-    for proc, stdout, stderr in _CHILDREN:
-        returncode = proc.wait(timeout=1800)
-        stdout.seek(0)
-        stderr.seek(0)
-        log = stderr.read()
+    deadline = time.monotonic() + 1800
+    for i in range(CHILDREN):
+        part = os.path.join(_FOLDER, f"part{i}")
+        while not os.path.exists(part + ".rc"):
+            if time.monotonic() > deadline:
+                pytest.fail("compile-check children did not finish in 30 minutes")
+            time.sleep(1)
+        with open(part + ".rc") as f:
+            returncode = int(f.read())
+        with open(part + ".log") as f:
+            log = f.read()
         if returncode not in (0, 1):
             pytest.fail(f"compile-check crashed:\n{log[-4000:]}")
-        part = json.loads(stdout.read())
-        found.update((r["name"], r) for r in part)
-        # progress (one line per kernel, stderr is not a terminal) and the summary on stderr
-        failed = sum(bool(r["problems"]) for r in part)
-        assert all(f"] {r['name']} " in log for r in part), log[-2000:]
-        assert (f"compile-check: {len(part)} kernels, {len(part) - failed} ok, {failed} failed"
-                in log), log[-2000:]
+        with open(part + ".json") as f:
+            part_reports = json.load(f)
+        found.update((r["name"], r) for r in part_reports)
+        # progress (one line per kernel: stderr is not a terminal) and the summary
+        failed = sum(bool(r["problems"]) for r in part_reports)
+        assert all(f"] {r['name']} " in log for r in part_reports), log[-2000:]
+        assert (f"compile-check: {len(part_reports)} kernels, {len(part_reports) - failed} ok, "
+                f"{failed} failed" in log), log[-2000:]
     assert sorted(found) == _NAMES, "a registered kernel was not compiled"
     return found
 

@@ -127,8 +127,11 @@ def test_gpu_engine_greedy_equals_each_prompt_alone():
     prompts = _smollm2_prompts(model.tokenizer, 12)
     expected = [model.generate_greedy([p], 24, stop_at_eos=False)[0] for p in prompts]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
+    c = model.config
+    page_bytes = 2 * c.num_hidden_layers * 16 * c.num_key_value_heads * c.head_dim * 2
     for kwargs in (dict(max_num_seqs=4, max_num_batched_tokens=64),
-                   dict(max_num_seqs=8, kv_cache_memory=6 * 1024 * 1024)):
+                   # 24 pages of 16 tokens for 8 sequences of about 55 tokens: preemptions
+                   dict(max_num_seqs=8, kv_cache_memory=24 * page_bytes)):
         llm = LLM(path, **kwargs)
         outs = llm.generate(prompts, params)
         compared = [_check_same_or_tie(model, p, o.token_ids, e, f"{kwargs} prompt {i}")

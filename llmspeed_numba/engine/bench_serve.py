@@ -41,17 +41,20 @@ def run(llm, *, num_requests=64, prompt_len=512, output_len=256, seed=0, random_
         rid = llm.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
         slots[rid] = n
     requests = {rid: llm.request(rid) for rid in slots}
-    done = 0
+    done, shown = 0, 0.0
     while llm.has_unfinished():
         finished = llm.step()
         now = time.perf_counter()
-        for rid, request in requests.items():
-            if rid not in first and request.output_token_ids:
+        for rid, request in list(requests.items()):
+            if request.output_token_ids:
                 first[rid] = now
+                del requests[rid]
         for o in finished:
             finish[o.request_id] = now
         done += len(finished)
-        _progress(done, num_requests, start, out)
+        if finished or now - shown > 0.5:
+            _progress(done, num_requests, start, out)
+            shown = now
     out.write("\n")
     elapsed = time.perf_counter() - start
     ttft = np.array([first[r] - start for r in slots])
