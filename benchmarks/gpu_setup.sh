@@ -1,10 +1,13 @@
 # Sourced by the gpu_*.sh runners on the device machine: the carried wheels on PYTHONPATH,
-# numba's kernel cache from .gpu/numba_cache.tgz (returned by the last call), and source files
-# with content-derived mtimes, so a cached kernel of changed source never matches.
+# numba's kernel cache from .gpu/numba_cache.tgz (returned by the last call), source files with
+# content-derived mtimes (a cached kernel of changed source never matches), and the commit the
+# CSV rows name from .gpu/commit (the device copy's git metadata can be stale): write it here
+# first, `git rev-parse --short HEAD > .gpu/commit`.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NUMBA_CACHE_DIR=/tmp/numba_cache
 export LLMSPEED_TEST_GGUF=$PWD/.gpu/smollm2-8l.gguf
+[ -f .gpu/commit ] && export LLMSPEED_COMMIT=$(cat .gpu/commit)
 [ -f .gpu/numba_cache.tgz ] && tar xzf .gpu/numba_cache.tgz -C /tmp
 python3 - <<'PY'
 import hashlib, os, pathlib
