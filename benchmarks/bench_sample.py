@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import Results, copy_bandwidth, graphed, plot_csv, time_gpu  # noqa: E402
 
 from llmspeed_numba.ops.sample import sample  # noqa: E402
+from llmspeed_numba.reference.sample import torch_probabilities  # noqa: E402
 
 ROWS = (1, 16, 64, 256)
 VOCABS = (32000, 128256)
@@ -39,29 +40,14 @@ MODES = {
 
 
 def torch_sampler(logits, temperature, greedy, top_k=0, top_p=1.0, min_p=0.0):
-    """vLLM's torch fallback (``TopKTopPSampler.forward_native`` + min-p), per-row temperature
-    tensor (``greedy`` decided on the host: reading the tensor would sync inside a capture)."""
+    """vLLM's torch fallback (``TopKTopPSampler.forward_native`` + min-p, in float32), per-row
+    temperature tensor (``greedy`` decided on the host: reading the tensor would sync inside a
+    capture)."""
     import torch
 
     if greedy:
         return logits.argmax(dim=-1)
-    x = logits.float() / temperature[:, None]
-    if top_k or top_p < 1:
-        srt, idx = x.sort(dim=-1, descending=False)
-        if top_k:
-            k = torch.full((x.shape[0],), top_k, device=x.device, dtype=torch.long)
-            kth = srt.gather(1, (x.shape[1] - k).unsqueeze(1))
-            srt = srt.masked_fill(srt < kth, -float("inf"))
-        if top_p < 1:
-            cum = srt.softmax(dim=-1).cumsum(dim=-1)
-            mask = cum <= 1 - top_p
-            mask[:, -1] = False
-            srt = srt.masked_fill(mask, -float("inf"))
-        x = srt.scatter(dim=-1, index=idx, src=srt)
-    probs = x.softmax(dim=-1)
-    if min_p > 0:
-        top = probs.max(dim=-1, keepdim=True).values
-        probs = probs.masked_fill(probs < min_p * top, 0.0)
+    probs = torch_probabilities(logits, temperature, top_k, top_p, min_p, dtype=torch.float32)
     return torch.multinomial(probs, 1).squeeze(1)
 
 

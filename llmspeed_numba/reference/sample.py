@@ -57,18 +57,26 @@ def probabilities(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
     return out
 
 
-def torch_probabilities(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+def torch_probabilities(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, *, dtype=None):
     """The same distribution computed as vLLM's torch fallback does (``apply_top_k_top_p``: sort
-    ascending, top-k mask, softmax, cumsum, top-p mask), then min-p, in float64 torch ops.
+    ascending, top-k mask, softmax, cumsum, top-p mask), then min-p, in torch ops.
 
-    Returns a (rows, vocab) torch float64 tensor of probabilities (for ``torch.multinomial``)."""
+    ``logits``: NumPy (computed in float64 on the CPU) or a torch tensor (computed on its device in
+    ``dtype``, float64 by default; benchmarks pass float32, as vLLM computes). ``temperature``: a
+    number or a (rows,) tensor. Returns (rows, vocab) probabilities (for ``torch.multinomial``)."""
     import torch
 
-    x = torch.as_tensor(_f64(logits)) / temperature
+    if isinstance(logits, torch.Tensor):
+        x = logits.to(dtype or torch.float64)
+    else:
+        x = torch.as_tensor(_f64(logits))
+    if isinstance(temperature, torch.Tensor):
+        temperature = temperature.to(x.dtype)[:, None]
+    x = x / temperature
     vocab = x.shape[-1]
     srt, idx = x.sort(dim=-1, descending=False)
     if 0 < top_k < vocab:
-        kth = srt.gather(1, torch.full((x.shape[0], 1), vocab - top_k))
+        kth = srt.gather(1, torch.full((x.shape[0], 1), vocab - top_k, device=x.device))
         srt = srt.masked_fill(srt < kth, -float("inf"))
     if top_p < 1:
         cum = srt.softmax(dim=-1).cumsum(dim=-1)
