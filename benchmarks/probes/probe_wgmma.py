@@ -1,6 +1,6 @@
 """The Hopper wgmma GEMM kernel against the mma.sync kernel and cuBLAS, one run (issue 3).
 
-    python benchmarks/probe_wgmma.py [--configs wg_128x256x64_s4,tc_128x256x64_w2x4_s3]
+    python benchmarks/probes/probe_wgmma.py [--configs wg_128x256x64_s4,tc_128x256x64_w2x4_s3]
                                      [--shapes 4096,8192] [--dtypes float16,bfloat16]
                                      [--layouts NN,NT] [--rounds 2]
 
@@ -16,8 +16,9 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(_BENCHMARKS))  # the repository root
+sys.path.insert(0, _BENCHMARKS)  # _harness and the bench_*.py modules
 
 from _harness import graphed, time_gpu  # noqa: E402
 

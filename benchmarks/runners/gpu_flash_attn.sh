@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # FlashAttention on the GPU machine: the GPU test suite, then the benchmark. Run from anywhere;
 # logs, the CSV and the PNG go to $OUT (default benchmarks/results/).
-#   bash benchmarks/gpu_flash_attn.sh [--quick] [--sweep]     (arguments go to the benchmark)
+#   bash benchmarks/runners/gpu_flash_attn.sh [--quick] [--sweep]     (arguments go to the benchmark)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONPATH=.
 export OUT="${OUT:-benchmarks/results}"
 mkdir -p "$OUT"

@@ -5,9 +5,9 @@
 # SAMPLE=0 leaves the sampler's test and benchmark out.
 # Set-up as gpu_model.sh (gguf wheel in .whl/, test GGUF and numba cache in .gpu/).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-source benchmarks/gpu_setup.sh || exit 1
+source benchmarks/runners/gpu_setup.sh || exit 1
 start=$(date +%s)
 T=${PHASE1_LIMIT:-300}
 timeout $T python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/test_engine.py \

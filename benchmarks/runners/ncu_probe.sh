@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Nsight Compute on one call of each probe case (benchmarks/probe_ncu.py), clocks left alone;
+# Nsight Compute on one call of each probe case (benchmarks/probes/probe_ncu.py), clocks left alone;
 # text reports under $OUT. CASES="..." picks cases; SECTIONS="..." replaces the default sections;
 # METRICS="a,b" the extra metrics; GREP="regex" adds lines to the summary (LINES_SHOWN of them).
 set -uo pipefail
+cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -13,7 +14,7 @@ for c in ${CASES:-decode_b32_hk8 sdpa_b32_hk8 decode_b1_hk8 sdpa_b1_hk8 softmax_
   echo "== $c"
   timeout 150 "$NCU" --profile-from-start off --clock-control none "${args[@]}" \
     --metrics "${METRICS:-dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum}" \
-    python benchmarks/probe_ncu.py "$c" > "$OUT/ncu_$c.txt" 2>&1
+    python benchmarks/probes/probe_ncu.py "$c" > "$OUT/ncu_$c.txt" 2>&1
   grep -E "Duration|DRAM Throughput|L2 Cache Throughput|L2 Hit Rate|dram__bytes_read|${GREP:-@}" \
     "$OUT/ncu_$c.txt" | head -${LINES_SHOWN:-12}
 done

@@ -1,9 +1,9 @@
 """rms_norm's two schedules of register-held rows, A/B in one run (issue 6: without the residual,
 hidden 14336 went from 117 us at bd70184 to 124 (f16) / 141 (bf16) us at 06b1a55).
 
-    python benchmarks/probe_norms.py [--hiddens 4096,8192,14336] [--dtypes float16,bfloat16]
+    python benchmarks/probes/probe_norms.py [--hiddens 4096,8192,14336] [--dtypes float16,bfloat16]
                                      [--rounds 2]
-    python benchmarks/probe_norms.py --sass    # no GPU needed: registers and memory-op order
+    python benchmarks/probes/probe_norms.py --sass    # no GPU needed: registers and memory-op order
 
 On (8192 tokens, hidden), for each dtype: rms_norm without the residual under each schedule of
 ``rms_norm.SCHEDULES`` ("interleaved": bd70184's kernel, each weight chunk loaded beside its
@@ -29,8 +29,9 @@ import re
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(_BENCHMARKS))  # the repository root
+sys.path.insert(0, _BENCHMARKS)  # _harness and the bench_*.py modules
 
 from llmspeed_numba.ops import _rowwise as rw  # noqa: E402
 from llmspeed_numba.ops import rms_norm as rn  # noqa: E402

@@ -8,9 +8,9 @@
 # numba's kernel cache is carried between calls as .gpu/numba_cache.tgz (returned in $OUT; see
 # gpu_setup.sh).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-source benchmarks/gpu_setup.sh || exit 1
+source benchmarks/runners/gpu_setup.sh || exit 1
 start=$(date +%s)
 T=${PHASE1_LIMIT:-400}
 timeout $T python3 -m pytest -q -s -p no:cacheprovider \

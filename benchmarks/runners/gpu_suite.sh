@@ -9,11 +9,11 @@
 #          registered kernel (3-4 min) and warms nothing. One summary line per bucket (logs:
 #          suite/bucket_NN.log; each bucket's node ids: suite/buckets/bucket_NN.txt).
 #   whole: the documented command, `python -m pytest -q tests`, in one process, on that cache.
-#   bash benchmarks/gpu_suite.sh [warm|whole|both]       logs under $OUT
+#   bash benchmarks/runners/gpu_suite.sh [warm|whole|both]       logs under $OUT
 #   TESTS="tests/test_gemm.py tests/test_softmax.py" limits the warm phase to those files (no
 #   compile-check bucket then).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/suite"
 phase=${1:-both}

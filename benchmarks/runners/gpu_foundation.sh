@@ -2,6 +2,7 @@
 # Foundation checks on the GPU machine: info, PTX-layer and runtime tests, demo, launch and
 # cold-start benchmarks. Logs under $OUT.
 set -uo pipefail
+cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python -m llmspeed_numba info 2>&1 | tee "$OUT/info.log"

@@ -20,7 +20,7 @@ cp.async ``.L2::128B`` steps of 4 KB of K and 4 KB of V) and no math:
 
 Then the ``per_head_paged`` copy with decode's per-tile work added level by level (``WORK_LEVELS``).
 
-    python benchmarks/probe_kv_read.py [--seq-len S] [--kv-heads H] [--levels-only | --quick]
+    python benchmarks/probes/probe_kv_read.py [--seq-len S] [--kv-heads H] [--levels-only | --quick]
 
 Prints us and GB/s per pattern and level next to paged_decode and SDPA on the same data.
 """
@@ -30,8 +30,9 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(_BENCHMARKS))  # the repository root
+sys.path.insert(0, _BENCHMARKS)  # _harness and the bench_*.py modules
 
 from _harness import copy_bandwidth, time_gpu  # noqa: E402
 

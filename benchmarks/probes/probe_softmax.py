@@ -1,7 +1,7 @@
 """Where the time of softmax / argmax on few long rows goes (issue 6): each variant and kernel
 alone, beside copies of the same size.
 
-    python benchmarks/probe_softmax.py [--dtypes float16,bfloat16,float32] [--rows 64]
+    python benchmarks/probes/probe_softmax.py [--dtypes float16,bfloat16,float32] [--rows 64]
                                        [--vocab 128256]
 
 For each dtype, on (rows, vocab) (temperature 0.7 as in bench_fused):
@@ -30,8 +30,9 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(_BENCHMARKS))  # the repository root
+sys.path.insert(0, _BENCHMARKS)  # _harness and the bench_*.py modules
 
 import _harness  # noqa: E402
 from _harness import copy_bandwidth, graphed, time_gpu  # noqa: E402

@@ -2,11 +2,11 @@
 # Fused ops (norms, rotary, activations, softmax / argmax) on the GPU machine: the GPU tests, then
 # the benchmark. Run from anywhere; logs, the CSV, the PNG and the headline table go to $OUT
 # (default benchmarks/results/).
-#   bash benchmarks/gpu_fused.sh [all|tests|bench] [--quick] [--eager] [--dtypes ...]
+#   bash benchmarks/runners/gpu_fused.sh [all|tests|bench] [--quick] [--eager] [--dtypes ...]
 # (the first argument picks the part, default all; the rest go to the benchmark). The first run
 # compiles every kernel variant (numba's disk cache keeps them for later runs on the machine).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 export OUT="${OUT:-benchmarks/results}"
 mkdir -p "$OUT"

@@ -2,7 +2,7 @@
 (warps, stages, q_smem, L2 prefetch hint), a contiguous-page layout with the same bytes, SDPA and
 the copy bandwidth, each variant's output checked against the default's.
 
-    python benchmarks/probe_decode.py [--variants NAME,...]
+    python benchmarks/probes/probe_decode.py [--variants NAME,...]
 
 Prints one line a variant (us, GB/s of K/V, % of copy, x SDPA) and appends ``paged_decode_probe``
 rows to ``decode.csv``.
@@ -13,8 +13,9 @@ import importlib
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(_BENCHMARKS))  # the repository root
+sys.path.insert(0, _BENCHMARKS)  # _harness and the bench_*.py modules
 
 from _harness import Results, copy_bandwidth, time_gpu  # noqa: E402
 from bench_decode import (  # noqa: E402

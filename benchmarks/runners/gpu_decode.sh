@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Paged-KV decode on the GPU machine: the GPU tests of the op and the allocator, the demo, the
 # benchmark (CSV + PNG), a configuration / split-count sweep on the target shapes, then the
-# simulator-sized tests on the hardware. Logs, CSV and PNG under $OUT. Run from the repo root.
+# simulator-sized tests on the hardware. Logs, CSV and PNG under $OUT. Run from anywhere.
 # QUICK=1: only the op's GPU tests and the quick benchmark (target shapes + a few variants).
 # (The SASS check needs no GPU: python -m llmspeed_numba compile-check, offline.)
 set -uo pipefail
+cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export LLMSPEED_RESULTS_DIR=$OUT

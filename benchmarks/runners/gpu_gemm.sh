@@ -2,14 +2,14 @@
 # GEMM on the GPU machine: the GPU test suite, then the benchmark. Run from anywhere; logs, the
 # CSV, the PNG, the headline table and the autotune cache go to $OUT (default
 # benchmarks/results/).
-#   bash benchmarks/gpu_gemm.sh [all|tests|bench] [--quick] [--sweep|--only-sweep] [--autotune] ...
+#   bash benchmarks/runners/gpu_gemm.sh [all|tests|bench] [--quick] [--sweep|--only-sweep] [--autotune] ...
 # (the first argument picks the part, default all; the rest go to the benchmark). The first run
 # compiles every kernel (numba's disk cache keeps them for later runs on the same machine); the
 # benchmark compiles its kernels in parallel child processes first (--workers).
-#   bash benchmarks/gpu_gemm.sh bench --only-sweep --quick   # picks gemm.LARGE_CONFIG / SIMT_CONFIG
-#   bash benchmarks/gpu_gemm.sh bench                        # the full benchmark of the issue
+#   bash benchmarks/runners/gpu_gemm.sh bench --only-sweep --quick   # picks gemm.LARGE_CONFIG / SIMT_CONFIG
+#   bash benchmarks/runners/gpu_gemm.sh bench                        # the full benchmark of the issue
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONPATH=.
 export OUT="${OUT:-benchmarks/results}"
 export LLMSPEED_NUMBA_CACHE="${LLMSPEED_NUMBA_CACHE:-$OUT/autotune_cache}"

@@ -2,7 +2,7 @@
 --profile-from-start off``): where a memory-bound kernel's time goes (DRAM throughput, stalls).
 
     ncu --profile-from-start off --clock-control none --section ... \
-        python benchmarks/probe_ncu.py CASE
+        python benchmarks/probes/probe_ncu.py CASE
 
 Cases: ``decode_b32_hk8``, ``decode_b1_hk8`` (ours, paged; ``_s512``: 512 keys, ``_seqpages``:
 each sequence's pages consecutive), ``sdpa_b32_hk8``, ``sdpa_b1_hk8``
@@ -14,8 +14,9 @@ profiled one.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(_BENCHMARKS))  # the repository root
+sys.path.insert(0, _BENCHMARKS)  # _harness and the bench_*.py modules
 
 
 def _decode_case(batch, seq_len, nheads_k, sdpa, sequential=False):
