@@ -204,7 +204,7 @@ def _udiv(n, d):
     (``div.u32``: a short inline sequence). Numba types ``int // int`` as a 64-bit signed
     division, a subroutine call (``__cuda_sm20_div_s64``): with a dozen of them, chained, the
     prologue took 2.9 us a block instead of 2.0, and the end merge 0.45 us more
-    (``probe_decode_timeline.py``, B32 S8192 Hk8)."""
+    (per-block timestamps, B32 S8192 Hk8: benchmarks/NOTES.md, session 6)."""
     return np.int64(np.uint32(n) // np.uint32(d))
 
 

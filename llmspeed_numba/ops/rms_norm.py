@@ -48,7 +48,8 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 
 SCHEDULES = ("loads_first", "interleaved")
 #: Schedule of register-held rows without the residual: None picks by row width (``_schedule``);
-#: a name from ``SCHEDULES`` forces it (read at each call: benchmarks/probe_norms.py A/Bs them).
+#: a name from ``SCHEDULES`` forces it (read at each call: benchmarks/probes/probe_norms.py
+#: A/Bs them).
 NO_RESIDUAL_SCHEDULE = None
 #: Rows of at least this many threads (over 1024 chunks: halves over 8192 elements, fp32 over
 #: 4096) take "interleaved" without the residual. At 8192 x 14336 f16 "loads_first" ran 124 us

@@ -32,7 +32,7 @@ Kernels (``_rowwise`` layout):
   per device and stream, so calls on one stream reuse it and CUDA graphs can capture the kernel).
   ``SPLIT_PATH = "two_kernels"`` selects the previous layout (a stats kernel, then a write kernel
   merging the partials, the same span code), never chosen by the planner: kept as a manual
-  fallback and for comparison (``benchmarks/probe_softmax.py``).
+  fallback and for comparison (``benchmarks/probes/probe_softmax.py``).
 - argmax: one kernel. Each thread scans its chunks cheaply (chunk max and a NaN probe, the exact
   index search only for a chunk that beats the thread's best), the block reduces 64-bit keys
   (ordered value bits above the complemented index), and with split rows each block merges its
