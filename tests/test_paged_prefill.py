@@ -152,8 +152,8 @@ def test_check_rejects_ignoring_the_prior_context(rng):
 
 # ---- simulator (and GPU) tests ------------------------------------------------------------
 
-@settings(max_examples=8)
-@given(case=prefill_cases(block_sizes=(8, 16, 32), headdims=(16, 16, 32), max_batch=2,
+@settings(max_examples=12)
+@given(case=prefill_cases(block_sizes=(4, 8, 16, 32), headdims=(16, 16, 32), max_batch=2,
                           max_nheads_k=2, groups=(1, 2), max_prior=30, max_q=20),
        window=st.sampled_from([-1, -1, 5]))
 def test_matches_reference(case, window):
