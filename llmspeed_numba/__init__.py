@@ -16,6 +16,7 @@ from .ops.embedding import embedding
 from .ops.layer_norm import layer_norm
 from .ops.paged_decode import paged_decode_attention
 from .ops.paged_kv_append import paged_kv_append
+from .ops.paged_prefill import paged_prefill_attention
 from .ops.rms_norm import rms_norm
 from .ops.rotary import rotary_embedding
 from .ops.sample import sample
@@ -31,7 +32,8 @@ __all__ = [
     "flash_attn", "flash_attn_varlen",
     "rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul", "gelu", "gelu_and_mul",
     "softmax", "argmax", "sample", "embedding",
-    "paged_decode_attention", "paged_kv_append", "PagedKVCache", "PageAllocator", "OutOfPages",
+    "paged_decode_attention", "paged_prefill_attention", "paged_kv_append", "PagedKVCache",
+    "PageAllocator", "OutOfPages",
     "warp_tile_matmul",
     "LLM", "SamplingParams", "RequestOutput",
 ]

@@ -6,7 +6,8 @@ A step has up to two passes over the weights:
   width bucket): the batch is padded to the next bucket of ``BATCH_BUCKETS`` with rows that feed
   a reserved scratch page, so a few graphs serve every batch size;
 - prefill entries (prompt chunks), packed into one eager forward: chunks that start a sequence
-  first (``flash_attn_varlen``), then chunks that continue one (paged attention over its cache).
+  first (``flash_attn_varlen``), then chunks that continue one (``paged_prefill_attention``
+  over their caches, one launch for all of them).
 
 Tokens are drawn by the ``sample`` op from per-row parameters. A row's seed mixes the request's
 seed with the position of the token drawn, so a request's tokens do not depend on what else was
@@ -138,10 +139,14 @@ class ModelRunner:
         bounds = np.concatenate([[0], np.cumsum(lengths)])
         fresh = [i for i, e in enumerate(ordered) if e.start_position == 0]
         cu = bounds[:len(fresh) + 1].astype(np.int32)
-        chunks = tuple(
-            (int(bounds[i]), int(bounds[i + 1]), self._device(table[i:i + 1]),
-             self._device(seq_lens[i:i + 1]))
-            for i in range(len(fresh), len(ordered)))
+        chunks = {}
+        if len(fresh) < len(ordered):      # chunks continuing a sequence: rows after the fresh
+            rest = slice(len(fresh), len(ordered))
+            chunks = dict(
+                chunk_cu_seqlens=self._device((bounds[len(fresh):] - cu[-1]).astype(np.int32)),
+                chunk_max_seqlen=max(lengths[rest]),
+                chunk_block_table=self._device(table[rest]),
+                chunk_seq_lens=self._device(seq_lens[rest]))
         step = Step(
             token_ids=self._device(np.concatenate([e.token_ids for e in ordered]).astype(
                 np.int64)),
@@ -151,7 +156,7 @@ class ModelRunner:
             token_tables=self._device(np.repeat(table, lengths, axis=0)),
             last_rows=self._device(bounds[1:].astype(np.int64) - 1),
             cu_seqlens=self._device(cu), max_seqlen=max([lengths[i] for i in fresh] or [0]),
-            chunks=chunks)
+            fresh_tokens=int(cu[-1]), **chunks)
         tokens = self._sample(self._run(step), self._params(ordered))
         result = [None] * len(entries)
         for slot, i in enumerate(order):

@@ -17,6 +17,7 @@ from ..ops.flash_attn import flash_attn_varlen
 from ..ops.gemm import gemm
 from ..ops.paged_decode import paged_decode_attention
 from ..ops.paged_kv_append import paged_kv_append
+from ..ops.paged_prefill import paged_prefill_attention
 from ..ops.rms_norm import rms_norm
 from ..ops.rotary import rotary_embedding
 from ..ops.sample import sample
@@ -25,7 +26,8 @@ from ..ops.softmax import argmax
 _OPS = {
     "argmax": argmax, "embedding": embedding, "flash_attn_varlen": flash_attn_varlen,
     "gemm": gemm, "paged_decode_attention": paged_decode_attention,
-    "paged_kv_append": paged_kv_append, "rms_norm": rms_norm,
+    "paged_kv_append": paged_kv_append, "paged_prefill_attention": paged_prefill_attention,
+    "rms_norm": rms_norm,
     "rotary_embedding": rotary_embedding, "sample": sample, "silu_and_mul": silu_and_mul,
 }
 

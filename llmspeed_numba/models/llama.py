@@ -13,8 +13,8 @@ differs:
 
 - prefill of a sequence's first tokens: ``flash_attn_varlen`` over the new tokens themselves
   (causal, each sequence alone);
-- a later prefill chunk (its sequence's earlier tokens are in the cache): the chunk's queries over
-  the sequence's pages, ``paged_decode_attention`` with ``q_len`` = the chunk;
+- later prefill chunks (their sequences' earlier tokens are in the cache): the chunks' queries
+  over their sequences' pages, one ``paged_prefill_attention`` for all of them;
 - decode: ``paged_decode_attention`` over each sequence's pages.
 
 Both write the new keys and values into the paged cache first (``paged_kv_append``, one launch
@@ -36,11 +36,13 @@ class Step:
 
     token_ids (T,) int64 and positions (T,) int32: the new tokens. token_tables (T, W) int32:
     each new token's sequence's page row. cu_seqlens (B + 1,) int32 and max_seqlen: the packed
-    prompts starting at position 0 (prefill), rows ``0 .. cu_seqlens[-1]``. chunks: later
-    prefill chunks, each ``(row_begin, row_end, block_table (1, W) int32, seq_len (1,) int32)``
-    (the sequence's pages and its length after the step), rows after the fresh prompts.
-    block_table (B, W) int32 and seq_lens (B,) int32: each sequence's pages and its length after
-    the step (decode). last_rows (B,) int64: each sequence's last token.
+    prompts starting at position 0 (prefill), rows ``0 .. fresh_tokens`` (``fresh_tokens`` =
+    ``cu_seqlens[-1]``, on the host). Later prefill chunks (sequences with tokens in the cache)
+    take the rows after them: chunk_cu_seqlens (C + 1,) int32 (offsets from row
+    ``fresh_tokens``) and chunk_max_seqlen, chunk_block_table (C, W) int32 and chunk_seq_lens
+    (C,) int32 (each chunk's sequence's pages and its length after the step); None without
+    chunks. block_table (B, W) int32 and seq_lens (B,) int32: each sequence's pages and its
+    length after the step (decode). last_rows (B,) int64: each sequence's last token.
     """
 
     token_ids: object
@@ -49,7 +51,11 @@ class Step:
     last_rows: object
     cu_seqlens: object = None
     max_seqlen: int = 0
-    chunks: tuple = ()
+    fresh_tokens: int = 0
+    chunk_cu_seqlens: object = None
+    chunk_max_seqlen: int = 0
+    chunk_block_table: object = None
+    chunk_seq_lens: object = None
     block_table: object = None
     seq_lens: object = None
 
@@ -203,7 +209,7 @@ class LlamaModel:
         if step.is_decode:
             out = ops.paged_decode_attention(q, k_cache, v_cache, step.block_table,
                                              step.seq_lens, window_size=window)
-        elif not step.chunks:
+        elif step.chunk_cu_seqlens is None:
             out = ops.flash_attn_varlen(q, k, v, step.cu_seqlens, step.cu_seqlens,
                                         step.max_seqlen, step.max_seqlen, causal=True,
                                         window_size=window)
@@ -211,13 +217,13 @@ class LlamaModel:
             import torch
 
             out = torch.empty((tokens, nq, d), dtype=q.dtype, device=q.device)
-            fresh = step.chunks[0][0]
+            fresh = step.fresh_tokens
             if fresh:
                 ops.flash_attn_varlen(q[:fresh], k[:fresh], v[:fresh], step.cu_seqlens,
                                       step.cu_seqlens, step.max_seqlen, step.max_seqlen,
                                       causal=True, window_size=window, out=out[:fresh])
-            for begin, end, table, seq_len in step.chunks:
-                ops.paged_decode_attention(q[begin:end].unsqueeze(0), k_cache, v_cache, table,
-                                           seq_len, window_size=window,
-                                           out=out[begin:end].unsqueeze(0))
+            ops.paged_prefill_attention(q[fresh:], k_cache, v_cache, step.chunk_block_table,
+                                        step.chunk_cu_seqlens, step.chunk_seq_lens,
+                                        step.chunk_max_seqlen, causal=True, window_size=window,
+                                        out=out[fresh:])
         return out.view(tokens, nq * d)

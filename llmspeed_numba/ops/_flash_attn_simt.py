@@ -32,11 +32,14 @@ def _simt_kernel_fn(head_dim, block_m, block_n, is_bf16, is_varlen):
     to_f32 = ptx.bf16_to_f32 if is_bf16 else ptx.f16_to_f32
     from_f32 = ptx.f32_to_bf16 if is_bf16 else ptx.f32_to_f16
 
-    def flash_attn_simt_kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+    def flash_attn_simt_kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
                                seqlen_q_arg, seqlen_k_arg,
                                q_sb, q_sn, q_sh, k_sb, k_sn, k_sh, v_sb, v_sn, v_sh,
-                               o_sb, o_sn, o_sh, lse_sb, lse_sh, group,
-                               softmax_scale, scale_log2, window_left, window_right):
+                               o_sb, o_sn, o_sh, lse_sb, lse_sh, bt_sb, bt_ss, group,
+                               softmax_scale, scale_log2, window_left, window_right, num_pages,
+                               bs_shift):
+        # block_table, bt_sb, bt_ss, num_pages, bs_shift: the Tensor Core kernel's paged
+        # variant only (one signature for both kernels)
         tid = cuda.threadIdx.x
         m_block = cuda.gridDim.x - 1 - cuda.blockIdx.x
         head = cuda.blockIdx.y

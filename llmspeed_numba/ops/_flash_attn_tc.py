@@ -114,17 +114,84 @@ def _tile_loader(rows, dim, head_dim, threads):
     return load_tile, thread_offset
 
 
+@_device
+def clamped_range(cu_seqlens, batch, total):
+    """``(start, length)`` of sequence ``batch``'s rows ``cu_seqlens[batch]:cu_seqlens[batch +
+    1]``, clamped to ``[0, total]`` (an empty range where the offsets decrease)."""
+    start = min(max(cu_seqlens[batch], 0), total)
+    end = min(max(cu_seqlens[batch + 1], start), total)
+    return start, end - start
+
+
+@functools.lru_cache(maxsize=None)
+def _paged_tile_loader(rows, dim, head_dim, threads):
+    """Device function copying a ``rows x dim`` tile of keys (or values) from a paged cache into
+    shared memory at ``smem_base`` (row pitch ``dim + 8``), chunks dealt to threads as
+    ``_tile_loader`` deals them. Key ``col0 + r`` of the sequence whose block-table row starts
+    at ``bt_row`` is slot ``(col0 + r) % block_size`` of page
+    ``block_table[bt_row + ((col0 + r) >> bs_shift) * bt_ss]``, the page id clamped to
+    ``[0, num_pages)``; ``head_base`` is the KV head's offset inside a slot. Rows ``>=
+    valid_rows`` and columns ``>= head_dim`` are zero-filled, reading neither the table nor the
+    cache (their source is ``head_base``: page 0, slot 0, in bounds).
+
+    Every page id of the thread's chunks is loaded before the first copy is issued (the copies'
+    memory clobber would otherwise serialise each table load behind the previous copy): one
+    table round trip a tile, not one a chunk. The ids come from L1 (the table row is tiny and
+    every thread of the block reads the same few entries)."""
+    chunks_per_row = dim // 8
+    pitch = dim + 8
+    per_thread = -(-rows * chunks_per_row // threads)
+    even = rows * chunks_per_row % threads == 0
+    total = rows * chunks_per_row
+
+    @_device
+    def load_paged(smem, smem_base, src, head_base, block_table, bt_row, bt_ss, col0,
+                   page_stride, row_stride, valid_rows, num_pages, bs_shift, tid):
+        offsets = cuda.local.array(per_thread, np.int64)
+        slot_mask = (1 << bs_shift) - 1
+        for c in range(per_thread):
+            i = tid + c * threads
+            r = i // chunks_per_row
+            col = (i % chunks_per_row) * 8
+            offset = np.int64(-1)
+            if (even or i < total) and r < valid_rows and (head_dim == dim or col < head_dim):
+                key = col0 + r
+                page = block_table[bt_row + (key >> bs_shift) * bt_ss]
+                page = min(max(page, 0), num_pages - 1)
+                offset = page * page_stride + (key & slot_mask) * row_stride + col
+            offsets[c] = offset
+        for c in range(per_thread):
+            i = tid + c * threads
+            if even or i < total:
+                r = i // chunks_per_row
+                col = (i % chunks_per_row) * 8
+                ok = offsets[c] >= 0
+                ptx.cp_async_16(smem, smem_base + r * pitch + col, src,
+                                head_base + offsets[c] if ok else head_base, 16 if ok else 0)
+
+    return load_paged
+
+
 def tc_shared_bytes(dim, warps, m_tiles, block_n):
     """Dynamic shared memory of one block: Q tile + one K tile + one V tile."""
     return 2 * (warps * 16 * m_tiles + 2 * block_n) * (dim + 8)
 
 
-def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen, min_blocks=0):
+def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen, min_blocks=0,
+                  paged=False):
     """The kernel for a padded head dimension ``dim`` (multiple of 16) holding ``head_dim``.
     ``min_blocks`` (the launch bounds the kernel is compiled with) only enters the closure, so
     that numba's disk cache, which keys on the closure but not on launch bounds, keeps the
-    variants apart."""
+    variants apart.
+
+    ``paged`` (with ``is_varlen``): K and V are read from a paged cache (``ops/paged_prefill.py``)
+    instead of packed rows. Then ``cu_seqlens_k`` holds each sequence's total length (seq_lens),
+    ``k_sb`` / ``k_sn`` / ``k_sh`` are the cache's page / slot / head strides (V alike),
+    ``seqlen_q_arg`` is total_q and ``seqlen_k_arg`` the table's capacity in keys: the query
+    offsets and the lengths are clamped to them, so any contents are memory-safe. The other
+    variants ignore ``block_table``, ``bt_sb``, ``bt_ss``, ``num_pages`` and ``bs_shift``."""
     assert dim % 16 == 0 and head_dim <= dim and block_n % 16 == 0
+    assert is_varlen or not paged
     threads = 32 * warps
     rows_per_warp = 16 * m_tiles
     block_m = warps * rows_per_warp
@@ -142,12 +209,14 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen, mi
     from_f32 = ptx.f32_to_bf16 if is_bf16 else ptx.f32_to_f16
     load_q, q_thread_offset = _tile_loader(block_m, dim, head_dim, threads)
     load_kv, kv_thread_offset = _tile_loader(block_n, dim, head_dim, threads)
+    load_paged = _paged_tile_loader(block_n, dim, head_dim, threads)
 
-    def flash_attn_tc_kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+    def flash_attn_tc_kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
                              seqlen_q_arg, seqlen_k_arg,
                              q_sb, q_sn, q_sh, k_sb, k_sn, k_sh, v_sb, v_sn, v_sh,
-                             o_sb, o_sn, o_sh, lse_sb, lse_sh, group,
-                             softmax_scale, scale_log2, window_left, window_right):
+                             o_sb, o_sn, o_sh, lse_sb, lse_sh, bt_sb, bt_ss, group,
+                             softmax_scale, scale_log2, window_left, window_right, num_pages,
+                             bs_shift):
         min_blocks  # noqa: B018  (cache key only, see the factory)
         tid = cuda.threadIdx.x
         warp = tid // 32
@@ -157,7 +226,11 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen, mi
         m_block = cuda.gridDim.x - 1 - cuda.blockIdx.x   # longest causal rows first
         head = cuda.blockIdx.y
         batch = cuda.blockIdx.z
-        if is_varlen:
+        if paged:
+            q_start, seqlen_q = clamped_range(cu_seqlens_q, batch, seqlen_q_arg)
+            k_start = 0
+            seqlen_k = min(max(cu_seqlens_k[batch], 0), seqlen_k_arg)
+        elif is_varlen:
             q_start = cu_seqlens_q[batch]
             seqlen_q = cu_seqlens_q[batch + 1] - q_start
             k_start = cu_seqlens_k[batch]
@@ -207,16 +280,25 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen, mi
                             window_left, window_right)
         n_end = (hi + block_n - 1) // block_n
         n_blocks = n_end - lo // block_n if hi > lo else 0
+        bt_row = batch * bt_sb
         if n_blocks > 0:
             col = (n_end - 1) * block_n
-            load_kv(smem, s_k, k, k_thread, col * k_sn, k_sn, seqlen_k - col, tid)
+            if paged:
+                load_paged(smem, s_k, k, head_k * k_sh, block_table, bt_row, bt_ss, col, k_sb,
+                           k_sn, seqlen_k - col, num_pages, bs_shift, tid)
+            else:
+                load_kv(smem, s_k, k, k_thread, col * k_sn, k_sn, seqlen_k - col, tid)
         ptx.cp_async_commit()
 
         for it in range(n_blocks):
             col0 = (n_end - 1 - it) * block_n
             ptx.cp_async_wait(0)
             cuda.syncthreads()       # K (and Q) landed; every warp is done reading V
-            load_kv(smem, s_v, v, v_thread, col0 * v_sn, v_sn, seqlen_k - col0, tid)
+            if paged:
+                load_paged(smem, s_v, v, head_k * v_sh, block_table, bt_row, bt_ss, col0, v_sb,
+                           v_sn, seqlen_k - col0, num_pages, bs_shift, tid)
+            else:
+                load_kv(smem, s_v, v, v_thread, col0 * v_sn, v_sn, seqlen_k - col0, tid)
             ptx.cp_async_commit()
 
             # S = Q K^T
@@ -294,7 +376,11 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen, mi
             cuda.syncthreads()       # V landed; every warp is done reading K
             if it + 1 < n_blocks:
                 col = col0 - block_n
-                load_kv(smem, s_k, k, k_thread, col * k_sn, k_sn, seqlen_k - col, tid)
+                if paged:
+                    load_paged(smem, s_k, k, head_k * k_sh, block_table, bt_row, bt_ss, col,
+                               k_sb, k_sn, seqlen_k - col, num_pages, bs_shift, tid)
+                else:
+                    load_kv(smem, s_k, k, k_thread, col * k_sn, k_sn, seqlen_k - col, tid)
             ptx.cp_async_commit()
 
             # O += P V, P straight from the S accumulators
@@ -324,7 +410,9 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen, mi
         # normalise once, stage the warp's rows in its Q rows, write 16-byte chunks
         ptx.cp_async_wait(0)
         cuda.syncthreads()           # no copy into the Q tile is still in flight
-        if is_varlen:                # read again rather than kept in registers over the loop
+        if paged:                    # read again rather than kept in registers over the loop
+            q_start, seqlen_q = clamped_range(cu_seqlens_q, batch, seqlen_q_arg)
+        elif is_varlen:
             q_start = cu_seqlens_q[batch]
             seqlen_q = cu_seqlens_q[batch + 1] - q_start
         for mt in range(m_tiles):
@@ -355,10 +443,10 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen, mi
 
 @functools.lru_cache(maxsize=None)
 def tc_kernel(signature, head_dim, dim, warps, m_tiles, block_n, min_blocks, is_bf16,
-              is_varlen):
+              is_varlen, paged=False):
     """The Tensor Core kernel for one configuration; ``min_blocks`` (launch bounds: blocks per
     SM the register allocation must allow) 0 leaves the register count to ptxas."""
     options = {"launch_bounds": (32 * warps, min_blocks)} if min_blocks else {}
     return Kernel(jit(_tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen,
-                                    min_blocks), **options),
-                  signature, "flash_attn_tc_kernel")
+                                    min_blocks, paged), **options),
+                  signature, "paged_prefill_tc_kernel" if paged else "flash_attn_tc_kernel")

@@ -61,11 +61,17 @@ SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 SIMT_CONFIG = (_flash_attn_simt.BLOCK_M, _flash_attn_simt.BLOCK_N)
 SIMULATOR_SIMT_CONFIG = (16, 16)
 
+#: Kernel parameters (see ``_flash_attn_tc._tc_kernel_fn``): q, k, v, out, lse, cu_seqlens_q,
+#: cu_seqlens_k, block_table, seqlen_q, seqlen_k, the strides of q, k, v, out (3 each), lse and
+#: block_table (2 each), group, softmax_scale, scale_log2, window_left, window_right, num_pages,
+#: bs_shift. The block table and its numbers serve the paged variant (``ops/paged_prefill.py``).
 _SIGNATURE = (
     (array1d(np.uint16),) * 4
-    + (array1d(np.float32), array1d(np.int32), array1d(np.int32), types.int32, types.int32)
-    + (types.int64,) * 14
+    + (array1d(np.float32), array1d(np.int32), array1d(np.int32), array1d(np.int32))
+    + (types.int32, types.int32)
+    + (types.int64,) * 16
     + (types.int32, types.float32, types.float32, types.int32, types.int32)
+    + (types.int32, types.int32)
 )
 
 _GRID_YZ_LIMIT = 65535
@@ -217,9 +223,10 @@ def _launch(tq, tk, tv, to, tlse, cu_q, cu_k, *, batch, nheads, nheads_k, seqlen
     args = (kernel_buffer(tq), kernel_buffer(tk), kernel_buffer(tv), kernel_buffer(to),
             kernel_buffer(tlse),
             kernel_buffer(cu_q) if is_varlen else dummy,
-            kernel_buffer(cu_k) if is_varlen else dummy,
+            kernel_buffer(cu_k) if is_varlen else dummy, dummy,
             seqlen_q, seqlen_k, *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
-            nheads // nheads_k, np.float32(scale), np.float32(scale * LOG2E), left, right)
+            0, 0, nheads // nheads_k, np.float32(scale), np.float32(scale * LOG2E), left, right,
+            0, 0)
     if impl == "tc" and not SIMULATOR:
         _prefer_shared_memory(kernel)
     kernel(grid, threads, args, stream_handle(stream, (tq, tk, tv)), shared)
