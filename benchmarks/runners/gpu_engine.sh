@@ -27,4 +27,6 @@ echo "== bench_serve"; grep -v "^\[" "$OUT/bench_serve.log" | tail -14
 cp /tmp/sample_out/sample.csv "$OUT/" 2>/dev/null   # its plot stays behind (8 files come back)
 [ -f "$OUT/bench_sample.log" ] && { echo "== bench_sample"; tail -12 "$OUT/bench_sample.log"; }
 tar czf "$OUT/numba_cache.tgz" -C /tmp numba_cache
+# the device returns 8 files at most: the logs travel as one archive
+tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log) && rm -f "$OUT"/*.log
 echo "total: $(( $(date +%s) - start )) s"

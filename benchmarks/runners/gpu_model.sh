@@ -30,4 +30,6 @@ if [ "${BENCH:-1}" = 1 ]; then
     echo "== bench_model"; tail -12 "$OUT/bench_model.log"
 fi
 tar czf "$OUT/numba_cache.tgz" -C /tmp numba_cache
+# the device returns 8 files at most: the logs travel as one archive
+tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log) && rm -f "$OUT"/*.log
 echo "total: $(( $(date +%s) - start )) s"
