@@ -19,7 +19,8 @@ from .ops.paged_kv_append import paged_kv_append
 from .ops.rms_norm import rms_norm
 from .ops.rotary import rotary_embedding
 from .ops.sample import sample
-from .ops.softmax import argmax, softmax
+from .ops.argmax import argmax
+from .ops.softmax import softmax
 from .ops.warp_tile import warp_tile_matmul
 from .paged_cache import OutOfPages, PageAllocator, PagedKVCache
 

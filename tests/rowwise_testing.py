@@ -26,3 +26,17 @@ def dev(host_array, offset=0):
 
 host = host_copy
 
+
+def split_rows(mp, split):
+    """Softmax / argmax launches on ``mp`` (a ``MonkeyPatch``): ``split`` forces rows over
+    several blocks, else one block a row; under the simulator also small enough to run there."""
+    from llmspeed_numba.ops import _rowwise, _split_rows
+
+    if not SIMULATOR:
+        mp.setattr(_split_rows, "BLOCKS_PER_SM", 64 if split else 0)
+        return
+    mp.setattr(_rowwise, "MIN_BLOCK_THREADS", 32)
+    mp.setattr(_rowwise, "TARGET_CHUNKS_PER_THREAD", 8)
+    mp.setattr(_split_rows, "SPLIT_THREADS", 8)
+    mp.setattr(_split_rows, "MIN_CHUNKS_PER_THREAD", 1)
+    mp.setattr(_split_rows, "BLOCKS_PER_SM", 8 if split else 0)

@@ -20,7 +20,7 @@ from ..ops.paged_kv_append import paged_kv_append
 from ..ops.rms_norm import rms_norm
 from ..ops.rotary import rotary_embedding
 from ..ops.sample import sample
-from ..ops.softmax import argmax
+from ..ops.argmax import argmax
 
 _OPS = {
     "argmax": argmax, "embedding": embedding, "flash_attn_varlen": flash_attn_varlen,
