@@ -27,7 +27,7 @@ from ._env import SIMULATOR, cuda
 from ._typing import ArrayLike, DTypeLike, StreamLike
 
 if TYPE_CHECKING:  # ops.gemm imports this module
-    from .ops.gemm import GemmConfig
+    from .ops.gemm_configs import GemmConfig
 
 _lock = threading.Lock()
 _memory = {}   # path -> parsed cache file
@@ -138,12 +138,13 @@ def tune_gemm_problem(p, candidates=None, warmup=2, rep=10):
     from ._arrays import empty
     from ._checks import tensor
     from .ops import gemm as g
+    from .ops import gemm_configs
 
     scratch = empty(p.ta, (p.M, p.N), p.out_dtype)
     trial = dataclasses.replace(p, to=tensor(scratch, "scratch"), out=scratch)
     timings = {}
     best, best_ms = None, float("inf")
-    for cfg in candidates or g.candidates(p):
+    for cfg in candidates or gemm_configs.candidates(p):
         try:
             cfg.check()
             ms = time_ms(lambda cfg=cfg: g._run(trial, cfg), p.stream, warmup, rep)
@@ -167,15 +168,16 @@ def autotune(a: ArrayLike, b: ArrayLike, *, c: ArrayLike | None = None, alpha: f
              rep: int = 10) -> "GemmConfig":
     """Autotune ``gemm`` for the shape class of these arguments (same meaning as ``gemm``'s);
     returns the winning ``GemmConfig``, which later ``gemm`` calls of the class then use.
-    ``candidates``: the configurations to time (default: ``ops.gemm.candidates``)."""
+    ``candidates``: the configurations to time (default: ``ops.gemm_configs.candidates``)."""
     from .ops import gemm as g
+    from .ops import gemm_configs
 
     p = g._prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, stream)
     if min(p.M, p.N, p.K) == 0:
         raise ValueError(f"autotune: nothing to tune for an empty problem "
                          f"(M, N, K) = {(p.M, p.N, p.K)}")
     if candidates is not None:
-        candidates = [g.resolve_config(x) for x in candidates]
+        candidates = [gemm_configs.resolve_config(x) for x in candidates]
     return tune_gemm_problem(p, candidates, warmup, rep)
 
 

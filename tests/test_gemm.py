@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from llmspeed_numba import SIMULATOR
 from llmspeed_numba._arrays import numpy_dtype
-from llmspeed_numba.ops.gemm import CONFIGS, GemmConfig, gemm, resolve_config, wgmma_supported
+from llmspeed_numba.ops.gemm import gemm
+from llmspeed_numba.ops.gemm_configs import CONFIGS, GemmConfig, resolve_config, wgmma_supported
 from llmspeed_numba.reference.gemm import gemm_plain, gemm_reference
 from llmspeed_numba.testing import derived_check, f64, poison, random_array, to_device
 
