@@ -504,9 +504,9 @@ def test_autotune_remembers_winner(tmp_path, monkeypatch, rng):
     assert isinstance(best, GemmConfig)
     assert os.path.exists(autotune_mod.cache_path())
     autotune_mod.forget()  # read back from disk
-    from llmspeed_numba.ops.gemm import _prepare
+    from llmspeed_numba.ops.gemm import prepare
 
-    p = _prepare(da, db, None, 1.0, 0.0, None, None, None, None, "auto", None)
+    p = prepare(da, db, None, 1.0, 0.0, None, None, None, None, "auto", None)
     assert GemmConfig(**autotune_mod.lookup("gemm", p.key)) == best
     got = gemm(da, db, out_dtype="float32")   # runs the cached winner
     check(got, a, b, out_dtype="float32")

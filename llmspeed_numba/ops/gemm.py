@@ -37,17 +37,12 @@ from .._checks import choice, non_negative_strides, output, same_dtype, shape, t
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit, sm_count
 from .._typing import ArrayLike, DTypeLike, StreamLike
-from ..autotune import enabled as _autotune_enabled
-from ..autotune import generation as _autotune_generation
-from ..autotune import lookup as _autotune_lookup
-from ..autotune import tune_gemm_problem as _tune_gemm_problem
+from .. import _tuning_cache
 from . import _gemm_simt, _gemm_tensor_core, _gemm_wgmma
 from ._activations_device import ACTIVATIONS
 from ._epilogue import epilogue, vector_width
-from .gemm_configs import (CONFIGS, LARGE_CONFIG, SIM_TC, SIMT_CONFIG, GemmConfig, heuristic,
-                           resolve_config, split_count)
-
-# (autotune names are imported, not the module: the package may export a function ``autotune``)
+from .gemm_configs import (CONFIGS, LARGE_CONFIG, SIM_TC, SIMT_CONFIG, GemmConfig, candidates,
+                           heuristic, resolve_config, split_count)
 
 INPUT_DTYPES = ("float16", "bfloat16", "float32")
 OUTPUT_DTYPES = ("float16", "bfloat16", "float32")
@@ -233,7 +228,7 @@ class _Problem:
                            self.a_k_inner, self.b_k_inner, self.a_vec and self.b_vec)
 
 
-def _prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, stream):
+def prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, stream):
     # type and rank, shape agreement, dtype, strides, supported combinations (_checks order)
     ta = tensor(a, "a", ndim=2)
     tb = tensor(b, "b", ndim=2)
@@ -360,21 +355,45 @@ def _choose(p, config):
     if config is not None:
         return config
     memo = (p.M, p.N, p.K, p.ta.dtype, p.out_dtype, p.a_k_inner, p.b_k_inner,
-            p.a_vec and p.b_vec, p.backend, _autotune_generation(),
+            p.a_vec and p.b_vec, p.backend, _tuning_cache.generation(),
             os.environ.get("LLMSPEED_NUMBA_CACHE"))
     cfg = _CHOICES.get(memo)
     if cfg is None:
-        found = _autotune_lookup("gemm", p.key)
+        found = _tuning_cache.lookup("gemm", p.key)
         if found is not None and found.get("backend") == p.backend:
             cfg = GemmConfig(**found)
-        elif _autotune_enabled():
-            cfg = _tune_gemm_problem(p)
+        elif _tuning_cache.enabled():
+            cfg = tune(p)
         else:
             cfg = heuristic(p.backend, p.M, p.N, p.K)
         if len(_CHOICES) > 4096:
             _CHOICES.clear()
         _CHOICES[memo] = cfg
     return cfg
+
+
+def tune(p, configs=None, warmup=2, rep=10):
+    """Time ``configs`` (default: ``gemm_configs.candidates(p)``) for a validated problem ``p``
+    (``prepare``); record the fastest ``GemmConfig`` in the autotune cache and return it. Runs
+    into a scratch output, so ``out`` / ``c`` are untouched."""
+    scratch = empty(p.ta, (p.M, p.N), p.out_dtype)
+    trial = dataclasses.replace(p, to=tensor(scratch, "scratch"), out=scratch)
+    timings = {}
+    best, best_ms = None, float("inf")
+    for cfg in configs or candidates(p):
+        try:
+            cfg.check()
+            ms = _tuning_cache.time_ms(lambda cfg=cfg: _run(trial, cfg), p.stream, warmup, rep)
+        except (ValueError, RuntimeError) as exc:  # does not fit / fails to launch here
+            timings[cfg.name] = f"skipped: {exc}"
+            continue
+        timings[cfg.name] = round(ms, 5)
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    if best is None:
+        raise RuntimeError(f"autotune: no candidate ran for {p.key}: {timings}")
+    _tuning_cache.record("gemm", p.key, dataclasses.asdict(best), timings)
+    return best
 
 
 def gemm(a: ArrayLike, b: ArrayLike, *, c: ArrayLike | None = None, alpha: float = 1.0,
@@ -410,7 +429,7 @@ def gemm(a: ArrayLike, b: ArrayLike, *, c: ArrayLike | None = None, alpha: float
         elif backend != cfg.backend:
             raise ValueError(f"config: a {cfg.backend} configuration with "
                              f"backend={backend!r}")
-    p = _prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, stream)
+    p = prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, stream)
     if p.M == 0 or p.N == 0:
         return p.out
     if p.K == 0:
