@@ -7,7 +7,7 @@ composition (torch eager's arithmetic), plus 1e-6 of the output's scale.
 
 import numpy as np
 
-from .._demo import DemoCase, time_call
+from ._case import DemoCase, time_call
 from ..ops.activations import gelu, gelu_and_mul, silu_and_mul
 from ..ops.layer_norm import layer_norm
 from ..ops.rms_norm import rms_norm
