@@ -21,7 +21,6 @@ from .ops.rotary import rotary_embedding
 from .ops.sample import sample
 from .ops.argmax import argmax
 from .ops.softmax import softmax
-from .ops.warp_tile import warp_tile_matmul
 from .paged_cache import OutOfPages, PageAllocator, PagedKVCache
 
 __version__ = "0.1.0"
@@ -33,7 +32,6 @@ __all__ = [
     "rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul", "gelu", "gelu_and_mul",
     "softmax", "argmax", "sample", "embedding",
     "paged_decode_attention", "paged_kv_append", "PagedKVCache", "PageAllocator", "OutOfPages",
-    "warp_tile_matmul",
     "LLM", "SamplingParams", "RequestOutput",
 ]
 
