@@ -3,8 +3,8 @@ float64 reference and print a table (op, shape, max error, tolerance, time).
 
 Each op adds a module to ``llmspeed_numba/demos/`` defining ``cases(on_gpu)``, which returns a list
 of ``DemoCase`` (``demos/_case.py``): a label, a shape string and ``run()`` returning
-``(max_abs_error, tolerance, seconds_per_call)``. On a GPU the cases use real sizes and time the op; under the simulator tiny
-sizes, and the time is the simulator's.
+``(max_abs_error, tolerance, seconds_per_call)``. On a GPU the cases use real sizes and time the
+op; under the simulator tiny sizes, and the time is the simulator's.
 """
 
 import importlib
