@@ -157,7 +157,16 @@ def compile_kernel(check: KernelCheck) -> CompileReport:
 def checks(names=None):
     """The registered checks (all, or those named), sorted by name; ``ValueError`` for a name
     that is not registered."""
-    import llmspeed_numba  # noqa: F401  (importing the package registers every op's kernels)
+    import importlib
+    import pkgutil
+
+    from . import ops
+
+    # each op module registers its kernels at import; the package imports the exported ones,
+    # this every one (warp_tile, a PTX self-test, is not exported)
+    for info in pkgutil.iter_modules(ops.__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{ops.__name__}.{info.name}")
 
     unknown = sorted(set(names or ()) - set(_REGISTRY))
     if unknown:
