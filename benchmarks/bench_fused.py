@@ -43,7 +43,8 @@ from llmspeed_numba.ops.activations import gelu, gelu_and_mul, silu_and_mul  # n
 from llmspeed_numba.ops.layer_norm import layer_norm  # noqa: E402
 from llmspeed_numba.ops.rms_norm import rms_norm  # noqa: E402
 from llmspeed_numba.ops.rotary import rotary_embedding  # noqa: E402
-from llmspeed_numba.ops.softmax import argmax, softmax  # noqa: E402
+from llmspeed_numba.ops.argmax import argmax  # noqa: E402
+from llmspeed_numba.ops.softmax import softmax  # noqa: E402
 
 TOKENS = 8192
 HIDDENS = [4096, 14336]

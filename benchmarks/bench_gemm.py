@@ -52,8 +52,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _harness import Results, graphed, plot_csv, time_gpu
 
-from llmspeed_numba.ops import gemm as gemm_mod
-from llmspeed_numba.ops.gemm import LARGE_CANDIDATES, SMALL_M_CANDIDATES, gemm
+from llmspeed_numba.ops import gemm_configs as gemm_mod
+from llmspeed_numba.ops.gemm import gemm
+from llmspeed_numba.ops.gemm_configs import LARGE_CANDIDATES, SMALL_M_CANDIDATES
 
 # the module (the package may export the function ``autotune`` under the same name)
 autotune_mod = importlib.import_module("llmspeed_numba.autotune")

@@ -20,8 +20,8 @@ from .ops.paged_prefill import paged_prefill_attention
 from .ops.rms_norm import rms_norm
 from .ops.rotary import rotary_embedding
 from .ops.sample import sample
-from .ops.softmax import argmax, softmax
-from .ops.warp_tile import warp_tile_matmul
+from .ops.argmax import argmax
+from .ops.softmax import softmax
 from .paged_cache import OutOfPages, PageAllocator, PagedKVCache
 
 __version__ = "0.1.0"
@@ -34,7 +34,6 @@ __all__ = [
     "softmax", "argmax", "sample", "embedding",
     "paged_decode_attention", "paged_prefill_attention", "paged_kv_append", "PagedKVCache",
     "PageAllocator", "OutOfPages",
-    "warp_tile_matmul",
     "LLM", "SamplingParams", "RequestOutput",
 ]
 

@@ -43,12 +43,12 @@ HALF_DTYPES = ("float16", "bfloat16")
 
 
 def _dtype_name(dtype):
-    """Library name of a numpy / ml_dtypes / typestr dtype, or None."""
+    """Library name of a dtype the library stores (``STORAGE``), given as anything
+    ``dtype_name`` reads (an array-interface typestr such as "<f2" too), or None."""
     try:
-        dt = np.dtype(dtype)
+        name = dtype_name(dtype, "dtype")
     except TypeError:
         return None
-    name = dt.name
     return name if name in STORAGE else None
 
 
@@ -386,9 +386,14 @@ def empty(like: Tensor, shape, dtype):
 def dtype_name(dtype, name):
     """Library name ("float16", "bfloat16", ...) of a dtype argument given as a name, a NumPy /
     ml_dtypes dtype or scalar type, or a torch dtype; ``TypeError`` naming ``name`` otherwise.
-    Callers check the name against what they support."""
-    if isinstance(dtype, str):
-        return dtype
+    Callers check the name against what they support. The one dtype parser of the package."""
+    if isinstance(dtype, str):  # a name, or a NumPy spelling ("<f2", "half"); else kept as given
+        if dtype in STORAGE:
+            return dtype
+        try:
+            return np.dtype(dtype).name
+        except TypeError:
+            return dtype
     text = str(dtype)
     if text.startswith("torch."):
         return text[len("torch."):]

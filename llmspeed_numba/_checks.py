@@ -112,13 +112,6 @@ def choice(name, value, allowed):
         raise ValueError(f"{name}: expected one of {tuple(allowed)}, got {value!r}")
 
 
-def positive_int(name, value, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
-
-
 def softmax_scale(value, headdim):
     """Attention's softmax scale: ``1/sqrt(headdim)`` when None, else a finite number > 0."""
     if value is None:

@@ -2,12 +2,11 @@
 float64 reference and print a table (op, shape, max error, tolerance, time).
 
 Each op adds a module to ``llmspeed_numba/demos/`` defining ``cases(on_gpu)``, which returns a list
-of ``DemoCase``: a label, a shape string and ``run()`` returning ``(max_abs_error, tolerance,
-seconds_per_call)``. On a GPU the cases use real sizes and time the op; under the simulator tiny
-sizes, and the time is the simulator's.
+of ``DemoCase`` (``demos/_case.py``): a label, a shape string and ``run()`` returning
+``(max_abs_error, tolerance, seconds_per_call)``. On a GPU the cases use real sizes and time the
+op; under the simulator tiny sizes, and the time is the simulator's.
 """
 
-import dataclasses
 import importlib
 import pkgutil
 import sys
@@ -15,34 +14,13 @@ import time
 import traceback
 
 
-@dataclasses.dataclass
-class DemoCase:
-    op: str
-    shape: str
-    run: object
-
-
-def time_call(fn, on_gpu, repeat=10):
-    """Seconds per call of ``fn`` (GPU: synchronised, after one warm-up call)."""
-    from numba import cuda
-
-    fn()
-    if on_gpu:
-        cuda.synchronize()
-    repeat = repeat if on_gpu else 1
-    start = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    if on_gpu:
-        cuda.synchronize()
-    return (time.perf_counter() - start) / repeat
-
-
 def all_cases(on_gpu):
     from . import demos
 
     cases = []
     for info in sorted(pkgutil.iter_modules(demos.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):  # not a demo: _case.py
+            continue
         module = importlib.import_module(f"{demos.__name__}.{info.name}")
         cases.extend(module.cases(on_gpu))
     return cases

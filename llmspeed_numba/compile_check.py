@@ -65,7 +65,22 @@ def register(name, build, ptx_must_have=(), sass_must_have=(), allowed_local_byt
                                   allowed_local_bytes, why)
 
 
+def _import_ops():
+    """Import every ops module: each registers its kernels at import (the package imports the
+    exported ones only; warp_tile, a PTX self-test, is not exported)."""
+    import importlib
+    import pkgutil
+
+    from . import ops
+
+    for info in pkgutil.iter_modules(ops.__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{ops.__name__}.{info.name}")
+
+
 def registered():
+    """Every registered check by name (every ops module imported first)."""
+    _import_ops()
     return dict(_REGISTRY)
 
 
@@ -157,7 +172,7 @@ def compile_kernel(check: KernelCheck) -> CompileReport:
 def checks(names=None):
     """The registered checks (all, or those named), sorted by name; ``ValueError`` for a name
     that is not registered."""
-    import llmspeed_numba  # noqa: F401  (importing the package registers every op's kernels)
+    _import_ops()
 
     unknown = sorted(set(names or ()) - set(_REGISTRY))
     if unknown:

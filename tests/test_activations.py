@@ -10,18 +10,10 @@ from llmspeed_numba import SIMULATOR
 from llmspeed_numba.ops import activations as act_mod
 from llmspeed_numba.ops.activations import gelu, gelu_and_mul, silu_and_mul
 from llmspeed_numba.reference import fused as ref
-from llmspeed_numba.testing import (derived_check, host_copy, poison, random_array,
-                                    to_device_copy)
-
-DTYPES = ["float16", "bfloat16", "float32"]
-KIND = "numpy" if SIMULATOR else "torch"
+from llmspeed_numba.testing import derived_check, poison, random_array
+from rowwise_testing import DTYPES, dev, host
 
 
-def dev(host_array, offset=0):
-    return to_device_copy(host_array, KIND, offset)
-
-
-host = host_copy
 OPS = ["silu", "gelu_none", "gelu_tanh"]
 
 

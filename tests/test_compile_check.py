@@ -31,8 +31,7 @@ _FOLDER = os.path.join(tempfile.gettempdir(), "llmspeed-compile-check-" + os.env
 
 
 def _registered():
-    import llmspeed_numba  # noqa: F401  (importing the package registers every op's kernels)
-    from llmspeed_numba import compile_check
+    from llmspeed_numba import compile_check  # registered() imports every op module
 
     return sorted(compile_check.registered())
 

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from llmspeed_numba import SIMULATOR
 from llmspeed_numba._arrays import numpy_dtype
-from llmspeed_numba.ops.gemm import CONFIGS, GemmConfig, gemm, resolve_config, wgmma_supported
+from llmspeed_numba.ops.gemm import gemm
+from llmspeed_numba.ops.gemm_configs import CONFIGS, GemmConfig, resolve_config, wgmma_supported
 from llmspeed_numba.reference.gemm import gemm_plain, gemm_reference
 from llmspeed_numba.testing import derived_check, f64, poison, random_array, to_device
 
@@ -503,9 +504,9 @@ def test_autotune_remembers_winner(tmp_path, monkeypatch, rng):
     assert isinstance(best, GemmConfig)
     assert os.path.exists(autotune_mod.cache_path())
     autotune_mod.forget()  # read back from disk
-    from llmspeed_numba.ops.gemm import _prepare
+    from llmspeed_numba.ops.gemm import prepare
 
-    p = _prepare(da, db, None, 1.0, 0.0, None, None, None, None, "auto", None)
+    p = prepare(da, db, None, 1.0, 0.0, None, None, None, None, "auto", None)
     assert GemmConfig(**autotune_mod.lookup("gemm", p.key)) == best
     got = gemm(da, db, out_dtype="float32")   # runs the cached winner
     check(got, a, b, out_dtype="float32")

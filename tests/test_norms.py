@@ -10,24 +10,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from llmspeed_numba import SIMULATOR
 from llmspeed_numba.ops import _rowwise
 from llmspeed_numba.ops import rms_norm as rms_norm_module
 from llmspeed_numba.ops.layer_norm import layer_norm
 from llmspeed_numba.ops.rms_norm import prepare_norm, rms_norm
 from llmspeed_numba.reference import fused as ref
-from llmspeed_numba.testing import (derived_check, host_copy, poison, random_array, to_device,
-                                    to_device_copy)
-
-DTYPES = ["float16", "bfloat16", "float32"]
-KIND = "numpy" if SIMULATOR else "torch"
-
-
-def dev(host_array, offset=0):
-    return to_device_copy(host_array, KIND, offset)
-
-
-host = host_copy
+from llmspeed_numba.testing import derived_check, poison, random_array, to_device
+from rowwise_testing import DTYPES, dev, host
 
 
 @pytest.fixture

@@ -335,3 +335,47 @@ def test_shfl_idx(rng):
     _shfl_idx_kernel[1, 64](x, src, y)
     warp_base = (np.arange(64) // 32) * 32
     np.testing.assert_array_equal(y, x[warp_base + src])
+
+
+# ---- every op in every backend -------------------------------------------------------------
+
+#: The ops the linked backend replaces (CUDA C inline asm linked through LTO): the Tensor Core
+#: data path, whose inlining the backend exists to compare.
+LINKED_OPS = {"mma_f16", "mma_bf16", "ldmatrix_x1", "ldmatrix_x1_trans", "ldmatrix_x2",
+              "ldmatrix_x2_trans", "ldmatrix_x4", "ldmatrix_x4_trans", "cp_async_16",
+              "cp_async_commit"}
+# Every other op is intentionally without a linked twin: under LLMSPEED_NUMBA_PTX_BACKEND=linked
+# it stays the intrinsic (ptx/__init__.py imports the intrinsics, then lets _linked override only
+# LINKED_OPS); cp_async_wait could not be linked anyway (its N is a literal of the asm text).
+
+
+def _linked_all():
+    """``_linked.__all__`` and its function names, read from the source (linking needs a GPU)."""
+    import ast
+    import pathlib
+
+    tree = ast.parse(pathlib.Path(ptx.__file__).with_name("_linked.py").read_text())
+    names, defined = None, set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__":
+            names = set(ast.literal_eval(node.value))
+    return names, defined
+
+
+def test_every_ptx_op_has_a_simulator_twin():
+    from llmspeed_numba.ptx import _intrinsics, _twins
+
+    missing = [n for n in _intrinsics.__all__ if not callable(getattr(_twins, n, None))]
+    assert not missing, f"ops of ptx/_intrinsics.py without a twin in ptx/_twins.py: {missing}"
+
+
+def test_linked_backend_twins_are_the_listed_ones():
+    from llmspeed_numba.ptx import _intrinsics
+
+    linked, defined = _linked_all()
+    assert linked == LINKED_OPS, (
+        "ptx/_linked.py's __all__ changed: update LINKED_OPS (and the reason for the others)")
+    assert linked <= set(_intrinsics.__all__), linked - set(_intrinsics.__all__)
+    assert linked <= defined, linked - defined

@@ -10,17 +10,8 @@ from llmspeed_numba import SIMULATOR
 from llmspeed_numba.ops import rotary as rotary_mod
 from llmspeed_numba.ops.rotary import rotary_embedding
 from llmspeed_numba.reference import fused as ref
-from llmspeed_numba.testing import derived_check, host_copy, random_array, to_device_copy
-
-DTYPES = ["float16", "bfloat16", "float32"]
-KIND = "numpy" if SIMULATOR else "torch"
-
-
-def dev(host_array, offset=0):
-    return to_device_copy(host_array, KIND, offset)
-
-
-host = host_copy
+from llmspeed_numba.testing import derived_check, random_array
+from rowwise_testing import DTYPES, dev, host
 
 
 @pytest.fixture(autouse=True)

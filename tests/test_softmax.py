@@ -1,53 +1,24 @@
 """softmax (fused single-pass; split rows in one kernel, span in registers or streamed, or in two
-kernels) and argmax (single block per row and split rows merged by atomics) against float64
-references, including the special rows; the split paths agree bit for bit, whether a block waits
-for its row or computes the other spans itself, and leave their counters zero."""
+kernels) against float64 references, including the special rows; the split paths agree bit for
+bit, whether a block waits for its row or computes the other spans itself, and leave their
+counters zero."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from llmspeed_numba import SIMULATOR, ptx
-from llmspeed_numba._env import cuda
-from llmspeed_numba.ops import _rowwise
+from llmspeed_numba import SIMULATOR, _workspace
+from llmspeed_numba.ops import _rowwise, _split_rows
 from llmspeed_numba.ops import softmax as sm_mod
-from llmspeed_numba.ops.softmax import argmax, softmax
+from llmspeed_numba.ops.softmax import softmax
 from llmspeed_numba.reference import fused as ref
-from llmspeed_numba.testing import (derived_check, host_copy, poison, random_array,
-                                    to_device_copy)
-
-DTYPES = ["float16", "bfloat16", "float32"]
-KIND = "numpy" if SIMULATOR else "torch"
-#: For rows of special values only: the simulator does device arithmetic in NumPy, which reports
-#: the IEEE operations (-inf - -inf, inf + -inf, 1 / 0) that give those rows their documented
-#: results (a GPU reports nothing). Other tests keep warnings as errors (pyproject's
-#: filterwarnings).
-IEEE_SPECIALS = pytest.mark.filterwarnings(
-    "ignore:.*(invalid value|divide by zero) encountered:RuntimeWarning")
-
-
-def dev(host_array, offset=0):
-    return to_device_copy(host_array, KIND, offset)
-
-
-host = host_copy
-
-
-def _small(mp, split):
-    """Simulator-sized launches; ``split`` forces rows over several blocks (or one)."""
-    mp.setattr(_rowwise, "MIN_BLOCK_THREADS", 32)
-    mp.setattr(_rowwise, "TARGET_CHUNKS_PER_THREAD", 8)
-    mp.setattr(sm_mod, "SPLIT_THREADS", 8)
-    mp.setattr(sm_mod, "MIN_CHUNKS_PER_THREAD", 1)
-    mp.setattr(sm_mod, "BLOCKS_PER_SM", 8 if split else 0)
+from llmspeed_numba.testing import derived_check, poison, random_array
+from rowwise_testing import DTYPES, IEEE_SPECIALS, dev, host, split_rows
 
 
 @pytest.fixture(params=["fused", "split"])
 def path(request, monkeypatch):
-    if SIMULATOR:
-        _small(monkeypatch, request.param == "split")
-    else:
-        monkeypatch.setattr(sm_mod, "BLOCKS_PER_SM", 64 if request.param == "split" else 0)
+    split_rows(monkeypatch, request.param == "split")
     return request.param
 
 
@@ -62,16 +33,6 @@ def _softmax_case(rng, shape, dtype, *, temperature=1.0, out_dtype=None, offset=
                   ref.softmax_plain(x_h, temperature, odt), name="softmax")
     np.testing.assert_array_equal(host(x).view(np.uint8), x_h.view(np.uint8))
     return host(got)
-
-
-def _argmax_case(rng, shape, dtype, offset=0, ties=False):
-    x_h = random_array(shape, dtype, rng)
-    if ties:  # few distinct values: many tied maxima
-        x_h = np.round(x_h.astype(np.float32)).astype(x_h.dtype)
-    x = dev(x_h, offset)
-    got = host(argmax(x))
-    np.testing.assert_array_equal(got, ref.argmax(x_h))
-    assert got.dtype == np.int64
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -100,70 +61,12 @@ def test_softmax_special_rows(path):
     np.testing.assert_array_equal(got[4], [1.0] + [0.0] * 39)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_argmax_paths(path, dtype, rng):
-    _argmax_case(rng, (3, 200), dtype)
-    _argmax_case(rng, (2, 77), dtype, ties=True)
-    _argmax_case(rng, (2, 203), dtype, offset=1)
-
-
-@IEEE_SPECIALS
-def test_argmax_special_values_and_ties(path):
-    inf, nan = np.inf, np.nan
-    rows = [[-inf] * 40,                                       # all -inf: 0
-            [1.0] * 40,                                        # all tied: 0
-            [0.0] * 10 + [nan] + [9.0] * 28 + [nan],           # NaN is the max: 10
-            [-0.0, 0.0] + [-1.0] * 38,                         # -0 == 0: 0
-            [-5.0] * 39 + [inf],                               # 39
-            [3.0] * 17 + [4.0] + [2.0] * 10 + [4.0] * 12,      # first of the max: 17
-            [-inf] * 9 + [-5.0] * 31,                          # after -inf chunks: 9
-            [7.0] * 4 + [-inf, inf, 1.0, 2.0] + [0.0] * 32,    # inf - inf in a chunk's sum: 5
-            [nan] + [1.0] * 38 + [nan]]                        # the first NaN: 0
-    x_h = np.array(rows, np.float32)
-    want = [0, 0, 10, 0, 39, 17, 9, 5, 0]
-    np.testing.assert_array_equal(host(argmax(dev(x_h))), want)
-    # again (the split path's per-row keys and tickets were reset), and as fp16
-    np.testing.assert_array_equal(host(argmax(dev(x_h))), want)
-    np.testing.assert_array_equal(host(argmax(dev(x_h.astype(np.float16)))), want)
-
-
-def _key_reduce_kernel(threads):
-    reduce = _rowwise.row_pair_reducer(threads, sm_mod._key_max, False)
-    slots = 2 * _rowwise.scratch_slots(threads, 1)
-
-    @cuda.jit
-    def kernel(hi, lo, out_hi, out_lo):
-        scratch = cuda.shared.array(slots, np.float32)
-        t = cuda.threadIdx.x
-        h, lw = reduce(ptx.f32_from_bits(hi[t]), ptx.f32_from_bits(lo[t]), scratch)
-        out_hi[t] = ptx.f32_bits(h)
-        out_lo[t] = ptx.f32_bits(lw)
-
-    return kernel
-
-
-def test_argmax_key_reduction_keeps_nan_bit_patterns(rng):
-    """argmax's 64-bit keys ride through the float32 pair reducer as bits: signalling-NaN
-    patterns (the high word of a negative denormal, the low word of an index in [2^22, 2^23))
-    must come out unchanged, the low word breaking ties of the high word, over two warps."""
-    threads = 64
-    # high words of x = -denormal (0x805FFFFF, 0x806FFFFF), -0.5 and -1.0 in argmax's order
-    hi = rng.choice(np.array([0x7FA00000, 0x7F900000, 0x40FFFFFF, 0x407FFFFF], np.uint32),
-                    threads)
-    lo = (np.uint32(0xFFFFFFFF) - rng.integers(2**22, 2**23, threads)).astype(np.uint32)
-    out_hi, out_lo = np.zeros_like(hi), np.zeros_like(lo)
-    _key_reduce_kernel(threads)[1, threads](hi, lo, out_hi, out_lo)
-    best = int(((hi.astype(np.uint64) << np.uint64(32)) | lo).max())
-    np.testing.assert_array_equal(out_hi, np.full(threads, best >> 32, np.uint32))
-    np.testing.assert_array_equal(out_lo, np.full(threads, best & 0xFFFFFFFF, np.uint32))
-
-
 @pytest.fixture
 def small_split(monkeypatch):
     """Simulator-sized split rows with 4 blocks a row."""
     if SIMULATOR:
-        _small(monkeypatch, True)
-    monkeypatch.setattr(sm_mod, "FORCE_SPLITS", 4)
+        split_rows(monkeypatch, True)
+    monkeypatch.setattr(_split_rows, "FORCE_SPLITS", 4)
     return monkeypatch
 
 
@@ -206,19 +109,18 @@ def test_softmax_split_counters_reset_and_special_rows(small_split):
             np.testing.assert_allclose(got[0], [1 / 30] * 30 + [0.0] * 30, rtol=1e-6)
             assert np.isnan(got[1]).all() and np.isnan(got[2]).all()
         if SIMULATOR:
-            counts = [v for k, v in sm_mod._WORKSPACE.items() if k[2] == "softmax_counts"]
+            counts = [v for k, v in _workspace._WORKSPACE.items() if k[2] == "softmax_counts"]
             assert counts and all(not np.asarray(c).any() for c in counts)
 
 
 def test_split_plans(monkeypatch):
     # 64 x 128256 in bf16 (16032 chunks a row) on 132 SMs: registers hold the span when 4 blocks
     # a row fit at once (two blocks of 512 an SM); otherwise it streams, one wave; fp32 streams.
-    # argmax makes one wave too, of at most ARGMAX_BLOCKS_PER_SM blocks an SM on a GPU.
     # (The occupancy query is replaced, so the plans are the same on the GPU and the simulator.)
     def resident(n):
-        monkeypatch.setattr(sm_mod, "_resident_blocks", lambda kernel, threads: n)
+        monkeypatch.setattr(_split_rows, "resident_blocks", lambda kernel, threads: n)
 
-    monkeypatch.setattr(sm_mod, "sm_count", lambda: 132)
+    monkeypatch.setattr(_split_rows, "sm_count", lambda: 132)
     resident(264)
     bf16, f32 = _rowwise.KIND_BF16, _rowwise.KIND_F32
     kernels, splits, cpt = sm_mod._softmax_split_plan(64, 16032, bf16, bf16, 8)
@@ -228,51 +130,29 @@ def test_split_plans(monkeypatch):
     resident(200)  # 3 blocks a row fit: streamed
     kernels, splits, cpt = sm_mod._softmax_split_plan(64, 16032, bf16, bf16, 8)
     assert (splits, cpt) == (3, 0)
-    resident(396)
-    expected = 6 if SIMULATOR else sm_mod.ARGMAX_BLOCKS_PER_SM * 132 // 64
-    assert sm_mod._argmax_plan(64, 16032, bf16, 8)[1:] == (expected, 512, 1)
-    assert sm_mod._argmax_plan(1000, 16032, bf16, 8)[1] == 1
     monkeypatch.setattr(sm_mod, "SPLIT_PATH", "two_kernels")
     kernels, splits, _ = sm_mod._softmax_split_plan(64, 32064, f32, f32, 4)
     assert (len(kernels), splits) == (2, 9)
 
 
-def test_argmax_one_dimensional_and_out(rng):
-    x_h = random_array((50,), "float32", rng)
-    got = argmax(dev(x_h))
-    assert host(got).shape == () and int(host(got)) == int(np.argmax(x_h))
-    out = dev(np.full((2,), -7, np.int64))
-    y_h = random_array((2, 30), "float16", rng)
-    assert argmax(dev(y_h), out=out) is out
-    np.testing.assert_array_equal(host(out), np.argmax(y_h.astype(np.float32), axis=-1))
-
-
 @given(rows=st.integers(1, 3), vocab=st.integers(1, 300), dtype=st.sampled_from(DTYPES),
        split=st.booleans(), misaligned=st.booleans(), out_f32=st.booleans(),
        temperature=st.sampled_from([1.0, 0.5, 3.0]), seed=st.integers(0, 2**32 - 1))
-def test_softmax_argmax_hypothesis_small(rows, vocab, dtype, split, misaligned, out_f32,
-                                         temperature, seed):
+def test_softmax_hypothesis_small(rows, vocab, dtype, split, misaligned, out_f32, temperature,
+                                  seed):
     rng = np.random.default_rng(seed)
     with pytest.MonkeyPatch.context() as mp:
-        if SIMULATOR:
-            _small(mp, split)
-        else:
-            mp.setattr(sm_mod, "BLOCKS_PER_SM", 64 if split else 0)
+        split_rows(mp, split)
         _softmax_case(rng, (rows, vocab), dtype, temperature=temperature,
                       out_dtype="float32" if out_f32 else None, offset=int(misaligned))
-        _argmax_case(rng, (rows, vocab), dtype, offset=int(misaligned), ties=bool(seed % 2))
 
 
-def test_softmax_argmax_bad_inputs(rng):
+def test_softmax_bad_inputs(rng):
     x = dev(random_array((2, 16), "float16", rng))
     with pytest.raises(TypeError, match="x: expected a CUDA array"):
         softmax([[1.0]])
-    with pytest.raises(TypeError, match="x: expected dtype in"):
-        argmax(dev(np.ones((2, 16), np.int32)))
     with pytest.raises(ValueError, match="non-empty last dimension"):
         softmax(dev(random_array((2, 0), "float16", rng)))
-    with pytest.raises(ValueError, match="non-empty last dimension"):
-        argmax(dev(random_array((2, 0), "float16", rng)))
     with pytest.raises(ValueError, match="temperature: expected a finite float > 0"):
         softmax(x, temperature=0.0)
     with pytest.raises(TypeError, match="temperature: expected a float"):
@@ -293,10 +173,6 @@ def test_softmax_argmax_bad_inputs(rng):
         softmax(x, dtype="float16", out=dev(random_array((2, 16), "float32", rng)))
     with pytest.raises(ValueError, match="out: expected shape"):
         softmax(x, out=dev(random_array((2, 8), "float16", rng)))
-    with pytest.raises(TypeError, match="out: expected dtype int64"):
-        argmax(x, out=dev(np.zeros((2,), np.int32)))
-    with pytest.raises(ValueError, match=r"out: expected shape \(2,\)"):
-        argmax(x, out=dev(np.zeros((3,), np.int64)))
     with pytest.raises(ValueError, match="x: expected the last dimension to be contiguous"):
         softmax(dev(random_array((16, 2), "float16", rng)).T)
 
@@ -319,22 +195,18 @@ def test_softmax_check_rejects_a_wrong_implementation(rng):
                                                                   262144])),
        dtype=st.sampled_from(DTYPES), misaligned=st.booleans(), out_f32=st.booleans(),
        temperature=st.sampled_from([1.0, 0.6, 1.3]), seed=st.integers(0, 2**32 - 1))
-def test_softmax_argmax_gpu_hypothesis(rows, vocab, dtype, misaligned, out_f32, temperature,
-                                       seed):
+def test_softmax_gpu_hypothesis(rows, vocab, dtype, misaligned, out_f32, temperature, seed):
     if rows * vocab > 20_000_000:
         rows = max(1, 20_000_000 // vocab)
     rng = np.random.default_rng(seed)
     _softmax_case(rng, (rows, vocab), dtype, temperature=temperature,
                   out_dtype="float32" if out_f32 else None, offset=int(misaligned))
-    _argmax_case(rng, (rows, vocab), dtype, offset=int(misaligned), ties=bool(seed % 2))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_softmax_argmax_gpu_benchmark_shape(dtype, rng):
+def test_softmax_gpu_benchmark_shape(dtype, rng):
     _softmax_case(rng, (64, 128256), dtype)
-    _argmax_case(rng, (64, 128256), dtype)
-    _argmax_case(rng, (64, 128256), dtype, ties=True)
 
 
 @pytest.mark.gpu

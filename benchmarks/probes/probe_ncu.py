@@ -39,7 +39,8 @@ def _decode_case(batch, seq_len, nheads_k, sdpa, sequential=False):
 def _vocab_case(op):
     import torch
 
-    from llmspeed_numba.ops.softmax import argmax, softmax
+    from llmspeed_numba.ops.argmax import argmax
+    from llmspeed_numba.ops.softmax import softmax
 
     x = torch.randn((64, 128256), device="cuda", dtype=torch.bfloat16)
     if op == "softmax":

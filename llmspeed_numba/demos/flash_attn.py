@@ -4,7 +4,7 @@ attention, plus half an ulp at 1)."""
 
 import numpy as np
 
-from .._demo import DemoCase, time_call
+from ._case import DemoCase, time_call
 from ..ops.flash_attn import flash_attn, flash_attn_varlen
 from ..reference.attention import attention, attention_varlen
 from ..testing import f64, random_array, to_device

@@ -7,12 +7,13 @@ composition (torch eager's arithmetic), plus 1e-6 of the output's scale.
 
 import numpy as np
 
-from .._demo import DemoCase, time_call
+from ._case import DemoCase, time_call
 from ..ops.activations import gelu, gelu_and_mul, silu_and_mul
 from ..ops.layer_norm import layer_norm
 from ..ops.rms_norm import rms_norm
 from ..ops.rotary import rotary_embedding
-from ..ops.softmax import argmax, softmax
+from ..ops.argmax import argmax
+from ..ops.softmax import softmax
 from ..reference import fused as ref
 from ..testing import f64, random_array, to_device
 

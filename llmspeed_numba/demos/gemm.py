@@ -5,7 +5,7 @@ implementation."""
 import numpy as np
 
 from .._arrays import numpy_dtype
-from .._demo import DemoCase, time_call
+from ._case import DemoCase, time_call
 from ..ops.gemm import gemm
 from ..reference.gemm import gemm_plain, gemm_reference
 from ..testing import f64, random_array, to_device

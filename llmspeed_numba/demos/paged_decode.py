@@ -3,7 +3,7 @@ step (and a speculative 3-token step), checked against the float64 reference."""
 
 import numpy as np
 
-from .._demo import DemoCase, time_call
+from ._case import DemoCase, time_call
 from ..ops.paged_decode import paged_decode_attention
 from ..paged_cache import PagedKVCache
 from ..reference.paged_decode import paged_decode_attention as reference

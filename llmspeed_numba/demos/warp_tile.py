@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .._demo import DemoCase, time_call
+from ._case import DemoCase, time_call
 from ..ops.warp_tile import warp_tile_matmul
 from ..testing import f64, random_array, to_device
 

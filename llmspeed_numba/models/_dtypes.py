@@ -1,5 +1,7 @@
 """The ``dtype`` argument of the loaders: a torch dtype or its name."""
 
+from .._arrays import dtype_name
+
 _NAMES = ("float32", "float16", "bfloat16")
 
 
@@ -15,6 +17,6 @@ def torch_dtype(dtype):
         return getattr(torch, dtype)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype: expected a torch dtype or its name, got {type(dtype).__name__}")
-    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if dtype_name(dtype, "dtype") not in _NAMES:
         raise ValueError(f"dtype: expected torch.float32, float16 or bfloat16, got {dtype}")
     return dtype

@@ -21,7 +21,7 @@ from ..ops.paged_prefill import paged_prefill_attention
 from ..ops.rms_norm import rms_norm
 from ..ops.rotary import rotary_embedding
 from ..ops.sample import sample
-from ..ops.softmax import argmax
+from ..ops.argmax import argmax
 
 _OPS = {
     "argmax": argmax, "embedding": embedding, "flash_attn_varlen": flash_attn_varlen,

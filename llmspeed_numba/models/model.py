@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._arrays import dtype_name
 from ._dtypes import torch_dtype
 from .decode_graph import DecodeGraph
 from .llama import BLOCK_SIZE, LlamaModel, Step
@@ -21,7 +22,7 @@ DTYPES = ("bfloat16", "float16")
 def model_dtype(dtype):
     """A model's dtype as a torch dtype: "bfloat16" / "float16" or the torch dtype."""
     dt = torch_dtype(dtype)
-    if str(dt).removeprefix("torch.") not in DTYPES:
+    if dtype_name(dt, "dtype") not in DTYPES:
         raise ValueError(f"dtype: expected one of {DTYPES} for a model, got {dtype!r}")
     return dt
 

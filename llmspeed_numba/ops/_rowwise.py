@@ -165,24 +165,6 @@ def from_f32(k):
 
 
 @functools.lru_cache(maxsize=None)
-def rounder(k):
-    """Device function: float32 rounded to the storage precision, back as float32."""
-    if k == KIND_F32:
-        @cuda.jit(device=True, inline="always")
-        def same(x):
-            return x
-
-        return same
-    up, down = _converters(k)
-
-    @cuda.jit(device=True, inline="always")
-    def rounded(x):
-        return up(down(x))
-
-    return rounded
-
-
-@functools.lru_cache(maxsize=None)
 def _chunk_io(k, vec):
     """``(load, store)`` of a chunk as float32 values (``chunk_loader`` / ``chunk_storer``)."""
     if vec == 1:

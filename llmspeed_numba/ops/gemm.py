@@ -19,8 +19,8 @@ rasterisation, fused epilogue: other GPUs, small problems and operands that are 
 aligned), ``_gemm_simt`` (register blocked, double buffered). Shapes with few output tiles (decode-
 time M of 1-16, or small M x N with long K) split K across ``split_k`` blocks: each writes fp32
 partial sums to a workspace and ``_splitk_reduce_kernel`` adds them and applies the epilogue. The
-tile configuration comes from ``config=``, else from the autotune cache
-(``llmspeed_numba.autotune``), else from ``_heuristic``.
+tile configuration (``gemm_configs.py``) comes from ``config=``, else from the autotune cache
+(``llmspeed_numba.autotune``), else from ``gemm_configs.heuristic``.
 """
 
 import dataclasses
@@ -35,17 +35,14 @@ from .. import compile_check
 from .._arrays import STORAGE, dtype_name, empty, kernel_buffer, stream_handle
 from .._checks import choice, non_negative_strides, output, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
-from .._launch import Kernel, array1d, jit, max_shared_per_block_optin, sm_count
+from .._launch import Kernel, array1d, jit, sm_count
 from .._typing import ArrayLike, DTypeLike, StreamLike
-from ..autotune import enabled as _autotune_enabled
-from ..autotune import generation as _autotune_generation
-from ..autotune import lookup as _autotune_lookup
-from ..autotune import tune_gemm_problem as _tune_gemm_problem
+from .. import _tuning_cache
 from . import _gemm_simt, _gemm_tensor_core, _gemm_wgmma
 from ._activations_device import ACTIVATIONS
 from ._epilogue import epilogue, vector_width
-
-# (autotune names are imported, not the module: the package may export a function ``autotune``)
+from .gemm_configs import (CONFIGS, LARGE_CONFIG, SIM_TC, SIMT_CONFIG, GemmConfig, candidates,
+                           heuristic, resolve_config, split_count)
 
 INPUT_DTYPES = ("float16", "bfloat16", "float32")
 OUTPUT_DTYPES = ("float16", "bfloat16", "float32")
@@ -57,245 +54,6 @@ def _cdiv(x, y):
 
 
 # ---- tile configurations ----------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class GemmConfig:
-    """One tile configuration.
-
-    Tensor Core: a ``block_m x block_n`` block tile stepping K by ``block_k``, ``warps_m x warps_n``
-    warps (each a ``block_m / warps_m x block_n / warps_n`` warp tile), ``stages`` cp.async
-    stages. SIMT: ``thread_m x thread_n`` accumulators per thread, two buffers. Both: ``split_k``
-    K splits (None: chosen by shape), rasterisation in groups of ``group_m`` block rows, and
-    ``min_blocks``: launch bounds asking ptxas to fit that many blocks per SM (registers capped
-    at 65536 / (threads * min_blocks); 0: no bound; None: ``_min_blocks``' default; name suffix
-    ``_b<min_blocks>`` when set). ``wgmma``: the Hopper kernel (``_gemm_wgmma``, sm_90 only):
-    ``block_m / 64`` warpgroups, ``block_k`` 64, warp fields unused; it needs both operands
-    16-byte aligned and otherwise runs as the ``mma.sync`` kernel of ``LARGE_CONFIG``.
-    """
-    backend: str = "tensor_core"
-    block_m: int = 128
-    block_n: int = 128
-    block_k: int = 32
-    warps_m: int = 2
-    warps_n: int = 2
-    stages: int = 4
-    thread_m: int = 8
-    thread_n: int = 8
-    split_k: int | None = None
-    group_m: int = 8
-    min_blocks: int | None = None
-    wgmma: bool = False
-
-    @property
-    def name(self):
-        tile = f"{self.block_m}x{self.block_n}x{self.block_k}"
-        if self.wgmma:
-            body = f"wg_{tile}_s{self.stages}"
-        elif self.backend == "tensor_core":
-            body = f"tc_{tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}"
-        else:
-            body = f"simt_{tile}_t{self.thread_m}x{self.thread_n}"
-        if self.min_blocks is not None:
-            body += f"_b{self.min_blocks}"
-        if self.group_m != 8:
-            body += f"_g{self.group_m}"
-        return body + ("" if self.split_k is None else f"_k{self.split_k}")
-
-    @property
-    def threads(self):
-        if self.wgmma:
-            return _gemm_wgmma.threads_for(self.block_m)
-        if self.backend == "tensor_core":
-            return 32 * self.warps_m * self.warps_n
-        return _gemm_simt.threads(self.block_m, self.block_n, self.thread_m, self.thread_n)
-
-    def shared_bytes(self):
-        if self.wgmma:
-            return _gemm_wgmma.shared_bytes(self.block_m, self.block_n, self.stages)
-        if self.backend == "tensor_core":
-            return _gemm_tensor_core.shared_bytes(self.block_m, self.block_n, self.block_k,
-                                                  self.stages)
-        return 0  # static shared memory only
-
-    def replace(self, **changes):
-        return dataclasses.replace(self, **changes)
-
-    def check(self):
-        """``ValueError`` naming ``config`` when this configuration cannot run."""
-        def bad(why):
-            raise ValueError(f"config: {self.name}: {why}")
-
-        def pow2(x):
-            return x >= 1 and x & (x - 1) == 0
-
-        choice("config.backend", self.backend, ("tensor_core", "simt"))
-        if self.split_k is not None and (not isinstance(self.split_k, int) or self.split_k < 1):
-            bad(f"split_k must be None or an int >= 1, got {self.split_k!r}")
-        if self.group_m < 1:
-            bad("group_m must be >= 1")
-        if self.min_blocks is not None and (not isinstance(self.min_blocks, int) or
-                                            not 0 <= self.min_blocks <= 32):
-            bad(f"min_blocks must be None or an int in [0, 32], got {self.min_blocks!r}")
-        if self.wgmma:
-            if self.backend != "tensor_core" or self.block_m not in (64, 128) or \
-                    self.block_n not in (64, 128, 256) or self.block_k != 64 or self.stages < 3:
-                bad("wgmma needs backend 'tensor_core', block_m 64 or 128, block_n 64, 128 or "
-                    "256, block_k 64 and stages >= 3")
-            if not wgmma_supported():
-                bad("wgmma needs an sm_90 GPU (Hopper)")
-        elif self.backend == "tensor_core":
-            if not all(pow2(x) for x in (self.block_m, self.block_n, self.block_k,
-                                         self.warps_m, self.warps_n)):
-                bad("block sizes and warp counts must be powers of 2")
-            if not 16 <= self.block_k <= 64 or self.block_m < 16 * self.warps_m or \
-                    self.block_n < 16 * self.warps_n:
-                bad("needs 16 <= block_k <= 64 and warp tiles of at least 16 x 16")
-            if max(self.block_m, self.block_n, self.block_k) // 8 > self.threads:
-                bad("a tile row has more 16-byte chunks than the block has threads")
-            if self.stages < 2:
-                bad("needs stages >= 2")
-        else:
-            if self.block_m % self.thread_m or self.block_n % self.thread_n:
-                bad("block_m / block_n must be multiples of thread_m / thread_n")
-            t = self.threads
-            if t > 1024 or (self.block_m * self.block_k) % t or (self.block_n * self.block_k) % t:
-                bad(f"{t} threads must divide both tiles' elements (and be <= 1024)")
-            if 8 * self.block_k * (self.block_m + self.block_n + 8) > 48 * 1024:
-                bad("needs more than 48 KB of static shared memory")
-        if self.backend == "tensor_core":   # dynamic shared memory, opted in beyond 48 KB
-            limit = max_shared_per_block_optin()
-            if self.shared_bytes() > limit:
-                bad(f"needs {self.shared_bytes()} bytes of shared memory, the device allows "
-                    f"{limit}")
-        return self
-
-
-#: Named configurations (``config="tc_128x128x32_w2x2_s4"``); the autotuner's candidates.
-CONFIGS = {c.name: c for c in (
-    # large tiles: 64 x 64 warp tiles, 2 blocks per SM (128x128) or one of 8 warps (128x256)
-    GemmConfig("tensor_core", 128, 128, 32, 2, 2, 4),
-    GemmConfig("tensor_core", 128, 128, 64, 2, 2, 3),
-    GemmConfig("tensor_core", 128, 256, 32, 2, 4, 3),
-    GemmConfig("tensor_core", 256, 128, 32, 4, 2, 3),
-    GemmConfig("tensor_core", 128, 256, 64, 2, 4, 3),
-    GemmConfig("tensor_core", 256, 128, 64, 4, 2, 3),
-    # medium: 64 x 32 warp tiles
-    GemmConfig("tensor_core", 64, 128, 64, 1, 4, 4),
-    GemmConfig("tensor_core", 64, 64, 64, 2, 2, 4),
-    # decode (M <= 32): one or two 16-row fragments per warp; memory-bound on B
-    GemmConfig("tensor_core", 16, 128, 64, 1, 4, 4),
-    GemmConfig("tensor_core", 16, 256, 64, 1, 8, 4),
-    GemmConfig("tensor_core", 32, 128, 64, 1, 4, 4),
-    # Hopper (sm_90): two warpgroups of m64n256 (128 fp32 accumulators a thread) or m64n128
-    GemmConfig("tensor_core", 128, 256, 64, stages=4, wgmma=True),
-    GemmConfig("tensor_core", 128, 128, 64, stages=5, wgmma=True),
-    # SIMT: 8 x 8 per thread, 256 threads, two blocks per SM (128 registers); BK = 16 halves
-    # the barriers per FMA
-    GemmConfig("simt", 128, 128, 8, thread_m=8, thread_n=8),
-    GemmConfig("simt", 128, 128, 16, thread_m=8, thread_n=8),
-    GemmConfig("simt", 64, 64, 8, thread_m=4, thread_n=4),
-    # simulator: same kernels, tiles small enough for a few emulated warps
-    GemmConfig("tensor_core", 16, 16, 16, 1, 1, 2),
-    GemmConfig("tensor_core", 32, 32, 16, 2, 1, 3),
-    GemmConfig("tensor_core", 16, 16, 32, 1, 1, 2),   # two k16 steps per K tile
-    GemmConfig("tensor_core", 64, 64, 64, stages=3, wgmma=True),
-    GemmConfig("simt", 16, 16, 8, thread_m=2, thread_n=2),
-)}
-
-#: The heuristic's block tile for problems with about a wave of its tiles or more: the one
-#: constant to switch when ``bench_gemm.py --only-sweep`` finds a faster one (H200 sweep at
-#: 4a69216, TFLOP/s at 4096^3 / 8192^3 fp16: 128x256x64 s3 448 / 455, 128x128x64 s3 429 / 445;
-#: bf16 454 / 445 vs 435 / 433; 4 stages or group_m = 16 within 1-3 %).
-LARGE_CONFIG = "tc_128x256x64_w2x4_s3"
-#: Hopper's large tiles, most promising first (H200 at 4096^3 / 8192^3, ratio to cuBLAS in
-#: the same run: 128x256 0.90-0.93, 128x128 0.71-0.72; mma.sync 128x256 0.58-0.60)
-WGMMA_CONFIGS = ("wg_128x256x64_s4", "wg_128x128x64_s5")
-#: The autotuner's candidates for M > 32, most promising first (256x128x64 is the transpose
-#: of 128x256x64).
-LARGE_CANDIDATES = ("tc_128x128x64_w2x2_s3", "tc_128x256x64_w2x4_s3", "tc_256x128x64_w4x2_s3",
-                    "tc_128x128x32_w2x2_s4", "tc_64x128x64_w1x4_s4")
-#: The heuristic's SIMT block tile above 512 x 512 outputs (switch like ``LARGE_CONFIG``;
-#: 4a69216, fp32 4096^3: BK = 16 46.6 TFLOP/s, BK = 8 41.1, torch fp32 without TF32 50.9).
-SIMT_CONFIG = "simt_128x128x16_t8x8"
-#: SIMT candidates (fp32) of the autotuner and the sweep.
-SIMT_CANDIDATES = ("simt_128x128x8_t8x8", "simt_128x128x16_t8x8", "simt_64x64x8_t4x4")
-#: Candidates for M <= 32 (decode): one or two 16-row fragments per warp.
-SMALL_M_CANDIDATES = ("tc_16x128x64_w1x4_s4", "tc_16x256x64_w1x8_s4", "tc_32x128x64_w1x4_s4")
-
-_SIM_TC = CONFIGS["tc_16x16x16_w1x1_s2"]
-_SIM_SIMT = CONFIGS["simt_16x16x8_t2x2"]
-
-
-def wgmma_supported():
-    """The Hopper kernel can run: compute capability 9.0 (numba builds sm_90a there), or the
-    simulator, whose twins model the instructions."""
-    return SIMULATOR or _compute_capability() == (9, 0)
-
-
-@functools.cache
-def _compute_capability():
-    return tuple(cuda.get_current_device().compute_capability)
-
-
-def resolve_config(config):
-    """A ``GemmConfig`` from a ``GemmConfig``, a name in ``CONFIGS`` or a dict of fields."""
-    if isinstance(config, GemmConfig):
-        return config.check()
-    if isinstance(config, str):
-        base, _, split = config.partition("_k")
-        if config in CONFIGS:
-            return CONFIGS[config]
-        if base in CONFIGS and split.isdigit():
-            return CONFIGS[base].replace(split_k=int(split)).check()
-        raise ValueError(f"config: unknown name {config!r}; known: {sorted(CONFIGS)}")
-    if isinstance(config, dict):
-        try:
-            return GemmConfig(**config).check()
-        except TypeError as exc:
-            raise ValueError(f"config: {exc}") from None
-    raise TypeError(f"config: expected None, a GemmConfig, a name or a dict, got "
-                    f"{type(config).__name__}")
-
-
-def _heuristic(backend, M, N, K):
-    """A reasonable configuration by shape, when nothing better is known."""
-    if SIMULATOR:
-        return _SIM_TC if backend == "tensor_core" else _SIM_SIMT
-    if backend == "simt":
-        return CONFIGS["simt_64x64x8_t4x4" if M * N <= 512 * 512 else SIMT_CONFIG]
-    if M <= 16:
-        return CONFIGS["tc_16x128x64_w1x4_s4"]
-    if M <= 32:
-        return CONFIGS["tc_32x128x64_w1x4_s4"]
-    # M <= 128: 64-row tiles, twice the blocks of 128-row ones (split-K fills the rest). H200 at
-    # 3f6170a, fp16 ratio to cuBLAS, 64x128x64 s4 vs 128x128x64 s3: 128x4096x4096 0.613 / 0.557,
-    # 128x14336x4096 0.650 / 0.528, 128x4096x14336 0.696 / 0.713
-    if M <= 128 or N <= 64:
-        return CONFIGS["tc_64x128x64_w1x4_s4"]
-    # the largest tile that still gives about a wave of blocks; else 128 x 128 with split-K.
-    # Hopper: the wgmma kernel first (``_run`` swaps it for LARGE_CONFIG when an operand is
-    # not 16-byte aligned)
-    names = (LARGE_CONFIG, "tc_128x128x64_w2x2_s3", "tc_64x128x64_w1x4_s4")
-    if wgmma_supported():
-        names = WGMMA_CONFIGS + names
-    for name in names:
-        cfg = CONFIGS[name]
-        if _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n) >= 0.75 * sm_count():
-            return cfg
-    return CONFIGS["tc_128x128x64_w2x2_s3"]
-
-
-def split_count(cfg, M, N, K):
-    """K splits of ``cfg`` for this shape: ``cfg.split_k``, or enough blocks for two waves of
-    the GPU, bounded so each split keeps at least two K tiles and the fp32 workspace traffic
-    (written and read once) stays below the traffic of B."""
-    if cfg.split_k is not None:
-        return max(1, min(cfg.split_k, _cdiv(K, cfg.block_k)))
-    tiles = _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n)
-    want = (2 * sm_count()) // tiles
-    cap = min(K // (2 * cfg.block_k), max(1, K // (4 * M)), 32)
-    return max(1, min(want, cap))
-
 
 # ---- kernels -------------------------------------------------------------------------------
 
@@ -470,7 +228,7 @@ class _Problem:
                            self.a_k_inner, self.b_k_inner, self.a_vec and self.b_vec)
 
 
-def _prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, stream):
+def prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, stream):
     # type and rank, shape agreement, dtype, strides, supported combinations (_checks order)
     ta = tensor(a, "a", ndim=2)
     tb = tensor(b, "b", ndim=2)
@@ -540,7 +298,7 @@ def _launch_reduce(p, ws, splits):
 def _run(p, cfg):
     """Launch ``cfg`` for problem ``p`` (M, N, K >= 1)."""
     if cfg.wgmma and not (p.a_vec and p.b_vec):   # wgmma tiles are filled by 16-byte copies
-        cfg = (_SIM_TC if SIMULATOR else CONFIGS[LARGE_CONFIG]).replace(split_k=cfg.split_k)
+        cfg = (SIM_TC if SIMULATOR else CONFIGS[LARGE_CONFIG]).replace(split_k=cfg.split_k)
     splits = split_count(cfg, p.M, p.N, p.K)
     k_split = _cdiv(_cdiv(p.K, splits), cfg.block_k) * cfg.block_k  # whole K tiles per split
     splits = _cdiv(p.K, k_split)
@@ -597,48 +355,45 @@ def _choose(p, config):
     if config is not None:
         return config
     memo = (p.M, p.N, p.K, p.ta.dtype, p.out_dtype, p.a_k_inner, p.b_k_inner,
-            p.a_vec and p.b_vec, p.backend, _autotune_generation(),
+            p.a_vec and p.b_vec, p.backend, _tuning_cache.generation(),
             os.environ.get("LLMSPEED_NUMBA_CACHE"))
     cfg = _CHOICES.get(memo)
     if cfg is None:
-        found = _autotune_lookup("gemm", p.key)
+        found = _tuning_cache.lookup("gemm", p.key)
         if found is not None and found.get("backend") == p.backend:
             cfg = GemmConfig(**found)
-        elif _autotune_enabled():
-            cfg = _tune_gemm_problem(p)
+        elif _tuning_cache.enabled():
+            cfg = tune(p)
         else:
-            cfg = _heuristic(p.backend, p.M, p.N, p.K)
+            cfg = heuristic(p.backend, p.M, p.N, p.K)
         if len(_CHOICES) > 4096:
             _CHOICES.clear()
         _CHOICES[memo] = cfg
     return cfg
 
 
-def candidates(p):
-    """Configurations the autotuner times for problem ``p`` (``_Problem``)."""
-    if SIMULATOR:
-        pool = [_SIM_TC, CONFIGS["tc_32x32x16_w2x1_s3"]] if p.backend == "tensor_core" else [
-            _SIM_SIMT]
-    elif p.backend == "simt":
-        pool = [CONFIGS[n] for n in SIMT_CANDIDATES]
-    elif p.M <= 32:
-        pool = [CONFIGS[n] for n in SMALL_M_CANDIDATES]
-        if p.M > 16:
-            pool = pool[2:]
-    else:
-        pool = [CONFIGS[n] for n in LARGE_CANDIDATES]
-        if wgmma_supported() and p.a_vec and p.b_vec:
-            pool = [CONFIGS[n] for n in WGMMA_CONFIGS] + pool
-    out = []
-    for cfg in pool:
-        out.append(cfg)
-        tiles = _cdiv(p.M, cfg.block_m) * _cdiv(p.N, cfg.block_n)
-        if tiles < 2 * sm_count():  # few tiles: also try fixed splits around the heuristic's
-            k_tiles = _cdiv(p.K, cfg.block_k)
-            for split in (1, 2, 4, 8, 16):
-                if split <= max(1, k_tiles // 2):
-                    out.append(cfg.replace(split_k=split))
-    return out
+def tune(p, configs=None, warmup=2, rep=10):
+    """Time ``configs`` (default: ``gemm_configs.candidates(p)``) for a validated problem ``p``
+    (``prepare``); record the fastest ``GemmConfig`` in the autotune cache and return it. Runs
+    into a scratch output, so ``out`` / ``c`` are untouched."""
+    scratch = empty(p.ta, (p.M, p.N), p.out_dtype)
+    trial = dataclasses.replace(p, to=tensor(scratch, "scratch"), out=scratch)
+    timings = {}
+    best, best_ms = None, float("inf")
+    for cfg in configs or candidates(p):
+        try:
+            cfg.check()
+            ms = _tuning_cache.time_ms(lambda cfg=cfg: _run(trial, cfg), p.stream, warmup, rep)
+        except (ValueError, RuntimeError) as exc:  # does not fit / fails to launch here
+            timings[cfg.name] = f"skipped: {exc}"
+            continue
+        timings[cfg.name] = round(ms, 5)
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    if best is None:
+        raise RuntimeError(f"autotune: no candidate ran for {p.key}: {timings}")
+    _tuning_cache.record("gemm", p.key, dataclasses.asdict(best), timings)
+    return best
 
 
 def gemm(a: ArrayLike, b: ArrayLike, *, c: ArrayLike | None = None, alpha: float = 1.0,
@@ -674,7 +429,7 @@ def gemm(a: ArrayLike, b: ArrayLike, *, c: ArrayLike | None = None, alpha: float
         elif backend != cfg.backend:
             raise ValueError(f"config: a {cfg.backend} configuration with "
                              f"backend={backend!r}")
-    p = _prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, stream)
+    p = prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, stream)
     if p.M == 0 or p.N == 0:
         return p.out
     if p.K == 0:
@@ -726,9 +481,9 @@ for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
         sass_must_have=_WGMMA_SASS if _wg else _TC_SASS)
 # (the default SIMT tile with 16-byte global and shared loads, the fp32 path the benchmark
 # times; two blocks per SM: 128 registers through the launch bounds, and the no-spill check)
-# ptxas of nvJitLink 13.0 (the H200 image) spills 4 B (8 B stack) at the 128-register cap
-# (13.5 spills nothing); the H200 measurements of this kernel were made with that spill
-# (46.6 TFLOP/s, 0.91x cuBLAS fp32 at 4096^3, 3f6170a), so it is tolerated up to 8 B.
+# ptxas of nvJitLink 13.0 (the GPU image) spills 4 B (8 B stack) at the 128-register cap
+# (13.5 spills nothing); the kernel was measured with that spill (benchmarks/NOTES.md, "GEMM
+# tile defaults"), so it is tolerated up to 8 B.
 compile_check.register(
     "gemm_simt_f32_nn", _compile_target(CONFIGS[SIMT_CONFIG], True, False, "float32", "float32"),
     sass_must_have=("FFMA", "LDS.128", "LDG.E.128"), allowed_local_bytes=8,

@@ -70,7 +70,7 @@ from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit
 from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
-from .softmax import _argmax_key, _key_max
+from .argmax import _argmax_key, _key_max
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 #: Elements of a tile (one 16-byte load of halves, two of floats).

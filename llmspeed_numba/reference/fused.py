@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .._arrays import numpy_dtype
+from .._arrays import dtype_name, numpy_dtype
 
 
 def _f64(x):
@@ -24,7 +24,7 @@ def _round(x, dtype):
 
 
 def _dtype_name(x):
-    return "bfloat16" if x.dtype.name == "bfloat16" else x.dtype.name
+    return dtype_name(x.dtype, "x")
 
 
 # ---- norms -------------------------------------------------------------------------------------

@@ -1,0 +1,79 @@
+"""Rows of the sampling ops (softmax, argmax) split over several blocks: the shared argument
+checks and the split plan.
+
+A few long rows (64 x 128256 logits, say) do not fill the GPU one block a row: each row is then
+split over ``splits`` blocks of ``SPLIT_THREADS`` threads, grid (rows, splits), each block owning
+a span of ``ceil(chunks / splits)`` chunks (``_rowwise`` layout). ``aim`` is the split count that
+fills the GPU; ``resident_blocks`` what the GPU holds at once, which bounds it when a row's
+blocks must run together (they wait for each other, or a second wave would only add merge work).
+The tuning constants are module attributes read at each call (tests and probes set them).
+"""
+
+import numpy as np
+
+from .._checks import tensor
+from .._env import SIMULATOR, cuda
+from .._launch import array1d, sm_count
+from . import _rowwise as rw
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32")
+#: Threads per row when rows are split over several blocks.
+SPLIT_THREADS = 512
+#: 16-byte chunks each thread loads before using any (loads in flight per thread) when streaming.
+UNROLL = 4
+#: Blocks aimed for per SM when rows are split (at most what fits on the GPU at once).
+BLOCKS_PER_SM = 4
+#: A span of a split row is at least this many chunks per thread (amortises the partials).
+MIN_CHUNKS_PER_THREAD = 4
+#: Most blocks per row (softmax merges their partials through shared memory).
+MAX_SPLITS = 256
+#: Blocks that fit on the "GPU" at once under the simulator (which runs blocks one by one).
+SIM_RESIDENT_BLOCKS = 64
+#: Blocks per row forced (probes sweeping the split count); None: planned.
+FORCE_SPLITS = None
+
+
+def prepare(x, name="x"):
+    """``(Tensor, rows, cols, row_stride)`` of a float ``(..., cols)`` input, checked: a
+    non-empty, contiguous last dimension of fewer than 2^31 elements."""
+    tx = tensor(x, name, dtypes=FLOAT_DTYPES)
+    rows, cols, x_stride = rw.rows_view(name, tx)
+    if cols == 0:
+        raise ValueError(f"{name}: expected a non-empty last dimension, got shape {tx.shape}")
+    if cols >= 2**31:
+        raise NotImplementedError(f"{name}: rows of at most 2^31 - 1 elements, got {cols}")
+    return tx, rows, cols, x_stride
+
+
+def aim(rows, chunks, threads):
+    """Blocks per row that fill the GPU: about ``BLOCKS_PER_SM`` blocks per SM in all, each span
+    at least ``MIN_CHUNKS_PER_THREAD`` chunks a thread (``FORCE_SPLITS`` when set)."""
+    if FORCE_SPLITS is not None:
+        return max(1, min(int(FORCE_SPLITS), MAX_SPLITS))
+    want = -(-BLOCKS_PER_SM * sm_count() // max(rows, 1))
+    most = max(1, chunks // (threads * MIN_CHUNKS_PER_THREAD))
+    return max(1, min(want, most, MAX_SPLITS))
+
+
+_RESIDENT: dict = {}
+
+
+def resident_blocks(kernel, threads):
+    """Blocks of ``kernel`` (``threads`` each) the GPU holds at once: occupancy x SMs."""
+    if SIMULATOR:
+        return SIM_RESIDENT_BLOCKS
+    key = (cuda.get_current_device().id, kernel.name, id(kernel), threads)
+    n = _RESIDENT.get(key)
+    if n is None:
+        try:
+            n = kernel.compiled().max_cooperative_grid_blocks(threads)
+        except Exception:  # noqa: BLE001  the occupancy query failed: count registers (sm_90)
+            regs = -(-max(kernel.resources()["registers"], 1) // 8) * 8
+            n = min(32, 2048 // threads, 65536 // (regs * threads)) * sm_count()
+        _RESIDENT[key] = n
+    return n
+
+
+def buffer_type(k):
+    """The kernel parameter type of a buffer of storage kind ``k``."""
+    return array1d(np.float32 if k == rw.KIND_F32 else np.uint16)
