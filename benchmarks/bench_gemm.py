@@ -236,7 +236,7 @@ def _kernel_key(c):
     backend = "simt" if c.dtype == "float32" else "tensor_core"
     cfg = c.config
     if cfg is None:
-        cfg = gemm_mod._heuristic(backend, c.M, c.N, c.K)
+        cfg = gemm_mod.heuristic(backend, c.M, c.N, c.K)
     elif isinstance(cfg, str):
         cfg = gemm_mod.resolve_config(cfg)
     return cfg.replace(split_k=None), c.dtype, gemm_mod.split_count(cfg, c.M, c.N, c.K) > 1

@@ -30,7 +30,7 @@ Kernels (``_softmax_kernels.py``; ``_rowwise`` layout; split rows planned as ``_
   per device and stream, so calls on one stream reuse it and CUDA graphs can capture the kernel).
   ``SPLIT_PATH = "two_kernels"`` selects the previous layout (a stats kernel, then a write kernel
   merging the partials, the same span code), never chosen by the planner: kept as a manual
-  fallback and for comparison (``benchmarks/probes/probe_softmax.py``).
+  fallback and for comparison (NOTES.md, Fused ops).
 """
 
 import math
