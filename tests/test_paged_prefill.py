@@ -19,8 +19,8 @@ from hypothesis import given, settings, strategies as st
 
 from llmspeed_numba import SIMULATOR, paged_decode_attention, paged_prefill_attention
 from llmspeed_numba.reference.attention import attention, attention_varlen
-from llmspeed_numba.reference.attention import paged_prefill_attention as reference
 from llmspeed_numba.reference.paged_decode import gather_kv
+from llmspeed_numba.reference.paged_decode import paged_prefill_attention as reference
 from llmspeed_numba.testing import derived_check, f64, random_array, to_device, to_host
 
 DTYPES = ("float16", "bfloat16")

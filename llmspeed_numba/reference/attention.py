@@ -138,33 +138,3 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, softm
         out[q0:q1], lse[:, q0:q1] = _one_sequence(q[q0:q1], k[k0:k1], v[k0:k1], mask, scale,
                                                   dtype)
     return out, lse
-
-
-def paged_prefill_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, *,
-                            causal=True, softmax_scale=None, window_size=(-1, -1), dtype=None):
-    """Prefill attention over a paged KV cache, in float64.
-
-    q: (total_q, nheads, headdim), sequence ``b``'s new tokens in rows
-    ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``; caches (num_blocks, block_size, nheads_k, headdim);
-    block_table (batch, max_blocks_per_seq); seq_lens (batch,), each sequence's length including
-    its new tokens. The sequence's keys are gathered from its pages
-    (``reference.paged_decode.gather_kv``) and masked as ``attention`` does with
-    ``seqlen_k = seq_lens[b]`` (bottom-right aligned: query ``t`` sits at position
-    ``seq_lens[b] - q_len + t``). Returns ``(out, lse)``: out (total_q, nheads, headdim), lse
-    (nheads, total_q); rows outside every sequence are 0 / -inf.
-    """
-    from .paged_decode import gather_kv
-
-    q = np.asarray(q).astype(np.float64)
-    ks, vs = gather_kv(k_cache, v_cache, block_table, seq_lens)
-    _check_heads(q, ks[0] if ks else q, vs[0] if vs else q)
-    cu = [int(x) for x in np.asarray(cu_seqlens_q)]
-    headdim = q.shape[-1]
-    scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
-    out = np.zeros(q.shape)
-    lse = np.full((q.shape[1], q.shape[0]), -np.inf)
-    for b in range(len(cu) - 1):
-        q0, q1 = cu[b], cu[b + 1]
-        mask = attention_mask(q1 - q0, ks[b].shape[0], causal, window_size)
-        out[q0:q1], lse[:, q0:q1] = _one_sequence(q[q0:q1], ks[b], vs[b], mask, scale, dtype)
-    return out, lse
