@@ -70,7 +70,8 @@ def bench(name, results, concurrency, hf_decode_tokens):
     ours_b1 = 1e3 / b1["tpot_median_ms"]
     _row(results, name, "decode b1", ours_b1, "transformers", hf_b1,
          note=f"{100 * ours_b1 / limit:.1f}% of the weight-streaming limit {limit:.0f} tok/s "
-              f"({weight_bytes / 1e9:.2f} GB at {copy_gbs:.0f} GB/s)")
+              f"({weight_bytes / 1e9:.2f} GB at {copy_gbs:.0f} GB/s); host "
+              f"{100 * b1['decode_host_share']:.1f}% of a decode step")
     for n in concurrency:
         stats = run(llm, num_requests=n, prompt_len=PROMPT, output_len=OUTPUT,
                     random_lengths=False)
@@ -78,7 +79,8 @@ def bench(name, results, concurrency, hf_decode_tokens):
              f"transformers b{HF_BATCH}", hf_batch,
              note=f"TTFT median {stats['ttft_median_ms']:.0f} ms p99 {stats['ttft_p99_ms']:.0f}; "
                   f"TPOT median {stats['tpot_median_ms']:.2f} ms p99 "
-                  f"{stats['tpot_p99_ms']:.2f}; {stats['elapsed_s']:.1f} s")
+                  f"{stats['tpot_p99_ms']:.2f}; {stats['elapsed_s']:.1f} s; host "
+                  f"{100 * stats['decode_host_share']:.1f}% of a graph-decode step")
     llm.llama.release()
     del llm
     torch.cuda.empty_cache()

@@ -150,6 +150,9 @@ def test_gpu_engine_sampling_is_reproducible_and_streams():
     params = [SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=s)
               for s in range(6)]
     first = [o.token_ids for o in llm.generate(prompts, params)]
+    stats = llm.decode_stats  # decode-only steps replayed from graphs, and the host's share
+    assert stats.steps > 0 and 0 <= stats.host_share < 1, stats
+    print("host share of a graph-decode step:", stats.host_share)
     again = [o.token_ids for o in llm.generate(prompts[::-1], params[::-1])][::-1]
     assert first == again  # a request's tokens do not depend on its batch
     other = [o.token_ids for o in llm.generate(
@@ -158,3 +161,13 @@ def test_gpu_engine_sampling_is_reproducible_and_streams():
     assert other != first
     text = "".join(llm.stream(prompts[0], SamplingParams(max_tokens=12)))
     assert text == llm.generate(prompts[0], SamplingParams(max_tokens=12))[0].text
+
+
+def test_decode_stats_host_share():
+    from llmspeed_numba.engine.llm import DecodeStats
+
+    stats = DecodeStats()
+    assert stats.host_share == 0.0
+    stats.add(0.010, 0.009)
+    stats.add(0.030, 0.027)
+    assert stats.steps == 2 and abs(stats.host_share - 0.1) < 1e-12

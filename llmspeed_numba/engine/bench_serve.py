@@ -4,7 +4,8 @@
 length]``, a fixed seed) are all submitted at once, at most ``max_num_seqs`` running together;
 each runs to its ``max_tokens`` (end-of-sequence ignored). Reported: output tokens/s, total
 tokens/s, time to first token and time per output token (median and p99 over requests), with a
-progress bar while it runs.
+progress bar while it runs; and the host's share of the decode steps replayed from CUDA graphs
+(the wall time not spent waiting for the GPU's tokens).
 """
 
 import sys
@@ -35,6 +36,9 @@ def run(llm, *, num_requests=64, prompt_len=512, output_len=256, seed=0, random_
 
     prompts = [rng.integers(0, vocab, length(prompt_len)).tolist() for _ in range(num_requests)]
     outputs = [length(output_len) for _ in range(num_requests)]
+    from .llm import DecodeStats
+
+    llm.decode_stats = DecodeStats()
     start = time.perf_counter()
     first, finish, slots = {}, {}, {}
     for prompt, n in zip(prompts, outputs):
@@ -68,6 +72,8 @@ def run(llm, *, num_requests=64, prompt_len=512, output_len=256, seed=0, random_
             np.percentile(ttft, 99)),
         "tpot_median_ms": 1e3 * float(np.median(tpot)), "tpot_p99_ms": 1e3 * float(
             np.percentile(tpot, 99)),
+        "decode_steps": llm.decode_stats.steps,
+        "decode_host_share": llm.decode_stats.host_share,
     }
 
 
@@ -76,5 +82,6 @@ def report(stats, out=sys.stdout):
           f"{stats['output_tokens_per_s']:.1f} output tok/s, "
           f"{stats['total_tokens_per_s']:.1f} total tok/s; time to first token median "
           f"{stats['ttft_median_ms']:.1f} ms, p99 {stats['ttft_p99_ms']:.1f} ms; time per output "
-          f"token median {stats['tpot_median_ms']:.2f} ms, p99 {stats['tpot_p99_ms']:.2f} ms",
-          file=out)
+          f"token median {stats['tpot_median_ms']:.2f} ms, p99 {stats['tpot_p99_ms']:.2f} ms; "
+          f"host work {100 * stats['decode_host_share']:.1f}% of {stats['decode_steps']} "
+          f"graph-decode steps", file=out)

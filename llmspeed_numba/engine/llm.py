@@ -8,6 +8,7 @@ it in that request's output) while the others go on.
 """
 
 import itertools
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +24,26 @@ BLOCK_SIZE = 16
 #: KV-cache pages under the simulator (no device memory to size it by).
 SIMULATOR_PAGES = 64
 LOAD_FORMATS = ("auto", "dummy")
+
+
+@dataclass
+class DecodeStats:
+    """Engine steps that only decoded, from a replayed CUDA graph: their wall time, and the part
+    the host spent waiting for the GPU (the rest is host work: scheduling, inputs, launch)."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    gpu_wait_seconds: float = 0.0
+
+    def add(self, seconds, wait):
+        self.steps += 1
+        self.seconds += seconds
+        self.gpu_wait_seconds += wait
+
+    @property
+    def host_share(self):
+        """Fraction of a decode step's wall time that was host work (0 without steps)."""
+        return 1.0 - self.gpu_wait_seconds / self.seconds if self.seconds else 0.0
 
 
 @dataclass
@@ -117,6 +138,7 @@ class LLM:
         self._seeds = np.random.default_rng(seed)
         #: requests preempted (pages freed, recomputed later) so far
         self.num_preemptions = 0
+        self.decode_stats = DecodeStats()
         self._ids = itertools.count()
         self._prompts = {}
 
@@ -188,10 +210,14 @@ class LLM:
 
     def step(self):
         """One engine step; returns the ``RequestOutput`` of each request finished in it."""
+        start = time.perf_counter()
         batch = self.scheduler.schedule()
         self.num_preemptions += len(batch.preempted)
         sampled = self.runner.execute(batch) if batch.entries else {}
-        return [self._output(r) for r in self.scheduler.update(batch, sampled)]
+        finished = self.scheduler.update(batch, sampled)
+        if self.runner.last_replayed and batch.num_decodes == len(batch.entries):
+            self.decode_stats.add(time.perf_counter() - start, self.runner.last_wait)
+        return [self._output(r) for r in finished]
 
     def _text(self, request):
         if self.tokenizer is None:

@@ -51,6 +51,9 @@ class ModelRunner:
         self.max_width = max_width
         self.graphs = {}
         self.pool = None
+        #: the last step's decode replayed from a graph, and the seconds the host waited for it
+        self.last_replayed = False
+        self.last_wait = 0.0
 
     # ---- host inputs ---------------------------------------------------------------------------
 
@@ -83,6 +86,7 @@ class ModelRunner:
         """Run ``batch``; returns ``{request_id: token}`` for its sampling entries."""
         entries = batch.entries
         decodes, prefills = entries[:batch.num_decodes], entries[batch.num_decodes:]
+        self.last_replayed, self.last_wait = False, 0.0
         sampling = set(batch.sample_indices)
         out = {}
         if decodes:
@@ -124,8 +128,10 @@ class ModelRunner:
         if graph is None:
             graph = self.graphs[key] = DecodeGraph(self.llama, self.cache, rows, table.shape[1],
                                                    sampling=True, pool=self.pool)
+        replayed = graph.graph is not None
         tokens = graph.run(tokens, positions, table, seq_lens, params)
         self.pool = graph.pool
+        self.last_replayed, self.last_wait = replayed, graph.last_wait
         return tokens[:n]
 
     def _prefill(self, entries):

@@ -10,6 +10,8 @@ The first step of a graph runs eagerly on those tensors (its result is used: cap
 nothing), which also compiles every kernel and creates the ops' workspaces before capture.
 """
 
+import time
+
 from .llama import Step
 
 #: Each row's sampling parameters, in ``DecodeGraph.run``'s ``params`` order, and their dtypes.
@@ -40,6 +42,8 @@ class DecodeGraph:
                          block_table=self.table, seq_lens=self.seq_lens)
         self.graph = None
         self.next_tokens = None
+        #: seconds the host waited for the GPU in the last replayed step (reading its tokens)
+        self.last_wait = 0.0
 
     def _forward(self):
         logits = self.llama.forward(self.step, self.cache)
@@ -58,7 +62,10 @@ class DecodeGraph:
             dst.copy_(torch.from_numpy(src), non_blocking=True)
         if self.graph is not None:
             self.graph.replay()
-            return self.next_tokens.tolist()
+            start = time.perf_counter()
+            tokens = self.next_tokens.tolist()
+            self.last_wait = time.perf_counter() - start
+            return tokens
         tokens = self._forward().tolist()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
