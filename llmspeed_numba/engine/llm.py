@@ -121,7 +121,7 @@ class LLM:
                              f"{BLOCK_SIZE}), got {max_model_len!r}")
         self.max_model_len = max_model_len
         self.cache = PagedKVCache(pages, BLOCK_SIZE, config.num_key_value_heads, config.head_dim,
-                                  str(dt).removeprefix("torch."), kind="torch",
+                                  dt, kind="torch",
                                   num_layers=config.num_hidden_layers)
         scratch = self.cache.add_sequence(1)  # padded decode rows write here, never read
         if max_num_batched_tokens is None:

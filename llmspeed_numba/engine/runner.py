@@ -17,7 +17,7 @@ batched with it, nor on being recomputed after a preemption.
 import numpy as np
 
 from ..models.decode_graph import SAMPLING_PARAMS, DecodeGraph
-from ..models.llama import Step
+from ..models.llama import Step, decode_step, to_device
 
 #: Decode batch sizes with a graph of their own; other sizes are padded to the next one.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -58,9 +58,7 @@ class ModelRunner:
     # ---- host inputs ---------------------------------------------------------------------------
 
     def _device(self, array):
-        import torch
-
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.llama.device)
+        return to_device(array, self.llama.device)
 
     @staticmethod
     def _params(entries):
@@ -108,11 +106,8 @@ class ModelRunner:
         positions = np.array([e.start_position for e in entries], np.int32)
         params = self._params(entries)
         if not self.cuda_graphs:
-            return self._sample(self._run(Step(
-                token_ids=self._device(tokens), positions=self._device(positions),
-                token_tables=self._device(table),
-                last_rows=self._device(np.arange(len(entries), dtype=np.int64)),
-                block_table=self._device(table), seq_lens=self._device(seq_lens))), params)
+            step = decode_step(self.llama.device, tokens, positions, table, seq_lens)
+            return self._sample(self._run(step), params)
         n = len(entries)
         rows = _bucket(n, BATCH_BUCKETS)
         pad = rows - n

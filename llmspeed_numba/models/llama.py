@@ -23,6 +23,8 @@ for the whole batch: token ``t`` is a one-token "sequence" at its own position a
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import _ops
 from .rope import cos_sin_cache
 
@@ -62,6 +64,24 @@ class Step:
     @property
     def is_decode(self):
         return self.block_table is not None
+
+
+def to_device(array, device):
+    """A host NumPy array as a torch tensor on ``device`` (one copy)."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+
+def decode_step(device, tokens, positions, table, seq_lens):
+    """The ``Step`` of a decode from host arrays: ``tokens`` (B,) fed at ``positions``, each
+    sequence's pages ``table`` (B, W) and its length after the step ``seq_lens``. The table is
+    copied once and serves both the append and the attention."""
+    table = to_device(table, device)
+    return Step(token_ids=to_device(np.asarray(tokens, np.int64), device),
+                positions=to_device(positions, device), token_tables=table,
+                last_rows=to_device(np.arange(len(tokens), dtype=np.int64), device),
+                block_table=table, seq_lens=to_device(seq_lens, device))
 
 
 class _Layer:
@@ -162,7 +182,7 @@ class LlamaModel:
 
         c = self.config
         return PagedKVCache(num_blocks, BLOCK_SIZE, c.num_key_value_heads, c.head_dim,
-                            str(self.dtype).removeprefix("torch."), kind="torch",
+                            self.dtype, kind="torch",
                             num_layers=c.num_hidden_layers)
 
     # ---- forward -------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import numpy as np
 from .._arrays import dtype_name
 from ._dtypes import torch_dtype
 from .decode_graph import DecodeGraph
-from .llama import BLOCK_SIZE, LlamaModel, Step
+from .llama import BLOCK_SIZE, LlamaModel, Step, decode_step, to_device
 
 #: Model dtypes (the attention kernels take half precision only).
 DTYPES = ("bfloat16", "float16")
@@ -86,9 +86,7 @@ class Model:
     # ---- steps -----------------------------------------------------------------------------
 
     def _device(self, array):
-        import torch
-
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.llama.device)
+        return to_device(array, self.llama.device)
 
     def _prefill_step(self, cache, seqs, prompts):
         lengths = [p.size for p in prompts]
@@ -116,11 +114,7 @@ class Model:
     def _decode_step(self, cache, seqs, tokens, width=None):
         """The eager ``Step`` feeding ``tokens`` to ``seqs`` (their pages grown by one)."""
         before, table, after = self._advance(cache, seqs, width)
-        table = self._device(table)
-        return Step(token_ids=self._device(np.asarray(tokens, np.int64)),
-                    positions=self._device(before), token_tables=table,
-                    last_rows=self._device(np.arange(len(seqs), dtype=np.int64)),
-                    block_table=table, seq_lens=self._device(after))
+        return decode_step(self.llama.device, tokens, before, table, after)
 
     def _decode(self, cache, seqs, tokens, width, graphs):
         """One greedy decode step of ``seqs`` fed ``tokens``: their next tokens (a list).

@@ -39,7 +39,6 @@ def load_hf_weights(path, dtype="bfloat16", config=None) -> dict:
 
     Raises FileNotFoundError naming a missing directory / file, ValueError naming the file for a
     corrupt file or a missing or misshapen tensor."""
-    import torch
     from safetensors import safe_open
 
     from ._dtypes import torch_dtype
