@@ -22,6 +22,7 @@ import weakref
 
 import numpy as np
 
+from . import _recording
 from ._env import SIMULATOR, cuda, require_cuda
 
 #: dtype names the library knows, with their storage dtype inside kernels.
@@ -355,11 +356,37 @@ class Buffer:
         self.ptr, self.size, self.dtype, self.owner = ptr, size, dtype, owner
 
 
+def host_ints(t: Tensor):
+    """Host int64 copy of a small integer device array (cu_seqlens, tables), for a host check
+    of its contents: synchronises, and makes the op's call not replayable (``_recording``)."""
+    _recording.not_replayable("reads device data on the host")
+    obj = t.obj
+    if t.host is not None:
+        values = t.host
+    elif t.kind == "torch":
+        values = obj.detach().cpu().numpy()
+    elif t.kind == "cupy":
+        values = obj.get()
+    elif hasattr(obj, "copy_to_host"):
+        values = obj.copy_to_host()
+    else:
+        values = cuda.as_cuda_array(obj).copy_to_host()
+    return np.asarray(values).astype(np.int64)
+
+
 # ---- outputs in the caller's kind -----------------------------------------------------------
 
 def empty(like: Tensor, shape, dtype):
-    """A new C-contiguous array of the same kind (and device) as ``like``."""
+    """A new C-contiguous array of the same kind (and device) as ``like`` (noted for the replay
+    of the op's call, ``_recording``)."""
     shape = tuple(int(s) for s in shape)
+    obj = _empty(like, shape, dtype)
+    if not SIMULATOR:
+        _recording.note_alloc(obj, like.kind, shape, dtype)
+    return obj
+
+
+def _empty(like, shape, dtype):
     if like.kind == "torch":
         import torch
 

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from . import _recording
 from ._arrays import as_tensor
 
 
@@ -95,6 +96,7 @@ def no_overlap(name, t, other_name, other):
     """``t`` and ``other`` (None allowed) share no memory: ``ValueError`` otherwise."""
     if other is None or t.size == 0 or other.size == 0:
         return
+    _recording.note_overlap_check(t.obj, other.obj)
     t_end = t.ptr + t.extent() * t.itemsize
     o_end = other.ptr + other.extent() * other.itemsize
     if t.ptr < o_end and other.ptr < t_end:

@@ -21,6 +21,7 @@ import threading
 import numpy as np
 from numba import types
 
+from . import _recording
 from ._arrays import Buffer
 from ._env import SIMULATOR, cuda
 
@@ -196,6 +197,8 @@ class Kernel:
             return
         if shared_bytes > self._shared_optin:
             self._opt_in_shared(shared_bytes)
+        if _recording.recording() is not None:
+            _recording.note_launch(self, grid, block, args, stream, shared_bytes)
         try:
             values, config, config_address, params_address, shape = self._local.site
         except AttributeError:

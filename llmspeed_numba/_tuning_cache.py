@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 
+from . import _recording
 from ._env import SIMULATOR, cuda
 
 _lock = threading.Lock()
@@ -89,6 +90,7 @@ def record(op, key, config, timings):
             json.dump(data, f, indent=1, sort_keys=True)
         os.replace(tmp, path)  # atomic: concurrent readers see the old or the new file
         _generation[0] += 1
+    _recording.clear()  # recorded calls launched the old winner
 
 
 def forget():
@@ -96,10 +98,12 @@ def forget():
     with _lock:
         _memory.clear()
         _generation[0] += 1
+    _recording.clear()
 
 
 def time_ms(fn, stream=0, warmup=2, rep=10):
     """Median milliseconds of ``fn()`` on ``stream`` (CUDA events; wall clock in the simulator)."""
+    _recording.not_replayable("autotuning")
     for _ in range(warmup):
         fn()
     times = []

@@ -9,6 +9,7 @@ grows is replaced, and the old one kept alive: a captured CUDA graph may still p
 
 import numpy as np
 
+from . import _recording
 from ._arrays import Buffer
 from ._env import SIMULATOR, cuda
 
@@ -22,6 +23,27 @@ def workspace(like, stream, name, size, dtype):
     decide how the buffer is made). Returns a ``Buffer`` (a NumPy array under the simulator)."""
     device = 0 if SIMULATOR else (like.obj.device.index if like.kind == "torch"
                                   else cuda.get_current_device().id)
+    kind = "torch" if like.kind == "torch" else "numba"
+    buf = _buffer(kind, device, stream, name, size, dtype)
+    if SIMULATOR:
+        return buf
+    _recording.note_workspace(buf, device, name, size, dtype, kind)
+    return Buffer(_pointer(buf), buf.shape[0], np.dtype(dtype), buf)
+
+
+def workspace_pointer(kind, device, stream, name, size, dtype):
+    """Address of ``workspace``'s buffer for a replayed call (``_replay``)."""
+    buf = _WORKSPACE.get((device, stream, name))
+    if buf is None or buf.shape[0] < size:
+        buf = _buffer(kind, device, stream, name, size, dtype)
+    return _pointer(buf)
+
+
+def _pointer(buf):
+    return buf.data_ptr() if hasattr(buf, "data_ptr") else buf.__cuda_array_interface__["data"][0]
+
+
+def _buffer(kind, device, stream, name, size, dtype):
     key = (device, stream, name)
     buf = _WORKSPACE.get(key)
     if buf is None or buf.shape[0] < size:
@@ -30,15 +52,12 @@ def workspace(like, stream, name, size, dtype):
         n = max(size, 1024)
         if SIMULATOR:
             buf = np.zeros(n, dtype)
-        elif like.kind == "torch":
+        elif kind == "torch":
             import torch
 
             storage = {1: torch.uint8, 4: torch.int32, 8: torch.int64}[np.dtype(dtype).itemsize]
-            buf = torch.zeros(n, dtype=storage, device=like.obj.device)
+            buf = torch.zeros(n, dtype=storage, device=device)
         else:
             buf = cuda.to_device(np.zeros(n, dtype))
         _WORKSPACE[key] = buf
-    if SIMULATOR:
-        return buf
-    ptr = buf.data_ptr() if hasattr(buf, "data_ptr") else buf.__cuda_array_interface__["data"][0]
-    return Buffer(ptr, buf.shape[0], np.dtype(dtype), buf)
+    return buf

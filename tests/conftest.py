@@ -43,6 +43,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_replay_plans():
+    """Each test starts without recorded op calls: a test that changes a module knob (a config
+    table, a schedule) must not replay launches recorded under another (llmspeed_numba._replay)."""
+    from llmspeed_numba import _replay
+
+    _replay.clear()
+
+
 @pytest.fixture
 def rng(request):
     """A NumPy generator seeded from the test's name: reproducible, different per test."""

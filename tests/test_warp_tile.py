@@ -60,7 +60,7 @@ def test_gpu_replay_path_new_pointers(kind, rng):
     def place(x):
         return cuda.to_device(x) if kind == "numba" else to_device(x, "torch")
 
-    recorded = len(warp_tile._PLANS)
+    recorded = len(warp_tile._WARP_TILE_CALLS.plans)
     for _ in range(3):
         a = random_array((16, 40), "float16", rng)
         b = random_array((40, 8), "float16", rng)
@@ -72,6 +72,6 @@ def test_gpu_replay_path_new_pointers(kind, rng):
         got = warp_tile_matmul(place(a), place(b))
         assert type(got).__module__.startswith(kind)
         assert np.all(np.abs(to_host(got) - expected) <= bound)
-    assert len(warp_tile._PLANS) > recorded
+    assert len(warp_tile._WARP_TILE_CALLS.plans) > recorded
     mixed = warp_tile_matmul(cuda.to_device(a), to_device(b, "torch"))
     assert np.all(np.abs(to_host(mixed) - expected) <= bound)

@@ -30,6 +30,7 @@ from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import choice, output, tensor
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
+from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 from ._activations_device import gelu_erf, gelu_tanh, silu
@@ -209,6 +210,9 @@ def _check_approximate(approximate):
     return f"gelu_{approximate}"
 
 
+_SILU_AND_MUL_CALLS = OpCalls("silu_and_mul")
+
+
 def silu_and_mul(x: ArrayLike, *, out: ArrayLike | None = None,
                  stream: StreamLike = None) -> ArrayLike:
     """``silu(x[..., :d]) * x[..., d:]`` for ``x`` (..., 2d): returns (..., d) in x's dtype and
@@ -220,20 +224,50 @@ def silu_and_mul(x: ArrayLike, *, out: ArrayLike | None = None,
         ValueError: an odd last dimension, a non-contiguous last dimension, ``out`` of the wrong
             shape.
     """
+    result = _SILU_AND_MUL_CALLS.replay((x, out), (), stream)
+    if result is MISS:
+        result = _SILU_AND_MUL_CALLS.record(_silu_and_mul_checked, x, out, stream)
+    return result
+
+
+def _silu_and_mul_checked(x, out, stream):
+    """The checked path of ``silu_and_mul`` (validation, planning, launch)."""
     return _launch(x, out, stream, "silu", True)
+
+
+_GELU_AND_MUL_CALLS = OpCalls("gelu_and_mul")
 
 
 def gelu_and_mul(x: ArrayLike, *, approximate: str = "none", out: ArrayLike | None = None,
                  stream: StreamLike = None) -> ArrayLike:
     """``gelu(x[..., :d]) * x[..., d:]`` for ``x`` (..., 2d) (GeGLU); ``approximate`` is
     ``"none"`` (erf, exact) or ``"tanh"``. Returns (..., d); errors as ``silu_and_mul``."""
+    result = _GELU_AND_MUL_CALLS.replay((x, out), (approximate,), stream)
+    if result is MISS:
+        result = _GELU_AND_MUL_CALLS.record(_gelu_and_mul_checked, x, approximate, out, stream)
+    return result
+
+
+def _gelu_and_mul_checked(x, approximate, out, stream):
+    """The checked path of ``gelu_and_mul`` (validation, planning, launch)."""
     return _launch(x, out, stream, _check_approximate(approximate), True)
+
+
+_GELU_CALLS = OpCalls("gelu")
 
 
 def gelu(x: ArrayLike, *, approximate: str = "none", out: ArrayLike | None = None,
          stream: StreamLike = None) -> ArrayLike:
     """GELU of every element of ``x`` (..., n): exact (``approximate="none"``) or the tanh form.
     Returns x's shape, dtype and kind (or ``out``; ``out=x`` works in place)."""
+    result = _GELU_CALLS.replay((x, out), (approximate,), stream)
+    if result is MISS:
+        result = _GELU_CALLS.record(_gelu_checked, x, approximate, out, stream)
+    return result
+
+
+def _gelu_checked(x, approximate, out, stream):
+    """The checked path of ``gelu`` (validation, planning, launch)."""
     return _launch(x, out, stream, _check_approximate(approximate), False)
 
 

@@ -26,6 +26,7 @@ from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import output, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit, sm_count
+from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from .._workspace import workspace
 from . import _rowwise as rw
@@ -211,6 +212,9 @@ def _argmax_plan(rows, chunks, x_kind, vec):
     return _argmax_kernel(x_kind, vec, tpr, rpb, rs.UNROLL, False), 1, tpr, rpb
 
 
+_ARGMAX_CALLS = OpCalls("argmax")
+
+
 def argmax(x: ArrayLike, *, out: ArrayLike | None = None,
            stream: StreamLike = None) -> ArrayLike:
     """Index of the largest element of each row of ``x`` (..., vocab): greedy sampling.
@@ -224,6 +228,14 @@ def argmax(x: ArrayLike, *, out: ArrayLike | None = None,
         TypeError: non-arrays, unsupported dtypes, ``out`` not int64.
         ValueError: an empty or non-contiguous last dimension, ``out`` of the wrong shape.
     """
+    result = _ARGMAX_CALLS.replay((x, out), (), stream)
+    if result is MISS:
+        result = _ARGMAX_CALLS.record(_argmax_checked, x, out, stream)
+    return result
+
+
+def _argmax_checked(x, out, stream):
+    """The checked path of ``argmax`` (validation, planning, launch)."""
     tx, rows, cols, x_stride = rs.prepare(x)
     out_shape = tx.shape[:-1]
     to = output("out", out, out_shape, "int64", tx)

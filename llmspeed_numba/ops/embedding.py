@@ -21,6 +21,7 @@ from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import output, tensor
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
+from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 
@@ -68,6 +69,9 @@ def _embedding_kernel(k, vec, id_dtype):
     return Kernel(jit(_embedding_kernel_fn(k, vec)), _signature(k, id_dtype), "embedding_kernel")
 
 
+_EMBEDDING_CALLS = OpCalls("embedding")
+
+
 def embedding(ids: ArrayLike, weight: ArrayLike, *, out: ArrayLike | None = None,
               stream: StreamLike = None) -> ArrayLike:
     """``weight[ids]``: rows of ``weight`` (rows, hidden) picked by ``ids`` (n,).
@@ -88,6 +92,14 @@ def embedding(ids: ArrayLike, weight: ArrayLike, *, out: ArrayLike | None = None
         ValueError: wrong ranks, a non-contiguous last dimension or ids, ``out`` of the wrong
             shape.
     """
+    result = _EMBEDDING_CALLS.replay((ids, weight, out), (), stream)
+    if result is MISS:
+        result = _EMBEDDING_CALLS.record(_embedding_checked, ids, weight, out, stream)
+    return result
+
+
+def _embedding_checked(ids, weight, out, stream):
+    """The checked path of ``embedding`` (validation, planning, launch)."""
     tw = tensor(weight, "weight", ndim=2, dtypes=FLOAT_DTYPES)
     ti = tensor(ids, "ids", ndim=1, dtypes=ID_DTYPES)
     rows, cols = tw.shape

@@ -36,6 +36,7 @@ from .._arrays import STORAGE, dtype_name, empty, kernel_buffer, stream_handle
 from .._checks import choice, non_negative_strides, output, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit, sm_count
+from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
 from .. import _tuning_cache
 from . import _gemm_simt, _gemm_tensor_core, _gemm_wgmma
@@ -396,6 +397,9 @@ def tune(p, configs=None, warmup=2, rep=10):
     return best
 
 
+_GEMM_CALLS = OpCalls("gemm")
+
+
 def gemm(a: ArrayLike, b: ArrayLike, *, c: ArrayLike | None = None, alpha: float = 1.0,
          beta: float = 0.0, bias: ArrayLike | None = None, activation: str | None = None,
          out: ArrayLike | None = None, out_dtype: DTypeLike | None = None,
@@ -422,6 +426,18 @@ def gemm(a: ArrayLike, b: ArrayLike, *, c: ArrayLike | None = None, alpha: float
     ranks, mismatched shapes, unsupported strides or a bad config; ``NotImplementedError`` for
     fp32 inputs with ``backend="tensor_core"``.
     """
+    result = _GEMM_CALLS.replay(
+        (a, b, c, bias, out),
+        (alpha, beta, activation, out_dtype, backend, config), stream)
+    if result is MISS:
+        result = _GEMM_CALLS.record(
+            _gemm_checked, a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, config,
+            stream)
+    return result
+
+
+def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, config, stream):
+    """The checked path of ``gemm`` (validation, planning, launch)."""
     cfg = None if config is None else resolve_config(config)
     if cfg is not None:
         if backend == "auto":

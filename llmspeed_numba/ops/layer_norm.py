@@ -26,6 +26,7 @@ from .. import compile_check
 from .._arrays import kernel_buffer, stream_handle
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
+from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 from .rms_norm import check_eps, prepare_norm
@@ -191,6 +192,9 @@ def _layer_norm_kernel(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, has_bia
     return Kernel(jit(fn), _signature(x_kind, w_kind), "layer_norm_kernel")
 
 
+_LAYER_NORM_CALLS = OpCalls("layer_norm")
+
+
 def layer_norm(x: ArrayLike, weight: ArrayLike, bias: ArrayLike | None, eps: float = 1e-5, *,
                residual: ArrayLike | None = None, out: ArrayLike | None = None,
                stream: StreamLike = None) -> ArrayLike:
@@ -214,6 +218,15 @@ def layer_norm(x: ArrayLike, weight: ArrayLike, bias: ArrayLike | None, eps: flo
         ValueError: shapes that disagree, a non-contiguous last dimension, hidden == 0,
             eps negative or not finite, ``out`` overlapping ``residual``.
     """
+    result = _LAYER_NORM_CALLS.replay((x, weight, bias, residual, out), (eps,), stream)
+    if result is MISS:
+        result = _LAYER_NORM_CALLS.record(
+            _layer_norm_checked, x, weight, bias, eps, residual, out, stream)
+    return result
+
+
+def _layer_norm_checked(x, weight, bias, eps, residual, out, stream):
+    """The checked path of ``layer_norm`` (validation, planning, launch)."""
     eps = check_eps(eps)
     p = prepare_norm(x, weight, bias, residual, out)
     if p["rows"] == 0:

@@ -79,8 +79,8 @@ import numpy as np
 from numba import types
 
 from .. import _checks, compile_check, ptx
-from .._arrays import (Buffer, empty, kernel_buffer, stream_handle, torch_current_stream,
-                      torch_signature)
+from .._arrays import (Buffer, empty, host_ints, kernel_buffer, stream_handle,
+                      torch_current_stream, torch_signature)
 from .._checks import boolean, output, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, PreparedLaunch, array1d, jit, sm_count
@@ -952,12 +952,6 @@ def _check_cache_layout(name, t):
                          f"{t.strides}")
 
 
-def _host_int_array(t):
-    from ..testing import to_host
-
-    return np.asarray(to_host(t.obj)).astype(np.int64)
-
-
 def check_tables(block_table, seq_lens, num_blocks, block_size, q_len=None):
     """Host check of block_table / seq_lens contents (both host int arrays); ``ValueError``."""
     capacity = block_table.shape[1] * block_size
@@ -1145,7 +1139,7 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
     if check_bounds is None:
         check_bounds = SIMULATOR or tbt.kind == "numpy"
     if check_bounds:
-        check_tables(_host_int_array(tbt), _host_int_array(tsl), num_blocks, block_size)
+        check_tables(host_ints(tbt), host_ints(tsl), num_blocks, block_size)
     if batch == 0 or nheads == 0:
         return (out, lse) if return_lse else out
 

@@ -23,12 +23,13 @@ import numpy as np
 from numba import types
 
 from .. import compile_check, ptx
-from .._arrays import kernel_buffer, stream_handle
+from .._arrays import host_ints, kernel_buffer, stream_handle
 from .._checks import aligned, boolean, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit
+from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
-from .paged_decode import _check_cache_layout, _host_int_array
+from .paged_decode import _check_cache_layout
 
 HALF_DTYPES = ("float16", "bfloat16")
 THREADS = 128
@@ -109,6 +110,9 @@ def check_append_tables(block_table, seq_lens, num_blocks, block_size, new_token
                              f"{int(block_table[b, j])}")
 
 
+_PAGED_KV_APPEND_CALLS = OpCalls("paged_kv_append")
+
+
 def paged_kv_append(k: ArrayLike, v: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
                     block_table: ArrayLike, seq_lens: ArrayLike, *, stream: StreamLike = None,
                     check_bounds: bool | None = None) -> None:
@@ -122,6 +126,18 @@ def paged_kv_append(k: ArrayLike, v: ArrayLike, k_cache: ArrayLike, v_cache: Arr
     ``ValueError`` (shapes, strides; with checks on, positions past the block_table's capacity
     or without a valid page), ``NotImplementedError`` (block_size not a power of two).
     """
+    result = _PAGED_KV_APPEND_CALLS.replay(
+        (k, v, k_cache, v_cache, block_table, seq_lens),
+        (check_bounds,), stream)
+    if result is MISS:
+        result = _PAGED_KV_APPEND_CALLS.record(
+            _paged_kv_append_checked, k, v, k_cache, v_cache, block_table, seq_lens, stream,
+            check_bounds)
+    return result
+
+
+def _paged_kv_append_checked(k, v, k_cache, v_cache, block_table, seq_lens, stream, check_bounds):
+    """The checked path of ``paged_kv_append`` (validation, planning, launch)."""
     tk = tensor(k, "k", ndim=4, dtypes=HALF_DTYPES)
     tv = tensor(v, "v", ndim=4)
     tkc = tensor(k_cache, "k_cache", ndim=4)
@@ -151,7 +167,7 @@ def paged_kv_append(k: ArrayLike, v: ArrayLike, k_cache: ArrayLike, v_cache: Arr
         check_bounds = SIMULATOR or tbt.kind == "numpy"
     boolean("check_bounds", check_bounds)
     if check_bounds:
-        check_append_tables(_host_int_array(tbt), _host_int_array(tsl), num_blocks, block_size,
+        check_append_tables(host_ints(tbt), host_ints(tsl), num_blocks, block_size,
                             new_tokens)
     if batch * new_tokens * nheads_k * headdim == 0 or tbt.shape[1] == 0:
         return

@@ -49,17 +49,18 @@ from typing import Any
 import numpy as np
 
 from .. import compile_check
-from .._arrays import empty, kernel_buffer, stream_handle
+from .._arrays import empty, host_ints, kernel_buffer, stream_handle
 from .._checks import (aligned, boolean, contiguous, last_dim_contiguous, non_negative_strides,
                        output, same_dtype, shape, tensor)
 from .._env import SIMULATOR
+from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from ._attention_common import LOG2E
 from . import _flash_attn_tc
 from .flash_attn import (_SIGNATURE, MAX_HEADDIM, SIMULATOR_TC_CONFIG, _check_cu_seqlens,
                          _check_max_seqlen, _check_options, _normalise_window,
                          _prefer_shared_memory, padded_dim, tc_config)
-from .paged_decode import _check_cache_layout, _host_int_array, check_tables
+from .paged_decode import _check_cache_layout, check_tables
 
 HALF_DTYPES = ("float16", "bfloat16")
 
@@ -133,6 +134,9 @@ def _output(out, tq):
 
 # ---- public API ---------------------------------------------------------------------------
 
+_PAGED_PREFILL_ATTENTION_CALLS = OpCalls("paged_prefill_attention")
+
+
 def paged_prefill_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
                             block_table: ArrayLike, cu_seqlens_q: ArrayLike,
                             seq_lens: ArrayLike, max_seqlen_q: int, *, causal: bool = True,
@@ -168,6 +172,21 @@ def paged_prefill_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike
     contents of cu_seqlens_q / seq_lens / block_table), ``NotImplementedError`` (headdim,
     block_size, sizes past int32, more than 65535 heads or sequences).
     """
+    result = _PAGED_PREFILL_ATTENTION_CALLS.replay(
+        (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, out),
+        (max_seqlen_q, causal, softmax_scale, window_size, return_lse, check_bounds, _config), stream)
+    if result is MISS:
+        result = _PAGED_PREFILL_ATTENTION_CALLS.record(
+            _paged_prefill_attention_checked, q, k_cache, v_cache, block_table, cu_seqlens_q,
+            seq_lens, max_seqlen_q, causal, softmax_scale, window_size, return_lse, out, stream,
+            check_bounds, _config)
+    return result
+
+
+def _paged_prefill_attention_checked(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
+                                     max_seqlen_q, causal, softmax_scale, window_size, return_lse,
+                                     out, stream, check_bounds, _config):
+    """The checked path of ``paged_prefill_attention`` (validation, planning, launch)."""
     tq, tk, tv, tbt, tcq, tsl = _validate(q, k_cache, v_cache, block_table, cu_seqlens_q,
                                           seq_lens)
     total_q, nheads, headdim = tq.shape
@@ -184,7 +203,7 @@ def paged_prefill_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike
         check_bounds = SIMULATOR or tbt.kind == "numpy"
     if check_bounds:
         _check_cu_seqlens("cu_seqlens_q", tcq, total_q, max_seqlen_q, "max_seqlen_q")
-        check_tables(_host_int_array(tbt), _host_int_array(tsl), num_blocks, block_size)
+        check_tables(host_ints(tbt), host_ints(tsl), num_blocks, block_size)
     if batch and max_seqlen_q and nheads and total_q:
         if nheads > _GRID_YZ_LIMIT or batch > _GRID_YZ_LIMIT:
             raise NotImplementedError(f"q: at most {_GRID_YZ_LIMIT} heads and sequences, got "

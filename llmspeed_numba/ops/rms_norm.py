@@ -41,6 +41,7 @@ from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import no_overlap, one_of_dtypes, output, same_dtype, shape, tensor
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
+from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 
@@ -287,6 +288,9 @@ def prepare_norm(x, weight, bias, residual, out):
                 strides=(x_stride, r_stride, o_stride), vec=vec, plan=(tpr, rpb, cpt))
 
 
+_RMS_NORM_CALLS = OpCalls("rms_norm")
+
+
 def rms_norm(x: ArrayLike, weight: ArrayLike, eps: float = 1e-6, *,
              residual: ArrayLike | None = None, out: ArrayLike | None = None,
              stream: StreamLike = None) -> ArrayLike:
@@ -309,6 +313,14 @@ def rms_norm(x: ArrayLike, weight: ArrayLike, eps: float = 1e-6, *,
         ValueError: shapes that disagree, a non-contiguous last dimension, hidden == 0,
             eps negative or not finite, ``out`` overlapping ``residual``.
     """
+    result = _RMS_NORM_CALLS.replay((x, weight, residual, out), (eps,), stream)
+    if result is MISS:
+        result = _RMS_NORM_CALLS.record(_rms_norm_checked, x, weight, eps, residual, out, stream)
+    return result
+
+
+def _rms_norm_checked(x, weight, eps, residual, out, stream):
+    """The checked path of ``rms_norm`` (validation, planning, launch)."""
     eps = check_eps(eps)
     p = prepare_norm(x, weight, None, residual, out)
     if p["rows"] == 0:

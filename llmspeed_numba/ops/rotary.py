@@ -42,11 +42,12 @@ import math
 import numpy as np
 from numba import types
 
-from .. import compile_check, ptx
-from .._arrays import as_tensor, kernel_buffer, stream_handle
+from .. import _recording, compile_check, ptx
+from .._arrays import as_tensor, host_ints, kernel_buffer, stream_handle
 from .._checks import choice, same_dtype, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit
+from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 
@@ -215,22 +216,14 @@ def _inv_freq_table(base, rotary_dim):
                                        / rotary_dim))).astype(np.float32)
         table = host if SIMULATOR else cuda.to_device(host)
         _INV_FREQ[key] = table
+    _recording.note_persistent(table)  # kept for the life of the process
     return table
 
 
 def _positions_range(tp):
     """(min, max) of a positions tensor, read back to the host (synchronises)."""
-    obj = tp.obj
-    mod = type(obj).__module__
-    if tp.host is not None:
-        values = tp.host
-    elif mod.startswith("torch"):
-        return int(obj.min()), int(obj.max())
-    elif mod.startswith("cupy"):
-        return int(obj.min().get()), int(obj.max().get())
-    else:
-        values = cuda.as_cuda_array(obj).copy_to_host()
-    return int(np.min(values)), int(np.max(values))
+    values = host_ints(tp)
+    return int(values.min()), int(values.max())
 
 
 def _check_head_tensor(name, t, q_shape=None):
@@ -251,6 +244,9 @@ def _vector_ok(t, width):
     if t is None:
         return True
     return t.ptr % 16 == 0 and t.strides[0] % width == 0 and t.strides[1] % width == 0
+
+
+_ROTARY_EMBEDDING_CALLS = OpCalls("rotary_embedding")
 
 
 def rotary_embedding(q: ArrayLike, k: ArrayLike | None, positions: ArrayLike, *,
@@ -286,6 +282,19 @@ def rotary_embedding(q: ArrayLike, k: ArrayLike | None, positions: ArrayLike, *,
             positions outside the cache (``check_bounds``); base <= 0 or not finite; an
             unknown style; a non-contiguous last dimension.
     """
+    result = _ROTARY_EMBEDDING_CALLS.replay(
+        (q, k, positions, cos_sin_cache),
+        (base, style, rotary_dim, check_bounds), stream)
+    if result is MISS:
+        result = _ROTARY_EMBEDDING_CALLS.record(
+            _rotary_embedding_checked, q, k, positions, base, cos_sin_cache, style, rotary_dim,
+            check_bounds, stream)
+    return result
+
+
+def _rotary_embedding_checked(q, k, positions, base, cos_sin_cache, style, rotary_dim,
+                              check_bounds, stream):
+    """The checked path of ``rotary_embedding`` (validation, planning, launch)."""
     tq = tensor(q, "q", dtypes=FLOAT_DTYPES)
     _check_head_tensor("q", tq)
     tokens, nh_q, headdim = tq.shape

@@ -63,11 +63,12 @@ import math
 import numpy as np
 from numba import types
 
-from .. import compile_check, ptx
+from .. import _recording, compile_check, ptx
 from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import output, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit
+from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
 from .argmax import _argmax_key, _key_max
@@ -693,6 +694,7 @@ def _dummy(like, dtype):
     buf = _DUMMIES.get(key)
     if buf is None:
         buf = _DUMMIES[key] = cuda.to_device(np.zeros(1, dtype))
+    _recording.note_persistent(buf)  # kept for the life of the process
     return kernel_buffer(tensor(buf, "dummy"))
 
 
@@ -749,6 +751,9 @@ def _check_seed(v):
         raise ValueError(f"seed: expected a 64-bit int, got {v}")
 
 
+_SAMPLE_CALLS = OpCalls("sample")
+
+
 def sample(logits: ArrayLike, *, temperature: float | ArrayLike = 1.0,
            top_k: int | ArrayLike = 0, top_p: float | ArrayLike = 1.0,
            min_p: float | ArrayLike = 0.0, seed: int | ArrayLike = 0,
@@ -782,6 +787,17 @@ def sample(logits: ArrayLike, *, temperature: float | ArrayLike = 1.0,
             parameter arrays or ``out`` of the wrong shape, scalars out of range.
         NotImplementedError: a vocabulary over 2^23.
     """
+    result = _SAMPLE_CALLS.replay(
+        (logits, temperature, top_k, top_p, min_p, seed, out),
+        (), stream)
+    if result is MISS:
+        result = _SAMPLE_CALLS.record(
+            _sample_checked, logits, temperature, top_k, top_p, min_p, seed, out, stream)
+    return result
+
+
+def _sample_checked(logits, temperature, top_k, top_p, min_p, seed, out, stream):
+    """The checked path of ``sample`` (validation, planning, launch)."""
     tx = tensor(logits, "logits", ndim=2, dtypes=FLOAT_DTYPES)
     rows, cols = tx.shape
     if cols == 0:

@@ -41,6 +41,7 @@ from .. import compile_check
 from .._arrays import dtype_name, empty, kernel_buffer, stream_handle
 from .._checks import output, tensor
 from .._env import SIMULATOR
+from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
 from .._workspace import workspace
 from . import _rowwise as rw
@@ -93,6 +94,9 @@ def _softmax_split_plan(rows, chunks, x_kind, o_kind, vec):
     return (kernel,), max(1, min(aim, most)), 0
 
 
+_SOFTMAX_CALLS = OpCalls("softmax")
+
+
 def softmax(x: ArrayLike, *, temperature: float = 1.0, dtype: DTypeLike | None = None,
             out: ArrayLike | None = None, stream: StreamLike = None) -> ArrayLike:
     """Softmax of ``x / temperature`` over the last dimension, accumulated in fp32.
@@ -115,6 +119,14 @@ def softmax(x: ArrayLike, *, temperature: float = 1.0, dtype: DTypeLike | None =
         ValueError: an empty or non-contiguous last dimension, shapes that disagree, a
             temperature that is not finite and > 0.
     """
+    result = _SOFTMAX_CALLS.replay((x, out), (temperature, dtype), stream)
+    if result is MISS:
+        result = _SOFTMAX_CALLS.record(_softmax_checked, x, temperature, dtype, out, stream)
+    return result
+
+
+def _softmax_checked(x, temperature, dtype, out, stream):
+    """The checked path of ``softmax`` (validation, planning, launch)."""
     tx, rows, cols, x_stride = rs.prepare(x)
     if not isinstance(temperature, (float, np.floating)):
         raise TypeError(f"temperature: expected a float, got {type(temperature).__name__}")

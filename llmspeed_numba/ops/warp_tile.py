@@ -13,10 +13,11 @@ import numpy as np
 from numba import types
 
 from .. import compile_check, ptx
-from .._arrays import empty, kernel_buffer, replay_key, stream_handle, torch_current_stream
+from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import contiguous, output, same_dtype, shape, tensor
 from .._env import cuda
-from .._launch import Kernel, PreparedLaunch, array1d, jit
+from .._launch import Kernel, array1d, jit
+from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 
 TILE_M, TILE_N, TILE_K = 16, 8, 16
@@ -74,52 +75,21 @@ def _warp_tile_kernel(is_bf16):
     return Kernel(jit(_warp_tile_kernel_fn(is_bf16)), _SIGNATURE, "warp_tile_kernel")
 
 
-#: call signature (layouts of a, b, out; torch tensors or numba arrays) -> (PreparedLaunch,
-#: torch device index or None): repeated calls skip validation, which depends only on the
-#: signature, and replay the packed launch with new pointers.
-_PLANS = {}
-
-
-def _fast_call(a, b, out, stream):
-    """The recorded launch of this call's signature, or None (not torch / numba arrays), or the
-    signature's key (not seen yet)."""
-    ka = replay_key(a)
-    kb = replay_key(b)
-    ko = None if out is None else replay_key(out)
-    if ka is None or kb is None or (out is not None and ko is None):
-        return None
-    key = (ka[0], kb[0], None if ko is None else ko[0], stream is None)
-    plan = _PLANS.get(key)
-    if plan is None:
-        return key
-    launch, device_index = plan
-    a_ptr, b_ptr = ka[1], kb[1]
-    if (a_ptr | b_ptr) & 15:
-        return key  # cp.async needs 16-byte aligned rows: the checked path raises
-    if out is None:
-        if device_index is None:
-            return key  # numba arrays: the checked path allocates
-        import torch
-
-        out = torch.empty((TILE_M, TILE_N), dtype=torch.float32, device=device_index)
-        out_ptr = out.data_ptr()
-    else:
-        out_ptr = ko[1]
-    if stream is None:
-        handle = 0 if device_index is None else torch_current_stream(device_index)
-    else:
-        handle = stream_handle(stream)
-    launch((a_ptr, b_ptr, out_ptr), handle)
-    return out
+_WARP_TILE_CALLS = OpCalls("warp_tile_matmul")
 
 
 def warp_tile_matmul(a: ArrayLike, b: ArrayLike, *, out: ArrayLike | None = None,
                      stream: StreamLike = None) -> ArrayLike:
     """``out = a @ b`` (fp32) for ``a`` (16, K), ``b`` (K, 8): fp16 or bf16, row-major, contiguous,
     K >= 8 a multiple of 8. Returns ``out`` (16, 8) float32 in the kind of ``a``."""
-    fast = _fast_call(a, b, out, stream)
-    if fast is not None and not isinstance(fast, tuple):
-        return fast
+    result = _WARP_TILE_CALLS.replay((a, b, out), (), stream)
+    if result is MISS:
+        result = _WARP_TILE_CALLS.record(_warp_tile_matmul_checked, a, b, out, stream)
+    return result
+
+
+def _warp_tile_matmul_checked(a, b, out, stream):
+    """The checked path of ``warp_tile_matmul`` (validation, launch)."""
     ta = tensor(a, "a", ndim=2, dtypes=("float16", "bfloat16"))
     tb = tensor(b, "b", ndim=2, dtypes=("float16", "bfloat16"))
     shape("a", ta, (TILE_M, None))
@@ -142,11 +112,6 @@ def warp_tile_matmul(a: ArrayLike, b: ArrayLike, *, out: ArrayLike | None = None
     kernel = _warp_tile_kernel(ta.dtype == "bfloat16")
     args = (kernel_buffer(ta), kernel_buffer(tb), kernel_buffer(to), k_total)
     kernel(1, 32, args, stream_handle(stream, (ta, tb)), SHARED_BYTES)
-    if fast is not None and fast not in _PLANS and ta.kind == tb.kind == to.kind:
-        # first call of this signature (one array kind, so the replay's stream and allocation
-        # are the checked path's): record it
-        device_index = ta.obj.get_device() if ta.kind == "torch" else None
-        _PLANS[fast] = (PreparedLaunch(kernel, 1, 32, args, SHARED_BYTES), device_index)
     return out
 
 

@@ -1,0 +1,87 @@
+"""What a checked op call did, noted for ``_replay`` (the hooks at the bottom of the runtime).
+
+``_launch``, ``_arrays``, ``_workspace``, ``_checks`` and ``_tuning_cache`` report here while a
+call is being recorded (a ``Recorder`` is active on the thread); ``_replay`` sits above them all
+and turns a finished record into a plan. Nothing here imports the rest of the package.
+"""
+
+import threading
+import weakref
+
+_state = threading.local()
+_ALL = weakref.WeakSet()     # every _replay.OpCalls, for clear()
+
+
+def clear():
+    """Forget every recorded plan (module knobs or the autotune cache changed)."""
+    for calls in list(_ALL):
+        calls.plans.clear()
+
+
+def recording():
+    """The active ``Recorder`` of this thread, or None."""
+    return getattr(_state, "recorder", None)
+
+
+def not_replayable(reason):
+    """Called by a checked path whose work the recorder cannot reproduce (a host read of device
+    data, autotuning, work launched outside ``Kernel``): the call is not recorded."""
+    rec = getattr(_state, "recorder", None)
+    if rec is not None and rec.reason is None:
+        rec.reason = reason
+
+
+def recheck(fn, *arrays):
+    """Run ``fn(*arrays)`` on every replay too (with the replayed call's arrays in place of
+    these): a data-dependent check made cheap enough to repeat, e.g. a validation cached on the
+    array's version. It raises as the checked path does."""
+    rec = getattr(_state, "recorder", None)
+    if rec is not None:
+        rec.rechecks.append((fn, arrays))
+
+
+class Recorder:
+    """What one checked call did, as the plan needs it (filled by the hooks in ``_launch``,
+    ``_arrays``, ``_workspace`` and ``_checks``)."""
+
+    __slots__ = ("launches", "allocs", "workspaces", "persistent", "overlaps", "rechecks",
+                 "reason")
+
+    def __init__(self):
+        self.launches = []      # (kernel, grid, block, args, stream, shared_bytes)
+        self.allocs = []        # (obj, kind, shape, dtype name, torch device or None)
+        self.workspaces = []    # (obj, device, name, size, numpy dtype, kind)
+        self.persistent = []    # objects that live as long as the process (tables, dummies)
+        self.overlaps = []      # (obj_a, obj_b) the checked path required disjoint
+        self.rechecks = []      # (fn, objs)
+        self.reason = None      # why the call cannot be replayed, if it cannot
+
+
+def note_launch(kernel, grid, block, args, stream, shared_bytes):
+    _state.recorder.launches.append((kernel, grid, block, tuple(args), stream, shared_bytes))
+
+
+def note_alloc(obj, kind, shape, dtype):
+    rec = getattr(_state, "recorder", None)
+    if rec is not None:
+        device = obj.device if kind == "torch" else None
+        rec.allocs.append((obj, kind, tuple(shape), dtype, device))
+
+
+def note_workspace(obj, device, name, size, dtype, kind):
+    rec = getattr(_state, "recorder", None)
+    if rec is not None:
+        rec.workspaces.append((obj, device, name, size, dtype, kind))
+
+
+def note_persistent(obj):
+    """``obj`` (a device array the op keeps for the life of the process) may be baked in."""
+    rec = getattr(_state, "recorder", None)
+    if rec is not None:
+        rec.persistent.append(obj)
+
+
+def note_overlap_check(a, b):
+    rec = getattr(_state, "recorder", None)
+    if rec is not None:
+        rec.overlaps.append((a, b))

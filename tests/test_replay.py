@@ -1,0 +1,358 @@
+"""The repeated-call fast path (``_replay``, ``_recording``) on a fake op, without a GPU.
+
+The fake op below is built as the real ones are: ``OpCalls.replay`` first, else
+``OpCalls.record`` of a checked path that validates, builds ``Buffer``s of its arrays and
+"launches" (noting the launch for the recorder, as ``Kernel.__call__`` does). Caller arrays are
+CPU torch tensors; ``PreparedLaunch`` is replaced by ``FakeLaunch``, which logs what a replayed
+launch received instead of calling the driver, and torch's current stream by a number the tests
+set. Both paths log to ``LAUNCHES``, so a replay can be compared with what the checked path
+launches for the same arrays (``checked``).
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from llmspeed_numba import _checks, _recording, _replay
+from llmspeed_numba._arrays import Buffer, Tensor
+
+
+class Launch(NamedTuple):
+    path: str        # "checked" or "replayed"
+    grid: tuple
+    block: tuple
+    pointers: list   # the Buffer parameters' addresses, in order
+    scalars: list    # the other parameters
+    stream: int
+
+
+LAUNCHES = []          # every launch of the fake op, by either path
+RUNS = []              # the x of every run of the checked path
+CURRENT_STREAM = [0]   # torch's "current stream" (``_replay.torch_current_stream`` patched)
+TABLE = torch.arange(4, dtype=torch.float32)   # kept for the process: may be baked in
+STRAY = torch.zeros(4)                          # memory the recorder is not told about
+F32 = np.dtype(np.float32)
+DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+class FakeLaunch:
+    """``PreparedLaunch``'s interface: packed once, then called with each replay's pointers."""
+
+    def __init__(self, kernel, grid, block, args, shared):
+        self.grid, self.block = grid, block
+        self.scalars = [a for a in args if not isinstance(a, Buffer)]
+
+    def __call__(self, pointers, stream):
+        LAUNCHES.append(Launch("replayed", self.grid, self.block, list(pointers), self.scalars,
+                               stream))
+
+
+class DeviceArray:
+    """A replayable array that is not a torch tensor (as a numba device array is)."""
+
+    def __init__(self, t):
+        self.t, self.shape, self.dtype = t, t.shape, t.dtype
+
+    def data_ptr(self):
+        return self.t.data_ptr()
+
+    def element_size(self):
+        return self.t.element_size()
+
+
+# ---- the fake op ------------------------------------------------------------------------------
+
+FAKE = _replay.OpCalls("fake")
+
+
+def fake_op(x, y=None, *, scale=1.0, out=None, table=None, check=None, sync=False, pair=False,
+            stream=0):
+    """"out = x * scale (+ y)": allocates ``out`` when not given; returns it, or ``(out, None)``
+    with ``pair``. ``table``: "persistent" or "stray" also hands the kernel such memory;
+    ``check(x)``: a data check repeated on replays; ``sync``: reads device data on the host."""
+    result = FAKE.replay((x, y, out), (scale, table, check, sync, pair), stream)
+    if result is _replay.MISS:
+        result = FAKE.record(_fake_checked, x, y, scale, out, table, check, sync, pair, stream)
+    return result
+
+
+def _fake_checked(x, y, scale, out, table, check, sync, pair, stream):
+    RUNS.append(x)
+    if x.dtype not in DTYPES:
+        raise TypeError(f"x: unsupported dtype {x.dtype}")
+    n = x.shape[0]
+    if out is None:
+        out = torch.empty(n, dtype=x.dtype)
+        _recording.note_alloc(out, "torch", (n,), DTYPES[x.dtype])  # as _arrays.empty does
+    else:
+        _checks.no_overlap("out", _tensor(out), "x", _tensor(x))
+    if sync:
+        _recording.not_replayable("reads x on the host")
+    if check is not None:
+        check(x)
+        _recording.recheck(check, x)
+    args = [_buffer(x), _buffer(x, 1), _buffer(out)]
+    if y is not None:
+        args.append(_buffer(y))
+    if table == "persistent":
+        _recording.note_persistent(TABLE)
+        args.append(_buffer(TABLE))
+    elif table == "stray":
+        args.append(_buffer(STRAY))
+    handle = _stream(stream, x, y)
+    _launch((-(-n // 32), 1, 1), (32, 1, 1), args + [n, scale], handle)
+    _launch((1, 1, 1), (1, 1, 1), [_buffer(out)], handle)  # a second kernel: "the epilogue"
+    return (out, None) if pair else out
+
+
+def _tensor(t):
+    return Tensor(t, "torch", t.data_ptr(), t.shape, t.stride(), DTYPES[t.dtype])
+
+
+def _buffer(t, offset=0):
+    return Buffer(t.data_ptr() + offset * t.element_size(), t.shape[0] - offset, F32, owner=t)
+
+
+def _stream(stream, *arrays):
+    """``stream_handle``'s rule: the given stream; else torch's current one when the op's arrays
+    include a torch tensor; else the default stream."""
+    if stream is not None:
+        return stream
+    return CURRENT_STREAM[0] if any(type(a) is torch.Tensor for a in arrays) else 0
+
+
+def _launch(grid, block, args, stream):
+    """``Kernel.__call__``: noted while recording, then "launched"."""
+    if _recording.recording() is not None:
+        _recording.note_launch("fake_kernel", grid, block, args, stream, 0)
+    LAUNCHES.append(Launch("checked", grid, block, [a.ptr for a in args if isinstance(a, Buffer)],
+                           [a for a in args if not isinstance(a, Buffer)], stream))
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def fast_path(monkeypatch):
+    monkeypatch.setattr(_replay, "ENABLED", True)  # off under the simulator
+    monkeypatch.setattr(_replay, "PreparedLaunch", FakeLaunch)
+    monkeypatch.setattr(_replay, "torch_current_stream", lambda device: CURRENT_STREAM[0])
+    _replay._torch()  # as a first call with a torch tensor first does
+    FAKE.plans.clear()
+    LAUNCHES.clear()
+    RUNS.clear()
+    CURRENT_STREAM[0] = 0
+    yield monkeypatch
+    FAKE.plans.clear()
+
+
+def vec(n=8, dtype=torch.float32, offset=0):
+    """A fresh 1-D tensor whose data starts ``offset`` elements past a 64-byte boundary."""
+    base = torch.randn(n + offset + 16, dtype=dtype)
+    start = (-base.data_ptr() % 64) // base.element_size() + offset
+    return base[start:start + n]
+
+
+def launched(fn):
+    """``fn()``'s result and the launches it made."""
+    start = len(LAUNCHES)
+    result = fn()
+    return result, LAUNCHES[start:]
+
+
+def checked(fn, monkeypatch):
+    """What ``fn()`` launches with the fast path off (``work``): what a replay must launch."""
+    with monkeypatch.context() as m:
+        m.setattr(_replay, "ENABLED", False)
+        _, launches = launched(fn)
+    assert {launch.path for launch in launches} == {"checked"}
+    return work(launches)
+
+
+def work(launches):
+    """The launches without the path that made them."""
+    return [launch[1:] for launch in launches]
+
+
+def replayed(fn):
+    """Run ``fn()``, which must replay (the checked path not run); its result and launches."""
+    runs = len(RUNS)
+    result, launches = launched(fn)
+    assert len(RUNS) == runs, "the call took the checked path"
+    assert launches and {launch.path for launch in launches} == {"replayed"}
+    return result, launches
+
+
+# ---- tests ------------------------------------------------------------------------------------
+
+def test_first_call_records_and_new_arrays_replay_with_their_pointers(fast_path):
+    x, out = vec(), vec()
+    assert fake_op(x, out=out) is out
+    assert len(RUNS) == 1 and RUNS[0] is x and len(FAKE.plans) == 1
+
+    x2, out2 = vec(), vec()
+    result, launches = replayed(lambda: fake_op(x2, out=out2))
+    assert result is out2
+    assert [launch.pointers for launch in launches] == [
+        [x2.data_ptr(), x2.data_ptr() + 4, out2.data_ptr()], [out2.data_ptr()]]
+    assert work(launches) == checked(lambda: fake_op(x2, out=out2), fast_path)
+
+
+def call(n=8, dtype=torch.float32, offset=0, y=False, **options):
+    return fake_op(vec(n, dtype, offset), vec(n, dtype) if y else None, out=vec(n, dtype),
+                   **options)
+
+
+@pytest.mark.parametrize("first, second", [
+    (lambda: call(), lambda: call(n=16)),                        # shape
+    (lambda: call(), lambda: call(dtype=torch.float64)),         # dtype
+    (lambda: call(), lambda: call(y=True)),                      # an optional array given
+    (lambda: call(scale=1.0), lambda: call(scale=2.0)),          # an option's value
+    (lambda: call(scale=1), lambda: call(scale=True)),           # its type (1 == True)
+    (lambda: call(scale=1), lambda: call(scale=1.0)),
+    (lambda: call(), lambda: call(offset=1)),                    # alignment (low address bits)
+    (lambda: call(stream=0), lambda: call(stream=None)),         # a stream given or not
+], ids=["shape", "dtype", "optional array", "option value", "True vs 1", "1 vs 1.0",
+        "alignment", "stream None"])
+def test_a_different_signature_misses_and_records_anew(first, second):
+    first()
+    assert len(RUNS) == 1 and len(FAKE.plans) == 1
+    second()
+    assert len(RUNS) == 2 and len(FAKE.plans) == 2
+    replayed(second)
+    replayed(first)
+
+
+def test_a_given_stream_replays_on_each_calls_stream_and_none_on_the_current_one(fast_path):
+    call(stream=5)
+    _, launches = replayed(lambda: call(stream=9))
+    assert [launch.stream for launch in launches] == [9, 9]
+    call(stream=None)                        # recorded on the current stream, 0
+    CURRENT_STREAM[0] = 7
+    _, launches = replayed(lambda: call(stream=None))
+    assert [launch.stream for launch in launches] == [7, 7]
+
+
+def test_an_unhashable_option_is_never_recorded():
+    call(scale=[1.0])
+    call(scale=[1.0])
+    assert len(RUNS) == 2 and not FAKE.plans
+
+
+def test_a_call_marked_not_replayable_is_not_recorded():
+    call(sync=True)
+    call(sync=True)
+    assert len(RUNS) == 2 and not FAKE.plans
+
+
+def test_a_recorded_overlap_check_sends_overlapping_arrays_to_the_checked_path():
+    call()                                   # recorded: out and x must not overlap
+    buf = vec(16)
+    replayed(lambda: fake_op(buf[:8], out=buf[8:]))  # adjacent: disjoint
+    with pytest.raises(ValueError, match="does not overlap x"):
+        fake_op(buf[:8], out=buf[:8])        # the same layout and alignment, one memory
+    assert len(RUNS) == 2                    # raised by the checked path
+
+
+def test_results_map_to_the_calls_arrays_and_fresh_allocations():
+    first = fake_op(vec())                   # allocates out
+    second, launches = replayed(lambda: fake_op(vec()))
+    assert second is not first and second.shape == (8,) and second.dtype == torch.float32
+    assert launches[0].pointers[2] == launches[1].pointers[0] == second.data_ptr()
+
+    fake_op(vec(), pair=True)
+    (out, none), launches = replayed(lambda: fake_op(vec(), pair=True))
+    assert none is None and launches[1].pointers == [out.data_ptr()]
+    out2 = vec()
+    fake_op(vec(), out=vec(), pair=True)
+    (out, none), _ = replayed(lambda: fake_op(vec(), out=out2, pair=True))
+    assert out is out2 and none is None
+
+
+def test_persistent_memory_is_baked_in_and_memory_of_unknown_owner_is_not_recorded():
+    call(table="persistent")
+    _, launches = replayed(lambda: call(table="persistent"))
+    assert launches[0].pointers[-1] == TABLE.data_ptr()
+    call(table="stray")
+    call(table="stray")
+    assert len(RUNS) == 3 and len(FAKE.plans) == 1
+
+
+def test_rechecks_run_on_every_replay_with_that_calls_arrays():
+    seen = []
+
+    def check(x):
+        seen.append(x)
+        if x[0] < 0:
+            raise ValueError("x: expected x[0] >= 0")
+
+    def run(x):
+        return fake_op(x, out=vec(), check=check)
+
+    x = vec().abs()
+    run(x)
+    assert len(seen) == 1 and seen[0] is x   # by the checked path
+    x2 = vec().abs()
+    replayed(lambda: run(x2))
+    assert seen[-1] is x2
+    x3 = vec()
+    x3[0] = -1.0
+    with pytest.raises(ValueError, match=r"x\[0\] >= 0"):
+        run(x3)
+    assert seen[-1] is x3 and len(RUNS) == 1  # raised by the replay, nothing launched
+    assert len(LAUNCHES) == 4
+
+
+def test_clear_forgets_every_plan():
+    call()
+    _recording.clear()
+    assert not FAKE.plans
+    call()
+    assert len(RUNS) == 2
+
+
+def test_plans_are_bounded(fast_path):
+    fast_path.setattr(_replay, "MAX_PLANS", 3)
+    for scale in range(10):
+        call(scale=float(scale))
+        assert 1 <= len(FAKE.plans) <= 3
+    replayed(lambda: call(scale=9.0))
+
+
+def test_one_array_in_two_positions_is_part_of_the_signature(fast_path):
+    x = vec()
+    fake_op(x, x, out=vec())                 # y is x: recorded with one array in two places
+    x2, y2, out2 = vec(), vec(), vec()
+    result = fake_op(x2, y2, out=out2)       # distinct arrays: must read y2, not x2 twice (here
+                                             # through the checked path, recording their plan)
+    assert result is out2
+    assert LAUNCHES[-2].pointers[3] == y2.data_ptr()
+    assert work(LAUNCHES[-2:]) == checked(lambda: fake_op(x2, y2, out=out2), fast_path)
+    replayed(lambda: fake_op(x2, y2, out=out2))  # recorded too
+    x3 = vec()
+    _, launches = replayed(lambda: fake_op(x3, x3, out=vec()))  # the aliased plan still serves
+    assert launches[0].pointers[3] == x3.data_ptr()
+
+
+def test_a_plan_without_aliasing_serves_aliased_calls():
+    call(y=True)
+    x = vec()
+    _, launches = replayed(lambda: fake_op(x, x, out=vec()))
+    assert launches[0].pointers[0] == launches[0].pointers[3] == x.data_ptr()
+
+
+def test_mixed_array_kinds_without_a_stream_are_not_recorded(fast_path):
+    """Which array's stream the op takes is the op's business: with torch's current stream the
+    default one at the first call, a replay could not tell it from the default stream."""
+    fast_path.setattr(_replay, "replay_key", lambda a: (
+        (("device", a.shape, a.dtype), a.data_ptr()) if type(a) is DeviceArray else None))
+    fake_op(DeviceArray(vec()), vec(), stream=None)
+    CURRENT_STREAM[0] = 7
+    _, launches = launched(lambda: fake_op(DeviceArray(vec()), vec(), stream=None))
+    assert [launch.stream for launch in launches] == [7, 7]
+    fake_op(DeviceArray(vec()), None, stream=None)   # one kind: the default stream
+    replayed(lambda: fake_op(DeviceArray(vec()), None, stream=None))
+    fake_op(DeviceArray(vec()), vec(), stream=3)     # mixed, with a stream
+    replayed(lambda: fake_op(DeviceArray(vec()), vec(), stream=3))
