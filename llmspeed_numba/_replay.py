@@ -51,6 +51,7 @@ MISS = object()
 MAX_PLANS = 256
 
 _TORCH = []                  # [torch.Tensor, torch.empty] once torch is seen
+_TORCH_TENSOR = [None]       # torch.Tensor once seen: the hot loop's one-step type test
 _SCALARS = (int, float, bool)
 
 
@@ -59,6 +60,7 @@ def _torch():
         import torch
 
         _TORCH.extend((torch.Tensor, torch.empty))
+        _TORCH_TENSOR[0] = torch.Tensor
     return _TORCH
 
 
@@ -77,19 +79,20 @@ class OpCalls:
         or a number); ``options``: its other arguments that shape the work, hashable."""
         if not ENABLED or getattr(_state, "recorder", None) is not None:
             return MISS
-        if not _TORCH and type(arrays[0]).__module__.startswith("torch"):
-            _torch()
-        torch_type = _TORCH[0] if _TORCH else None
+        torch_type = _TORCH_TENSOR[0]
         parts = []
         ptrs = []
+        align = 0  # the low five bits of every address (vector widths and paths depend on them)
         for x in arrays:
             if type(x) is torch_type:
+                p = x.data_ptr()
                 parts.append((x.shape, x.stride(), x.dtype, x.get_device()))
-                ptrs.append(x.data_ptr())
             elif x is None:
+                p = 0
                 parts.append(None)
-                ptrs.append(0)
             else:
+                if torch_type is None and type(x).__module__.startswith("torch"):
+                    _torch()  # first torch call of the process: the fast test above from now on
                 found = replay_key(x)
                 if found is None:
                     if type(x) not in _SCALARS:  # CuPy, foreign, host: the checked path
@@ -97,10 +100,11 @@ class OpCalls:
                         return MISS
                     found = (type(x), x), 0  # a parameter given as an array or a number
                 parts.append(found[0])
-                ptrs.append(found[1])
+                p = found[1]
+            ptrs.append(p)
+            align = (align << 5) | (p & 31)
         try:
-            key = (tuple(parts), options, tuple(map(type, options)), stream is None,
-                   tuple([p & 31 for p in ptrs]))
+            key = (*parts, *options, *map(type, options), stream is None, align)
             plan = self.plans.get(key)
         except TypeError:  # an unhashable option: never recorded
             _state.pending = None
@@ -303,32 +307,36 @@ class Plan:
         return self
 
     def run(self, arrays, ptrs, stream):
-        for i, j, ei, ej in self.overlaps:
-            a, b = ptrs[i], ptrs[j]
-            if a < b + ej and b < a + ei and ei and ej:
-                return MISS  # the checked path raises
-        for fn, idx in self.rechecks:
-            fn(*[arrays[i] for i in idx])
-        handle = _stream_of(self.stream_source, arrays, stream)
-        bases = ptrs
+        if self.overlaps:
+            for i, j, ei, ej in self.overlaps:
+                a, b = ptrs[i], ptrs[j]
+                if a < b + ej and b < a + ei and ei and ej:
+                    return MISS  # the checked path raises
+        if self.rechecks:
+            for fn, idx in self.rechecks:
+                fn(*[arrays[i] for i in idx])
+        source, index = self.stream_source
+        if source == "torch":
+            handle = torch_current_stream(arrays[index].get_device())
+        else:
+            handle = _stream_of(self.stream_source, arrays, stream)
         made = None
-        if self.allocs:
-            made = []
+        if self.allocs or self.workspaces:
             bases = list(ptrs)
+            made = []
             for kind, shape, dtype, device in self.allocs:
                 obj = _allocate(kind, shape, dtype, device)
                 made.append(obj)
                 bases.append(_pointer(obj))
-        if self.workspaces:
-            if bases is ptrs:
-                bases = list(ptrs)
             for device, name, size, dtype, kind in self.workspaces:
                 bases.append(workspace_pointer(kind, device, handle, name, size, dtype))
+        else:
+            bases = ptrs
         for launch, sources in self.launches:
             launch([(bases[i] if i >= 0 else 0) + off for i, off in sources], handle)
         kind, placed = self.result
         if kind == "one":
-            return _placed(placed, arrays, made)
+            return arrays[placed[1]] if placed[0] == "arg" else _placed(placed, arrays, made)
         return tuple(_placed(p, arrays, made) for p in placed)
 
 

@@ -17,8 +17,9 @@ python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_replay_gpu.py
 n=${BUCKETS:-8}
 for b in $(seq 0 $((n - 1))); do
     awk -v b=$b -v n=$n 'NR % n == b' /tmp/replay_ids.txt > /tmp/replay_ids_$b.txt
-    timeout ${TEST_LIMIT:-300} python3 -m pytest -q -p no:cacheprovider \
-        $(cat /tmp/replay_ids_$b.txt) > "$OUT/test_replay_gpu_$b.log" 2>&1 &
+    # node ids hold spaces (parametrize ids): one argument a line
+    xargs -d '\n' -a /tmp/replay_ids_$b.txt timeout ${TEST_LIMIT:-300} python3 -m pytest -q \
+        -p no:cacheprovider > "$OUT/test_replay_gpu_$b.log" 2>&1 &
 done
 wait
 echo "== test_replay_gpu ($(( $(date +%s) - start )) s)"

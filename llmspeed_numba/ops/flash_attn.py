@@ -39,6 +39,7 @@ from .._env import SIMULATOR
 from .._launch import array1d
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
+from .._workspace import workspace
 from ._attention_common import LOG2E
 from . import _flash_attn_simt, _flash_attn_tc
 
@@ -135,26 +136,31 @@ def _normalise_window(causal, left, right, max_seqlen_q, max_seqlen_k):
     return min(left, _INT32_MAX), min(right, _INT32_MAX)
 
 
-#: torch cu_seqlens -> the (version, address, total, max_seqlen) they were last found valid at:
-#: a model passes the same offsets to every layer, and a replayed call repeats the check
-#: (``_recording.recheck``), so the host read (a synchronisation) happens once per new or
-#: modified tensor. torch bumps ``_version`` on every in-place write through torch; a write by a
-#: foreign kernel goes unseen, as any cache of device data would miss it.
-_VALID_OFFSETS = weakref.WeakKeyDictionary()
+#: id(torch cu_seqlens) -> (weak reference, (version, address, total, max_seqlen) they were last
+#: found valid at): a model passes the same offsets to every layer, and a replayed call repeats
+#: the check (``_recording.recheck``), so the host read (a synchronisation) happens once per new
+#: or modified tensor. torch bumps ``_version`` on every in-place write through torch; a write by
+#: a foreign kernel goes unseen, as any cache of device data would miss it. (Keyed by id with a
+#: weak reference: a WeakKeyDictionary compares torch keys with ``==``, elementwise.)
+_VALID_OFFSETS: dict = {}
 
 
 def _check_cu_seqlens(name, t, total, max_seqlen, max_name):
     """cu_seqlens hold non-decreasing offsets within ``total``, no sequence longer than
     ``max_seqlen``: read back and checked, unless this torch tensor passed unmodified."""
     def check(obj, t=None):
-        stamp = (obj._version, obj.data_ptr(), total, max_seqlen) if t is None or (
-            t.kind == "torch") else None
-        if stamp is not None and _VALID_OFFSETS.get(obj) == stamp:
-            return
+        torch_kind = t is None or t.kind == "torch"
+        if torch_kind:
+            stamp = (obj._version, obj.data_ptr(), total, max_seqlen)
+            seen = _VALID_OFFSETS.get(id(obj))
+            if seen is not None and seen[0]() is obj and seen[1] == stamp:
+                return
         _check_offsets(name, t if t is not None else _checks.tensor(obj, name), total,
                        max_seqlen, max_name)
-        if stamp is not None:
-            _VALID_OFFSETS[obj] = stamp
+        if torch_kind:
+            if len(_VALID_OFFSETS) > 1024:
+                _VALID_OFFSETS.clear()
+            _VALID_OFFSETS[id(obj)] = (weakref.ref(obj), stamp)
 
     check(t.obj, t)
     _recording.recheck(check, t.obj)
@@ -203,7 +209,20 @@ def _pick_impl(impl, tensors):
     return "tc" if all(aligned(n, t, 8) for n, t in tensors.items()) else "simt"
 
 
-def _launch(tq, tk, tv, to, tlse, cu_q, cu_k, *, batch, nheads, nheads_k, seqlen_q, seqlen_k,
+def lse_output(tq, shape, return_lse, stream):
+    """``(lse, its kernel buffer)``: a new float32 array of ``shape`` when the caller asked for
+    it, else (None, a per-stream scratch workspace that nobody reads: the kernel writes it
+    anyway, and a fresh allocation a call costs more host time than the kernel at decode sizes)."""
+    if return_lse:
+        lse = empty(tq, shape, "float32")
+        return lse, kernel_buffer(tensor(lse, "lse"))
+    n = 1
+    for d in shape:
+        n *= d
+    return None, workspace(tq, stream_handle(stream, (tq,)), "attention_lse", n, np.float32)
+
+
+def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seqlen_q, seqlen_k,
             max_seqlen_q, q_strides, k_strides, v_strides, o_strides, lse_strides, scale,
             left, right, stream, impl, config):
     headdim = tq.shape[-1]
@@ -232,7 +251,7 @@ def _launch(tq, tk, tv, to, tlse, cu_q, cu_k, *, batch, nheads, nheads_k, seqlen
                                   f"{nheads} heads, {batch} sequences")
     dummy = _dummy_int32(tq)
     args = (kernel_buffer(tq), kernel_buffer(tk), kernel_buffer(tv), kernel_buffer(to),
-            kernel_buffer(tlse),
+            lse_buf,
             kernel_buffer(cu_q) if is_varlen else dummy,
             kernel_buffer(cu_k) if is_varlen else dummy, dummy,
             seqlen_q, seqlen_k, *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
@@ -333,10 +352,10 @@ def _flash_attn_checked(q, k, v, causal, softmax_scale, window_size, return_lse,
     scale, left, right = _check_options(causal, softmax_scale, window_size, headdim,
                                         return_lse)
     out, to = _output(out, tq, tq.shape)
-    lse = empty(tq, (batch, nheads, seqlen_q), "float32")
+    lse, lse_buf = lse_output(tq, (batch, nheads, seqlen_q), return_lse, stream)
     if batch and seqlen_q and nheads:
         left, right = _normalise_window(causal, left, right, seqlen_q, seqlen_k)
-        _launch(tq, tk, tv, to, tensor(lse, "lse"), None, None, batch=batch, nheads=nheads,
+        _launch(tq, tk, tv, to, lse_buf, None, None, batch=batch, nheads=nheads,
                 nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k, max_seqlen_q=seqlen_q,
                 q_strides=tq.strides[:3], k_strides=tk.strides[:3], v_strides=tv.strides[:3],
                 o_strides=to.strides[:3], lse_strides=(nheads * seqlen_q, seqlen_q),
@@ -411,11 +430,11 @@ def _flash_attn_varlen_checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     _check_cu_seqlens("cu_seqlens_q", tcq, total_q, max_seqlen_q, "max_seqlen_q")
     _check_cu_seqlens("cu_seqlens_k", tck, total_k, max_seqlen_k, "max_seqlen_k")
     out, to = _output(out, tq, tq.shape)
-    lse = empty(tq, (nheads, total_q), "float32")
+    lse, lse_buf = lse_output(tq, (nheads, total_q), return_lse, stream)
     batch = tcq.shape[0] - 1
     if batch and max_seqlen_q and nheads:
         left, right = _normalise_window(causal, left, right, max_seqlen_q, max_seqlen_k)
-        _launch(tq, tk, tv, to, tensor(lse, "lse"), tcq, tck, batch=batch, nheads=nheads,
+        _launch(tq, tk, tv, to, lse_buf, tcq, tck, batch=batch, nheads=nheads,
                 nheads_k=nheads_k, seqlen_q=0, seqlen_k=0, max_seqlen_q=max_seqlen_q,
                 q_strides=(0,) + tq.strides[:2], k_strides=(0,) + tk.strides[:2],
                 v_strides=(0,) + tv.strides[:2], o_strides=(0,) + to.strides[:2],

@@ -38,6 +38,7 @@ from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit, sm_count
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
+from .._workspace import workspace
 from .. import _tuning_cache
 from . import _gemm_simt, _gemm_tensor_core, _gemm_wgmma
 from ._activations_device import ACTIVATIONS
@@ -296,6 +297,15 @@ def _launch_reduce(p, ws, splits):
            p.stream)
 
 
+def _partials(p, n):
+    """Buffer of ``n`` fp32 split-K partial sums: from torch's caching allocator for torch
+    inputs (stream-ordered, and private to each captured CUDA graph), else the stream's
+    workspace (a numba allocation costs more host time than a decode-size GEMM)."""
+    if p.ta.kind == "torch":
+        return kernel_buffer(tensor(empty(p.ta, (n,), "float32"), "workspace"))
+    return workspace(p.ta, p.stream, "gemm_split_k", n, np.float32)
+
+
 def _run(p, cfg):
     """Launch ``cfg`` for problem ``p`` (M, N, K >= 1)."""
     if cfg.wgmma and not (p.a_vec and p.b_vec):   # wgmma tiles are filled by 16-byte copies
@@ -328,9 +338,7 @@ def _run(p, cfg):
         # partial sums: (splits, M, N) fp32, epilogue in the reduce kernel
         kernel = _gemm_kernel(cfg, p.a_k_inner, p.b_k_inner, a_vec, b_vec, p.ta.dtype,
                               "float32", None, None, None)
-        workspace = empty(p.ta, (splits * p.M * p.N,), "float32")
-        out_buf = kernel_buffer(tensor(workspace, "workspace"))
-        c_buf = bias_buf = kernel_buffer(tensor(workspace, "workspace"))
+        out_buf = c_buf = bias_buf = _partials(p, splits * p.M * p.N)
         so_m, so_n = p.N, 1
         sc = (0, 0)
         alpha, beta = 1.0, 0.0

@@ -59,7 +59,7 @@ from ._attention_common import LOG2E
 from . import _flash_attn_tc
 from .flash_attn import (_SIGNATURE, MAX_HEADDIM, SIMULATOR_TC_CONFIG, _check_cu_seqlens,
                          _check_max_seqlen, _check_options, _normalise_window,
-                         _prefer_shared_memory, padded_dim, tc_config)
+                         _prefer_shared_memory, lse_output, padded_dim, tc_config)
 from .paged_decode import _check_cache_layout, check_tables
 
 HALF_DTYPES = ("float16", "bfloat16")
@@ -198,7 +198,7 @@ def _paged_prefill_attention_checked(q, k_cache, v_cache, block_table, cu_seqlen
     if check_bounds is not None:
         boolean("check_bounds", check_bounds)
     out, to = _output(out, tq)
-    lse = empty(tq, (nheads, total_q), "float32")
+    lse, lse_buf = lse_output(tq, (nheads, total_q), return_lse, stream)
     if check_bounds is None:
         check_bounds = SIMULATOR or tbt.kind == "numpy"
     if check_bounds:
@@ -209,7 +209,7 @@ def _paged_prefill_attention_checked(q, k_cache, v_cache, block_table, cu_seqlen
             raise NotImplementedError(f"q: at most {_GRID_YZ_LIMIT} heads and sequences, got "
                                       f"{nheads} heads, {batch} sequences")
         left, right = _normalise_window(causal, left, right, max_seqlen_q, capacity)
-        _launch(tq, tk, tv, to, tensor(lse, "lse"), tbt, tcq, tsl, max_seqlen_q=max_seqlen_q,
+        _launch(tq, tk, tv, to, lse_buf, tbt, tcq, tsl, max_seqlen_q=max_seqlen_q,
                 group=nheads // nheads_k, scale=scale, left=left, right=right, stream=stream,
                 config=_config)
     return (out, lse) if return_lse else out
@@ -224,7 +224,7 @@ def _kernel_config(headdim, config):
     return warps, m_tiles, block_n
 
 
-def _launch(tq, tk, tv, to, tlse, tbt, tcq, tsl, *, max_seqlen_q, group, scale, left, right,
+def _launch(tq, tk, tv, to, lse_buf, tbt, tcq, tsl, *, max_seqlen_q, group, scale, left, right,
             stream, config):
     total_q, nheads, headdim = tq.shape
     num_blocks, block_size = tk.shape[:2]
@@ -236,7 +236,7 @@ def _launch(tq, tk, tv, to, tlse, tbt, tcq, tsl, *, max_seqlen_q, group, scale, 
     block_m = warps * 16 * m_tiles
     grid = (-(-max_seqlen_q // block_m), nheads, batch)
     args = (kernel_buffer(tq), kernel_buffer(tk), kernel_buffer(tv), kernel_buffer(to),
-            kernel_buffer(tlse), kernel_buffer(tcq), kernel_buffer(tsl), kernel_buffer(tbt),
+            lse_buf, kernel_buffer(tcq), kernel_buffer(tsl), kernel_buffer(tbt),
             total_q, max_slots * block_size,
             0, *tq.strides[:2], *tk.strides[:3], *tv.strides[:3], 0, *to.strides[:2],
             0, total_q, *tbt.strides,
