@@ -349,9 +349,11 @@ def _placed(p, arrays, made):
 
 
 def _pointer(obj):
+    """Device address of an allocation or workspace (torch, or any CUDA-array-interface array,
+    whatever its dtype: workspaces hold uint64 keys the ops' readers reject)."""
     if hasattr(obj, "data_ptr"):
         return obj.data_ptr()
-    return replay_key(obj)[1]
+    return obj.__cuda_array_interface__["data"][0]
 
 
 def _torch_dtype(name):
