@@ -29,7 +29,22 @@ import llmspeed_numba as ln
 a = cuda.to_device(np.ones((1024, 1024), np.float16))
 out = ln.gemm(a, a, backend="tensor_core"); cuda.synchronize()
 """),
+    "rms_norm": ("8x4096", """
+import numpy as np
+from numba import cuda
+import llmspeed_numba as ln
+x = cuda.to_device(np.ones((8, 4096), np.float16))
+out = ln.rms_norm(x, cuda.to_device(np.ones(4096, np.float16))); cuda.synchronize()
+"""),
+    "flash_attn": ("1x512 h8 d128 causal", """
+import numpy as np
+from numba import cuda
+import llmspeed_numba as ln
+q = cuda.to_device(np.ones((1, 512, 8, 128), np.float16))
+out = ln.flash_attn(q, q, q, causal=True); cuda.synchronize()
+"""),
 }
+# (numba arrays, so no torch import is timed: torch alone takes ~1 s to import)
 
 
 def first_result_s(script, cache_dir):

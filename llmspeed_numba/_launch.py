@@ -14,8 +14,10 @@ their own size. Kernels therefore take only 1-D arrays (``kernel_buffer``) and s
 Under the simulator ``Kernel`` launches through numba's simulated dispatcher instead.
 """
 
+import contextlib
 import ctypes
 import struct
+import sys
 import threading
 
 import numpy as np
@@ -101,6 +103,41 @@ class _LaunchConfig(ctypes.Structure):
                 ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
 
 
+_COLLECT = threading.local()
+
+
+@contextlib.contextmanager
+def collecting_kernels():
+    """Inside, a ``Kernel`` launch is noted in the yielded list instead of compiled and run:
+    the kernels a workload needs, for compiling them ahead (``llmspeed_numba.warm``). Outputs of
+    op calls inside are left unwritten."""
+    found: list = []
+    _COLLECT.kernels = found
+    try:
+        yield found
+    finally:
+        _COLLECT.kernels = None
+
+
+def collecting():
+    """True inside ``collecting_kernels`` (ops skip work that would compile a kernel)."""
+    return getattr(_COLLECT, "kernels", None) is not None
+
+
+def _origin(frame):
+    """``(module, function, args)`` of the module-level factory that made a kernel (the caller
+    of ``Kernel``), when calling ``module.function(*args)`` again gives the same kernel
+    (an ``lru_cache``d factory), else None."""
+    code = frame.f_code
+    module = frame.f_globals.get("__name__")
+    factory = frame.f_globals.get(code.co_name)
+    wrapped = getattr(factory, "__wrapped__", None)
+    if module is None or getattr(wrapped, "__code__", None) is not code:
+        return None
+    names = code.co_varnames[:code.co_argcount]
+    return module, code.co_name, tuple(frame.f_locals[n] for n in names)
+
+
 class Kernel:
     """A compiled kernel for one signature, launched from raw pointers.
 
@@ -110,6 +147,7 @@ class Kernel:
     """
 
     def __init__(self, dispatcher, signature, name=None):
+        self.origin = _origin(sys._getframe(1))
         self.dispatcher = dispatcher
         self.signature = tuple(signature)
         self.name = name or getattr(dispatcher, "__name__", "kernel")
@@ -184,6 +222,10 @@ class Kernel:
 
     # -- launch ------------------------------------------------------------------------------
     def __call__(self, grid, block, args, stream=0, shared_bytes=0):
+        found = getattr(_COLLECT, "kernels", None)
+        if found is not None:
+            found.append(self)
+            return
         grid = _dim3(grid)
         block = _dim3(block)
         if SIMULATOR:

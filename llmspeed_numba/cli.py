@@ -12,6 +12,8 @@ import sys
 import textwrap
 import time
 
+from ._progress import ProgressBar
+
 PROG = "python -m llmspeed_numba"
 
 
@@ -125,7 +127,7 @@ def _compile_check(args):
             print(check.name)
         return 0
     text = sys.stderr if args.json == "-" else sys.stdout
-    progress = _Progress(len(checks), sys.stderr)
+    progress = ProgressBar(len(checks), sys.stderr)
     reports = []
     start = time.perf_counter()
     for check in checks:
@@ -147,44 +149,6 @@ def _compile_check(args):
     print(f"compile-check: {len(reports)} kernels, {len(reports) - len(failed)} ok, "
           f"{len(failed)} failed, {time.perf_counter() - start:.0f} s", file=text)
     return 1 if failed else 0
-
-
-class _Progress:
-    """A text progress bar on a terminal (one line, redrawn); one line per kernel otherwise
-    (logs, CI)."""
-
-    WIDTH = 30
-
-    def __init__(self, total, stream):
-        self.total, self.stream, self.count = total, stream, 0
-        self.tty = stream.isatty()
-        self.t0 = time.perf_counter()
-
-    def _bar(self):
-        filled = self.WIDTH * self.count // max(self.total, 1)
-        return f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.count}/{self.total}"
-
-    def start(self, name):
-        self.t0 = time.perf_counter()
-        if self.tty:
-            self.stream.write(f"\r\033[K{self._bar()} compiling {name}")
-            self.stream.flush()
-
-    def done(self, name, ok):
-        self.count += 1
-        if not self.tty:
-            status = "ok" if ok else "FAILED"
-            width = len(str(self.total))
-            self.stream.write(f"[{self.count:>{width}}/{self.total}] {name} {status} "
-                              f"({time.perf_counter() - self.t0:.1f} s)\n")
-        elif not ok:
-            self.stream.write(f"\r\033[K{name} FAILED\n")
-        self.stream.flush()
-
-    def close(self):
-        if self.tty:
-            self.stream.write(f"\r\033[K{self._bar()}\n")
-            self.stream.flush()
 
 
 # ---- generate ------------------------------------------------------------------------------
@@ -301,6 +265,42 @@ def _bench_serve(args):
     return 0
 
 
+# ---- warm ----------------------------------------------------------------------------------
+
+def _add_warm(subparsers):
+    p = subparsers.add_parser(
+        "warm", help="compile a model's kernels ahead, in parallel processes",
+        description=textwrap.fill(
+            "List the kernels a model's prefill and decode launch (default model: the embedded "
+            "SmolLM2-135M-Instruct) and compile them into numba's disk cache in parallel "
+            "processes, so later runs start without compiling. --ops keeps only some ops' "
+            "kernels. Needs a GPU."),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="a Hugging Face directory or .gguf file (default: embedded)")
+    p.add_argument("--ops", help="comma-separated op names, e.g. gemm,rms_norm (default: all)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="compile processes (default: the CPU count)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    p.set_defaults(func=_warm)
+
+
+def _warm(args):
+    from ._env import SIMULATOR, have_gpu
+
+    if SIMULATOR or not have_gpu():
+        print("warm needs a CUDA GPU (kernels compile for the GPU they run on)",
+              file=sys.stderr)
+        return 1
+    if args.workers is not None and args.workers < 1:
+        args.command_parser.error(f"--workers: expected at least 1, got {args.workers}")
+    from .warm import run_with_progress
+
+    ops = None if args.ops is None else {o.strip() for o in args.ops.split(",") if o.strip()}
+    failed = run_with_progress(args.model, dtype=args.dtype, ops=ops, workers=args.workers,
+                               log=sys.stderr)
+    return 1 if failed else 0
+
+
 # ---- help ----------------------------------------------------------------------------------
 
 def _add_help(subparsers):
@@ -324,8 +324,8 @@ def _help(args):
 
 # ---- the parser ----------------------------------------------------------------------------
 
-COMMANDS = (_add_info, _add_demo, _add_compile_check, _add_generate, _add_bench_serve,
-            _add_help)
+COMMANDS = (_add_info, _add_demo, _add_compile_check, _add_generate, _add_warm,
+            _add_bench_serve, _add_help)
 
 
 def build_parser():

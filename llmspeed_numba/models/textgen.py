@@ -45,9 +45,14 @@ def generate_text(prompt, *, model=None, max_new_tokens=64, chat=False, dtype="b
 
         print(f"Loading {model or 'the embedded SmolLM2-135M-Instruct'} ...", file=log,
               flush=True)
+        from ..warm import is_warm, run_with_progress
+
         m = load_model(model, dtype=dtype)
-        print(f"Loaded in {time.perf_counter() - start:.1f} s. The first run of each kernel "
-              f"compiles it (cached on disk for later runs).", file=log, flush=True)
+        print(f"Loaded in {time.perf_counter() - start:.1f} s.", file=log, flush=True)
+        if not is_warm(model, dtype):
+            print("First run of this model on this GPU: compiling its kernels (cached on disk; "
+                  "later runs skip this).", file=log, flush=True)
+            run_with_progress(model, dtype=dtype, loaded=m, log=log)
     tok = m.tokenizer
     text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     ids = tok.encode(text, add_special_tokens=not chat)

@@ -36,7 +36,7 @@ from .._arrays import Buffer, empty, host_ints, kernel_buffer, stream_handle
 from .._checks import (aligned, contiguous, last_dim_contiguous, non_negative_strides, output,
                        same_dtype, shape, tensor)
 from .._env import SIMULATOR
-from .._launch import array1d
+from .._launch import array1d, collecting
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from .._workspace import workspace
@@ -268,7 +268,7 @@ _CARVEOUT_SET = set()
 def _prefer_shared_memory(kernel):
     """Ask for the largest shared-memory carveout once per kernel: several blocks of 50-100 KB
     must fit on one SM, and the kernel does not use L1 (cp.async.cg bypasses it). A hint only."""
-    if kernel in _CARVEOUT_SET:
+    if kernel in _CARVEOUT_SET or collecting():
         return
     _CARVEOUT_SET.add(kernel)
     try:

@@ -83,7 +83,7 @@ from .._arrays import (Buffer, empty, host_ints, kernel_buffer, stream_handle,
                       torch_current_stream, torch_signature)
 from .._checks import boolean, output, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
-from .._launch import Kernel, PreparedLaunch, array1d, jit, sm_count
+from .._launch import Kernel, PreparedLaunch, array1d, collecting, jit, sm_count
 from .._typing import ArrayLike, StreamLike
 from ._attention_common import LOG2E, NEG_INF
 
@@ -1191,7 +1191,7 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
                   (po, pl, kernel_buffer(to), lse_buf, sob, sot, soh, sod, slb, slh, slt,
                    rows, q_len, nheads, num_splits, int(return_lse)), 0)
         _reduce_kernel(headdim, config[3])(reduce[0], reduce[1], reduce[2], handle, reduce[3])
-    if key is not None and not check_bounds and len(_FAST) < _FAST_MAX:
+    if key is not None and not check_bounds and len(_FAST) < _FAST_MAX and not collecting():
         _FAST[key] = _FastCall(
             _decode_kernel(*config), main,
             None if reduce is None else _reduce_kernel(headdim, config[3]), reduce, out_given,
