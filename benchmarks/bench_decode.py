@@ -21,13 +21,16 @@ copy bandwidth; a PNG is written beside it. Targets (printed at the end): batch 
 (warps, stages), half and double the split count), each with the flushed timing the targets use,
 the host time of one call and the GPU time of back-to-back calls: when the flushed time is well
 above the back-to-back time and the host time exceeds it, the launch overhead is what shows.
-``--ab``: on the four target shapes, side by side, the split merge folded into the decode kernel
-(``SPLIT_PATH = "folded"``) against the two-kernel path (partials, then ``_reduce_kernel``), each
-at the chosen split count and over a sweep of forced split counts (``AB_SPLITS``; at batch 1 also
-(4 warps, 2 stages), which holds 2 blocks an SM), with SDPA and the copy bandwidth of the same
-run; each variant's output is compared with the default's, and the default is also replayed from
-a CUDA graph (twice: the tickets must be back at 0) and checked. Rows go to ``decode.csv`` as
-``paged_decode_ab``; about 2 minutes with compiles.
+``--ab``: on the four target shapes, side by side, the chosen split count against a sweep of
+forced split counts (``AB_SPLITS``; at batch 1 also (4 warps, 2 stages), which holds 2 blocks an
+SM), with SDPA and the copy bandwidth of the same run; each variant's output is compared with the
+default's, and the default is also replayed from a CUDA graph (twice: the tickets must be back at
+0) and checked. Rows go to ``decode.csv`` as ``paged_decode_ab``; about 2 minutes with compiles.
+(Until 61394a1 it also timed a two-kernel split merge, partials then a reduce kernel: see
+NOTES.md.)
+
+Configurations (warps, stages, q_smem) are forced through ``_overrides.overrides``
+(``paged_decode={"tuning": ...}``), entered once around each variant's timing.
 """
 
 import argparse
@@ -42,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _harness import Results, copy_bandwidth, plot_csv, time_gpu  # noqa: E402
 
+from llmspeed_numba._overrides import overrides  # noqa: E402
 from llmspeed_numba.ops import paged_decode as pd  # noqa: E402
 
 NHEADS, HEADDIM = 32, 128
@@ -157,6 +161,13 @@ def gbs(nbytes, timing):
     return nbytes / (timing["median"] * 1e-3) / 1e9
 
 
+def forcing(kw):
+    """``(op keywords, context)`` of a variant's keywords: its ``tuning`` (warps, stages, q_smem)
+    forced through ``overrides`` while the context is entered, the rest passed to the op."""
+    kw = dict(kw)
+    return kw, overrides(paged_decode={"tuning": kw.pop("tuning", None)})
+
+
 def bench_case(results, copy_gbs, batch, seq_len, nheads_k, dtype, block_size, reps, label=None,
                with_sdpa=True, check=True):
     import torch
@@ -212,14 +223,16 @@ def sweep(results, copy_gbs, dtype, block_size, reps):
         nbytes = kv_bytes(batch, seq_len, nheads_k, HEADDIM)
         out = torch.empty_like(q)
         shape = f"B{batch} H{NHEADS}/{nheads_k} S{seq_len} D{HEADDIM} page{block_size}"
-        variants = [(f"cfg {c}", {"_tuning": c}) for c in SWEEP_CONFIGS]
+        variants = [(f"cfg {c}", {"tuning": c}) for c in SWEEP_CONFIGS]
         variants += [(f"splits {s}", {"num_splits": s}) for s in SWEEP_SPLITS
                      if s <= pd.MAX_SPLITS]
         for name, kw in variants:
             args = (q, kc, vc, bt, sl)
+            kw, forced = forcing(kw)
             try:
-                t = time_gpu(lambda args=args, out=out, kw=kw: pd.paged_decode_attention(
-                    *args, out=out, **kw), rep=reps)
+                with forced:
+                    t = time_gpu(lambda args=args, out=out, kw=kw: pd.paged_decode_attention(
+                        *args, out=out, **kw), rep=reps)
             except Exception as exc:  # a configuration that does not fit: report, go on
                 print(f"  {shape} {name}: {type(exc).__name__}: {exc}")
                 continue
@@ -257,7 +270,7 @@ def quick_variants(plan):
     and half / double the chosen split count."""
     s = plan["num_splits"]
     out = [("default", {})]
-    out += [(f"cfg {c[:2]}", {"_tuning": c}) for c in QUICK_CONFIGS if c != plan["config"][4:7]]
+    out += [(f"cfg {c[:2]}", {"tuning": c}) for c in QUICK_CONFIGS if c != plan["config"][4:7]]
     if s > 1:
         out.append((f"splits {max(1, s // 2)}", {"num_splits": max(1, s // 2)}))
     out.append((f"splits {min(pd.MAX_SPLITS, 2 * s)}", {"num_splits": min(pd.MAX_SPLITS, 2 * s)}))
@@ -279,19 +292,22 @@ def quick_sweep(results, copy_gbs, dtype, block_size, reps):
         plan = pd.launch_plan(batch, 1, NHEADS, nheads_k, HEADDIM, block_size, bt.shape[1], dt)
         for name, kw in quick_variants(plan):
             args = (q, kc, vc, bt, sl)
+            tuning = kw.get("tuning")
+            kw, forced = forcing(kw)
 
             def call(args=args, out=out, kw=kw):
                 return pd.paged_decode_attention(*args, out=out, **kw)
 
             try:
-                call()
-                t = time_gpu(call, rep=reps)
-                host, b2b = host_and_back_to_back(call)
+                with forced:
+                    call()
+                    t = time_gpu(call, rep=reps)
+                    host, b2b = host_and_back_to_back(call)
             except Exception as exc:  # a configuration that does not fit: report, go on
                 print(f"  {shape} {name}: {type(exc).__name__}: {exc}")
                 continue
             p = pd.launch_plan(batch, 1, NHEADS, nheads_k, HEADDIM, block_size, bt.shape[1], dt,
-                               kw.get("num_splits"), kw.get("_tuning"))
+                               kw.get("num_splits"), tuning)
             g = gbs(nbytes, t)
             label = f"{name} B{batch} S{seq_len} Hk{nheads_k}"
             print(f"{label:>28} {g:7.0f} {g / copy_gbs:6.1%} {t['median'] * 1e3:8.1f} "
@@ -304,22 +320,15 @@ def quick_sweep(results, copy_gbs, dtype, block_size, reps):
 
 
 def ab_variants(batch, nheads_k, plan):
-    """(name, kwargs) of --ab on one shape: the chosen split count on both paths, then the
-    forced counts on both, then AB_CONFIG at batch 1 (folded)."""
+    """(name, kwargs) of --ab on one shape: the chosen split count, then the forced counts,
+    then AB_CONFIG at batch 1. A name's first word is its family ("splits", "cfg")."""
     chosen = plan["num_splits"]
-    out = [(f"folded splits {chosen} (chosen)", {})]
-    if chosen > 1:  # one split has nothing to merge: both paths are the same launch
-        out.append((f"two_kernels splits {chosen} (chosen)", {"_split_path": "two_kernels"}))
-    for s in AB_SPLITS.get(batch, ()):
-        if s == chosen or s > pd.MAX_SPLITS:
-            continue
-        out.append((f"folded splits {s}", {"num_splits": s, "_split_path": "folded"}))
-        if s > 1:  # one split has nothing to merge: both paths are the same launch
-            out.append((f"two_kernels splits {s}", {"num_splits": s,
-                                                    "_split_path": "two_kernels"}))
+    out = [(f"splits {chosen} (chosen)", {})]
+    out += [(f"splits {s}", {"num_splits": s}) for s in AB_SPLITS.get(batch, ())
+            if s != chosen and s <= pd.MAX_SPLITS]
     if batch == 1:
         cfg = f"cfg {AB_CONFIG[:2]}"
-        out += [(f"folded {cfg} splits {s}", {"num_splits": s, "_tuning": AB_CONFIG})
+        out += [(f"{cfg} splits {s}", {"num_splits": s, "tuning": AB_CONFIG})
                 for s in AB_CONFIG_SPLITS.get(nheads_k, ()) if s <= pd.MAX_SPLITS]
     return out
 
@@ -354,7 +363,7 @@ def _add_quietly(results, *args, **kwargs):
 
 
 def ab_compare(results, copy_gbs, dtype, block_size, reps):
-    """--ab: folded vs two-kernel merge and forced split counts on the target shapes."""
+    """--ab: the chosen against forced split counts on the target shapes."""
     import torch
 
     dt = "bfloat16" if dtype == torch.bfloat16 else "float16"
@@ -381,15 +390,17 @@ def ab_compare(results, copy_gbs, dtype, block_size, reps):
         best = {}
         for name, kw in ab_variants(batch, nheads_k, plan):
             args = (q, kc, vc, bt, sl)
+            kw, forced = forcing(kw)
 
             def call(args=args, out=out, kw=kw):
                 return pd.paged_decode_attention(*args, out=out, **kw)
 
             try:
-                out.fill_(float("nan"))
-                call()
-                err = (out.float() - want.float()).abs().max().item()
-                t = time_gpu(call, rep=reps)
+                with forced:
+                    out.fill_(float("nan"))
+                    call()
+                    err = (out.float() - want.float()).abs().max().item()
+                    t = time_gpu(call, rep=reps)
             except Exception as exc:  # noqa: BLE001  (a configuration that does not fit)
                 print(f"  {shape} {name}: {type(exc).__name__}: {exc}")
                 continue
@@ -401,9 +412,9 @@ def ab_compare(results, copy_gbs, dtype, block_size, reps):
                          f"sdpa_{sdpa[0]}", sdpa[1], "GB/s", g, gbs(nbytes, sdpa[1]),
                          note=f"{g / copy_gbs:.1%} of copy {copy_gbs:.0f} GB/s; "
                               f"max|d| {err:.2g}")
-            path = name.split()[0]
-            if path not in best or t["median"] < best[path][1]:
-                best[path] = (name, t["median"], g / copy_gbs)
+            family = name.split()[0]
+            if family not in best or t["median"] < best[family][1]:
+                best[family] = (name, t["median"], g / copy_gbs)
 
         def default(args=(q, kc, vc, bt, sl), out=out):
             return pd.paged_decode_attention(*args, out=out)
@@ -423,10 +434,10 @@ def ab_compare(results, copy_gbs, dtype, block_size, reps):
         summary.append((tag, plan["num_splits"], best))
         del q, kc, vc, bt, sl, out, want
         torch.cuda.empty_cache()
-    print("--ab best per path (flushed median):")
+    print("--ab best per variant family (flushed median):")
     for tag, chosen, best in summary:
-        parts = [f"{path}: {name} {ms * 1e3:.1f} us ({frac:.1%} of copy)"
-                 for path, (name, ms, frac) in sorted(best.items())]
+        parts = [f"{family}: {name} {ms * 1e3:.1f} us ({frac:.1%} of copy)"
+                 for family, (name, ms, frac) in sorted(best.items())]
         print(f"  {tag} (chosen {chosen} splits): " + "; ".join(parts))
 
 
@@ -440,8 +451,7 @@ def main(argv=None):
                         help="also time SWEEP_CONFIGS and SWEEP_SPLITS on the target shapes")
     parser.add_argument("--no-main", action="store_true", help="with --sweep: only the sweep")
     parser.add_argument("--ab", action="store_true",
-                        help="only the folded vs two-kernel merge and split-count comparison "
-                             "on the target shapes")
+                        help="only the split-count comparison on the target shapes")
     args = parser.parse_args(argv)
 
     import torch

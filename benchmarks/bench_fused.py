@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _harness import RESULTS_DIR, Results, copy_bandwidth, graphed, plot_csv, time_gpu  # noqa: E402
 
+from llmspeed_numba._overrides import overrides  # noqa: E402
 from llmspeed_numba.ops import rms_norm as rms_norm_module  # noqa: E402
 from llmspeed_numba.ops.activations import gelu, gelu_and_mul, silu_and_mul  # noqa: E402
 from llmspeed_numba.ops.layer_norm import layer_norm  # noqa: E402
@@ -303,8 +304,6 @@ def cases(args):
 # ---- reporting -------------------------------------------------------------------------------
 
 def main(argv=None):
-    import torch
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="hidden 4096 and bf16 only")
     parser.add_argument("--eager", action="store_true", help="time plain calls, not graphs")
@@ -314,8 +313,14 @@ def main(argv=None):
                         help="rms_norm without residual: schedule of register-held rows "
                         "(auto: by row width, see rms_norm.py)")
     args = parser.parse_args(argv)
-    if args.rms_schedule != "auto":
-        rms_norm_module.NO_RESIDUAL_SCHEDULE = args.rms_schedule
+    schedule = None if args.rms_schedule == "auto" else args.rms_schedule
+    with overrides(rms_norm={"schedule": schedule}):
+        return run(args)
+
+
+def run(args):
+    import torch
+
     if args.dtypes is None:
         args.dtypes = "bfloat16" if args.quick else "bfloat16,float16"
 

@@ -26,6 +26,7 @@ from numba import types
 from . import _recording
 from ._arrays import Buffer
 from ._env import SIMULATOR, cuda
+from ._overrides import Knobs
 
 #: Dynamic shared memory a block may use without opting in.
 DEFAULT_SHARED_LIMIT = 48 * 1024
@@ -355,6 +356,9 @@ def _check(err, what):
 
 
 _DEVICE_ATTRS = {}
+#: ``sm_count``: the SM count planners see (None: the device's); planner tests use an H200's
+#: 132 under the simulator (scope ``device`` of ``_overrides.overrides``).
+DEVICE = Knobs("device", sm_count=None)
 
 
 def device_attribute(name):
@@ -369,7 +373,8 @@ def device_attribute(name):
 
 
 def sm_count():
-    return device_attribute("MULTIPROCESSOR_COUNT")
+    forced = DEVICE.sm_count
+    return device_attribute("MULTIPROCESSOR_COUNT") if forced is None else forced
 
 
 def max_shared_per_block_optin():

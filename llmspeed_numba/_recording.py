@@ -10,12 +10,20 @@ import weakref
 
 _state = threading.local()
 _ALL = weakref.WeakSet()     # every _replay.OpCalls, for clear()
+_ON_CLEAR = []               # other repeated-call caches' reset functions, for clear()
 
 
 def clear():
-    """Forget every recorded plan (module knobs or the autotune cache changed)."""
+    """Forget every recorded plan (kernel-choice overrides or the autotune cache changed)."""
     for calls in list(_ALL):
         calls.plans.clear()
+    for fn in _ON_CLEAR:
+        fn()
+
+
+def on_clear(fn):
+    """Have ``clear`` call ``fn()`` too (an op's own cache of recorded calls)."""
+    _ON_CLEAR.append(fn)
 
 
 def recording():

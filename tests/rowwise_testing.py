@@ -5,6 +5,7 @@ special values."""
 import pytest
 
 from llmspeed_numba import SIMULATOR
+from llmspeed_numba._overrides import overrides
 from llmspeed_numba.testing import host_copy, to_device_copy
 
 DTYPES = ["float16", "bfloat16", "float32"]
@@ -27,16 +28,12 @@ def dev(host_array, offset=0):
 host = host_copy
 
 
-def split_rows(mp, split):
-    """Softmax / argmax launches on ``mp`` (a ``MonkeyPatch``): ``split`` forces rows over
-    several blocks, else one block a row; under the simulator also small enough to run there."""
-    from llmspeed_numba.ops import _rowwise, _split_rows
-
+def split_rows(split, **more):
+    """The ``overrides`` of softmax / argmax launches: ``split`` forces rows over several
+    blocks, else one block a row; under the simulator also small enough to run there. ``more``:
+    further scopes (``softmax={"splits": 4}``)."""
     if not SIMULATOR:
-        mp.setattr(_split_rows, "BLOCKS_PER_SM", 64 if split else 0)
-        return
-    mp.setattr(_rowwise, "MIN_BLOCK_THREADS", 32)
-    mp.setattr(_rowwise, "TARGET_CHUNKS_PER_THREAD", 8)
-    mp.setattr(_split_rows, "SPLIT_THREADS", 8)
-    mp.setattr(_split_rows, "MIN_CHUNKS_PER_THREAD", 1)
-    mp.setattr(_split_rows, "BLOCKS_PER_SM", 8 if split else 0)
+        return overrides(split_rows={"blocks_per_sm": 64 if split else 0}, **more)
+    return overrides(rowwise={"min_block_threads": 32, "target_chunks_per_thread": 8},
+                     split_rows={"split_threads": 8, "min_chunks_per_thread": 1,
+                                 "blocks_per_sm": 8 if split else 0}, **more)

@@ -1,5 +1,6 @@
 """silu_and_mul, gelu_and_mul and gelu against float64 references."""
 
+import contextlib
 import sys
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from llmspeed_numba import SIMULATOR
-from llmspeed_numba.ops import activations as act_mod
+from llmspeed_numba._overrides import overrides
 from llmspeed_numba.ops.activations import gelu, gelu_and_mul, silu_and_mul
 from llmspeed_numba.reference import fused as ref
 from llmspeed_numba.testing import derived_check, poison, random_array
@@ -17,10 +18,17 @@ from rowwise_testing import DTYPES, dev, host
 OPS = ["silu", "gelu_none", "gelu_tanh"]
 
 
-@pytest.fixture(autouse=True)
-def small_blocks(monkeypatch):
+def small_blocks(**more):
+    """Blocks of 32 threads under the simulator; ``more``: other activations knobs."""
     if SIMULATOR:
-        monkeypatch.setattr(act_mod, "BLOCK_THREADS", 32)
+        return overrides(activations={"block_threads": 32, **more})
+    return overrides(activations=more) if more else contextlib.nullcontext()
+
+
+@pytest.fixture(autouse=True)
+def _small_blocks():
+    with small_blocks():
+        yield
 
 
 def _call(name, x, gated_op, **kw):
@@ -103,9 +111,7 @@ def test_activations_hypothesis_small(name, gated_op, rows, half, dtype, misalig
     if name == "silu":
         gated_op = True
     rng = np.random.default_rng(seed)
-    with pytest.MonkeyPatch.context() as mp:
-        if SIMULATOR:
-            mp.setattr(act_mod, "BLOCK_THREADS", 32)
+    with small_blocks():
         _case(name, gated_op, (rows, 2 * half), dtype, rng, offset=int(misaligned))
 
 
@@ -205,8 +211,8 @@ def fast_thread_switching():
     sys.setswitchinterval(old)
 
 
-def test_activations_rows_beyond_the_grid(rng, monkeypatch, fast_thread_switching):
+def test_activations_rows_beyond_the_grid(rng, fast_thread_switching):
     # more row blocks than the grid's y dimension holds (65535; 2 here): the kernel loops
-    monkeypatch.setattr(act_mod, "_MAX_GRID_Y", 2)
-    _case("silu", True, (300, 2 * 8), "float16", rng)
-    _case("gelu_tanh", False, (300, 20), "bfloat16", rng)
+    with small_blocks(max_grid_y=2):
+        _case("silu", True, (300, 2 * 8), "float16", rng)
+        _case("gelu_tanh", False, (300, 20), "bfloat16", rng)

@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from llmspeed_numba import SIMULATOR, ptx
 from llmspeed_numba._env import cuda
-from llmspeed_numba.ops import _rowwise, _split_rows
+from llmspeed_numba._overrides import overrides
+from llmspeed_numba.ops import _rowwise
 from llmspeed_numba.ops import argmax as am_mod
 from llmspeed_numba.ops.argmax import argmax
 from llmspeed_numba.reference import fused as ref
@@ -16,9 +17,9 @@ from rowwise_testing import DTYPES, IEEE_SPECIALS, dev, host, split_rows
 
 
 @pytest.fixture(params=["fused", "split"])
-def path(request, monkeypatch):
-    split_rows(monkeypatch, request.param == "split")
-    return request.param
+def path(request):
+    with split_rows(request.param == "split"):
+        yield request.param
 
 
 def _argmax_case(rng, shape, dtype, offset=0, ties=False):
@@ -89,17 +90,15 @@ def test_argmax_key_reduction_keeps_nan_bit_patterns(rng):
     np.testing.assert_array_equal(out_lo, np.full(threads, best & 0xFFFFFFFF, np.uint32))
 
 
-def test_argmax_plans(monkeypatch):
+def test_argmax_plans():
     # 64 x 128256 in bf16 (16032 chunks a row) on 132 SMs: one wave, of at most
-    # MAX_BLOCKS_PER_SM blocks an SM on a GPU; enough rows: one block a row. (The occupancy query
-    # is replaced, so the plans are the same on the GPU and the simulator.)
-    monkeypatch.setattr(_split_rows, "resident_blocks", lambda kernel, threads: 396)
-    monkeypatch.setattr(_split_rows, "sm_count", lambda: 132)
-    monkeypatch.setattr(am_mod, "sm_count", lambda: 132)
+    # MAX_BLOCKS_PER_SM blocks an SM on a GPU; enough rows: one block a row. (The SM count and
+    # the occupancy are given, so the plans are the same on the GPU and the simulator.)
     bf16 = _rowwise.KIND_BF16
     expected = 6 if SIMULATOR else am_mod.MAX_BLOCKS_PER_SM * 132 // 64
-    assert am_mod._argmax_plan(64, 16032, bf16, 8)[1:] == (expected, 512, 1)
-    assert am_mod._argmax_plan(1000, 16032, bf16, 8)[1] == 1
+    with overrides(device={"sm_count": 132}, split_rows={"resident_blocks": 396}):
+        assert am_mod._argmax_plan(64, 16032, bf16, 8)[1:] == (expected, 512, 1)
+        assert am_mod._argmax_plan(1000, 16032, bf16, 8)[1] == 1
 
 
 def test_argmax_one_dimensional_and_out(rng):
@@ -116,8 +115,7 @@ def test_argmax_one_dimensional_and_out(rng):
        split=st.booleans(), misaligned=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_argmax_hypothesis_small(rows, vocab, dtype, split, misaligned, seed):
     rng = np.random.default_rng(seed)
-    with pytest.MonkeyPatch.context() as mp:
-        split_rows(mp, split)
+    with split_rows(split):
         _argmax_case(rng, (rows, vocab), dtype, offset=int(misaligned), ties=bool(seed % 2))
 
 

@@ -18,6 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from llmspeed_numba import SIMULATOR
 from llmspeed_numba._checks import tensor
+from llmspeed_numba._overrides import overrides
 from llmspeed_numba.ops.flash_attn import _pick_impl, flash_attn, flash_attn_varlen
 from llmspeed_numba.reference.attention import attention, attention_mask, attention_varlen
 from llmspeed_numba.testing import (derived_check, f64, poison, random_array,
@@ -58,8 +59,8 @@ def _check(out, lse, q, k, v, dtype, reference=attention, lse_name="lse", **opti
 def _run(q, k, v, impl=None, config=None, poisoned=True, **options):
     qd, kd, vd = (to_device(x, KIND) for x in (q, k, v))
     out = poison(to_device(np.empty(q.shape, q.dtype), KIND)) if poisoned else None
-    got, lse = flash_attn(qd, kd, vd, return_lse=True, out=out, _impl=impl, _config=config,
-                          **options)
+    with overrides(flash_attn={"impl": impl, "config": config}):
+        got, lse = flash_attn(qd, kd, vd, return_lse=True, out=out, **options)
     return to_host(got), to_host(lse)
 
 
@@ -241,8 +242,8 @@ def _run_varlen(q, k, v, cu_q, cu_k, impl=None, config=None, **options):
     out = poison(to_device(np.empty(q.shape, q.dtype), KIND))
     max_q = int(np.diff(cu_q).max()) if len(cu_q) > 1 else 0
     max_k = int(np.diff(cu_k).max()) if len(cu_k) > 1 else 0
-    got, lse = flash_attn_varlen(*args, max_q, max_k, return_lse=True, out=out, _impl=impl,
-                                 _config=config, **options)
+    with overrides(flash_attn={"impl": impl, "config": config}):
+        got, lse = flash_attn_varlen(*args, max_q, max_k, return_lse=True, out=out, **options)
     return to_host(got), to_host(lse)
 
 
@@ -398,7 +399,7 @@ def test_gpu_misaligned_input_takes_the_simt_fallback():
     base = torch.zeros((1, 70, 2, headdim + 4), dtype=torch.float16, device="cuda")
     base[..., :headdim] = to_device(q, "torch")
     qm = base[..., :headdim]
-    assert _pick_impl(None, {"q": tensor(qm, "q")}) == "simt"
+    assert _pick_impl({"q": tensor(qm, "q")}) == "simt"
     options = {"causal": True, "window_size": (33, 5)}
     got, lse = flash_attn(qm, to_device(k, "torch"), to_device(v, "torch"), return_lse=True,
                           **options)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from llmspeed_numba.ops import _rowwise
+from llmspeed_numba._overrides import overrides
 from llmspeed_numba.ops import rms_norm as rms_norm_module
 from llmspeed_numba.ops.layer_norm import layer_norm
 from llmspeed_numba.ops.rms_norm import prepare_norm, rms_norm
@@ -19,17 +19,21 @@ from llmspeed_numba.testing import derived_check, poison, random_array, to_devic
 from rowwise_testing import DTYPES, dev, host
 
 
-@pytest.fixture
-def small_plan(monkeypatch):
-    """Launch configurations small enough for the simulator."""
-    monkeypatch.setattr(_rowwise, "MIN_BLOCK_THREADS", 32)
-    monkeypatch.setattr(_rowwise, "TARGET_CHUNKS_PER_THREAD", 2)
+#: Launch configurations small enough for the simulator.
+SMALL_PLAN = {"min_block_threads": 32, "target_chunks_per_thread": 2}
 
 
 @pytest.fixture
-def streaming(monkeypatch):
+def small_plan():
+    with overrides(rowwise=SMALL_PLAN):
+        yield
+
+
+@pytest.fixture
+def streaming():
     """Force the streaming kernel (rows too long for registers) on short rows."""
-    monkeypatch.setattr(_rowwise, "MAX_CHUNKS_PER_THREAD", 0)
+    with overrides(rowwise={"max_chunks_per_thread": 0}):
+        yield
 
 
 def _norm_case(op, rng, shape, dtype, *, residual, weight_f32=False, offset=0, in_place=False,
@@ -115,19 +119,17 @@ def test_norm_chunks_with_tail(op, small_plan, rng):
 
 
 @pytest.mark.parametrize("schedule", rms_norm_module.SCHEDULES)
-def test_rms_norm_schedules(schedule, small_plan, monkeypatch, rng):
+def test_rms_norm_schedules(schedule, small_plan, rng):
     # each schedule of register-held rows without the residual (the default picks by width)
-    monkeypatch.setattr(rms_norm_module, "NO_RESIDUAL_SCHEDULE", schedule)
-    _norm_case("rms_norm", rng, (3, 83), "float16", residual=False, pad=5)
-    _norm_case("rms_norm", rng, (2, 48), "bfloat16", residual=False, weight_f32=True)
+    with overrides(rms_norm={"schedule": schedule}):
+        _norm_case("rms_norm", rng, (3, 83), "float16", residual=False, pad=5)
+        _norm_case("rms_norm", rng, (2, 48), "bfloat16", residual=False, weight_f32=True)
 
 
-def test_rms_norm_schedule_switch_checked(monkeypatch, rng):
-    monkeypatch.setattr(rms_norm_module, "NO_RESIDUAL_SCHEDULE", "fastest")
-    x = dev(random_array((2, 16), "float16", rng))
-    w = dev(random_array((16,), "float16", rng))
-    with pytest.raises(ValueError, match="NO_RESIDUAL_SCHEDULE: expected None or one of"):
-        rms_norm(x, w)
+def test_rms_norm_schedule_override_checked():
+    with pytest.raises(ValueError, match=r"rms_norm.schedule: expected one of \(None, "):
+        with overrides(rms_norm={"schedule": "fastest"}):
+            pass
 
 
 def test_layer_norm_without_bias(small_plan, rng):
@@ -154,9 +156,7 @@ def test_norm_leading_dims_and_row_stride(small_plan, rng):
        seed=st.integers(0, 2**32 - 1))
 def test_norm_hypothesis_small(op, rows, hidden, dtype, residual, misaligned, seed):
     rng = np.random.default_rng(seed)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_rowwise, "MIN_BLOCK_THREADS", 32)
-        mp.setattr(_rowwise, "TARGET_CHUNKS_PER_THREAD", 2)
+    with overrides(rowwise=SMALL_PLAN):
         _norm_case(op, rng, (rows, hidden), dtype, residual=residual, offset=int(misaligned))
 
 

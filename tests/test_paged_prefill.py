@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from llmspeed_numba import SIMULATOR, paged_decode_attention, paged_prefill_attention
+from llmspeed_numba._overrides import overrides
 from llmspeed_numba.reference.attention import attention, attention_varlen
 from llmspeed_numba.reference.paged_decode import gather_kv
 from llmspeed_numba.reference.paged_decode import paged_prefill_attention as reference
@@ -165,7 +166,8 @@ def test_prior_context_two_warps_gqa_short_pages(rng):
     table row by row), GQA 3, two warps of query rows, bf16."""
     case = Case(rng, q_lens=[19, 6], seq_lens=[40, 23], block_size=8, nheads=3, nheads_k=1,
                 headdim=16, dtype="bfloat16")
-    case.check(_config=TC_TWO_WARPS)
+    with overrides(paged_prefill={"config": TC_TWO_WARPS}):
+        case.check()
 
 
 def test_two_m_tiles_padded_headdim_window(rng):
@@ -173,7 +175,8 @@ def test_two_m_tiles_padded_headdim_window(rng):
     never written), a window cutting inside the chunk, softmax_scale given."""
     case = Case(rng, q_lens=[21], seq_lens=[37], block_size=16, nheads=2, nheads_k=2,
                 headdim=24, dtype="float16")
-    case.check(_config=TC_TWO_TILES, window_size=(7, 0), softmax_scale=0.3)
+    with overrides(paged_prefill={"config": TC_TWO_TILES}):
+        case.check(window_size=(7, 0), softmax_scale=0.3)
 
 
 def test_whole_sequence_is_causal_prefill(rng):

@@ -29,3 +29,23 @@ def test_public_functions_are_annotated():
 
 def test_py_typed_marker_is_in_the_package():
     assert os.path.isfile(os.path.join(os.path.dirname(llmspeed_numba.__file__), "py.typed"))
+
+
+def test_no_private_keyword_in_a_public_signature():
+    """What a public function takes is what a user may pass: tests force kernel choices through
+    ``_overrides.overrides``, not underscore keywords."""
+    callables = {name: getattr(llmspeed_numba, name) for name in llmspeed_numba.__all__}
+    callables = {n: (f.__init__ if inspect.isclass(f) else f) for n, f in callables.items()
+                 if inspect.isfunction(f) or inspect.isclass(f)}
+    callables.update({f"PagedKVCache.{n}": f for n, f in vars(PagedKVCache).items()
+                      if inspect.isfunction(f) and not n.startswith("_")})
+    private = {}
+    for name, fn in callables.items():
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):  # a builtin __init__
+            continue
+        if found := [p for p in params if p.startswith("_")]:
+            private[name] = found
+    assert {"flash_attn", "paged_decode_attention", "LLM"} <= set(callables)
+    assert not private, f"underscore parameters in public signatures: {private}"

@@ -2,22 +2,31 @@
 float64 reference; q and k are slices of a packed qkv buffer, so the test also checks that nothing
 but the rotary part of q and k is written."""
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from llmspeed_numba import SIMULATOR
-from llmspeed_numba.ops import rotary as rotary_mod
+from llmspeed_numba._overrides import overrides
 from llmspeed_numba.ops.rotary import rotary_embedding
 from llmspeed_numba.reference import fused as ref
 from llmspeed_numba.testing import derived_check, random_array
 from rowwise_testing import DTYPES, dev, host
 
 
-@pytest.fixture(autouse=True)
-def small_blocks(monkeypatch):
+def small_blocks():
+    """Blocks of at most 32 threads under the simulator."""
     if SIMULATOR:
-        monkeypatch.setattr(rotary_mod, "MAX_BLOCK_THREADS", 32)
+        return overrides(rotary={"max_block_threads": 32})
+    return contextlib.nullcontext()
+
+
+@pytest.fixture(autouse=True)
+def _small_blocks():
+    with small_blocks():
+        yield
 
 
 def _case(rng, tokens, nh_q, nh_k, headdim, dtype, style, *, rotary_dim=None, cache=None,
@@ -99,9 +108,7 @@ def test_rotary_positions_outside_the_cache(rng):
 def test_rotary_hypothesis_small(style, tokens, nh_q, nh_k, half, extra, dtype, cache,
                                  misaligned, seed):
     rng = np.random.default_rng(seed)
-    with pytest.MonkeyPatch.context() as mp:
-        if SIMULATOR:
-            mp.setattr(rotary_mod, "MAX_BLOCK_THREADS", 32)
+    with small_blocks():
         _case(rng, tokens, nh_q, nh_k, 2 * half + extra, dtype, style, rotary_dim=2 * half,
               cache=cache, offset=int(misaligned), pos_dtype=str(rng.choice(["int32", "int64"])))
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llmspeed_numba import SIMULATOR
-from llmspeed_numba.ops import sample as sample_module
+from llmspeed_numba._overrides import overrides
 from llmspeed_numba.ops.sample import sample
 from llmspeed_numba.reference.sample import kept, probabilities, torch_probabilities
 from llmspeed_numba.testing import host_copy, random_array, to_device_copy
@@ -178,13 +178,16 @@ def test_per_row_arrays_equal_rows_one_by_one(dtype, vocab):
 # ---- filters: exact kept sets ------------------------------------------------------------------
 
 @pytest.mark.parametrize("config", ["simulator_sizes", "gpu_sizes"])
-def test_filters_exact_on_flat_rows(config, monkeypatch):
+def test_filters_exact_on_flat_rows(config):
     """Nearly flat rows, where a wrong threshold lets many excluded tokens through; with ties at
     the top-k boundary (all kept). ``gpu_sizes``: the GPU's histogram sizes (512 bins, 11-bit
     digits), and a block of 64 threads (warp-shuffle reductions)."""
-    if config == "gpu_sizes":
-        monkeypatch.setattr(sample_module, "BINS", 512)
-        monkeypatch.setattr(sample_module, "DIGIT_BITS", 11)
+    sizes = {"bins": 512, "digit_bits": 11} if config == "gpu_sizes" else {}
+    with overrides(sample=sizes):
+        _flat_rows_case(config)
+
+
+def _flat_rows_case(config):
     rng = np.random.default_rng(6)
     vocab = 1100 if config == "gpu_sizes" else 150
     rows = 4 if config == "gpu_sizes" else 16

@@ -1,14 +1,14 @@
-"""softmax (fused single-pass; split rows in one kernel, span in registers or streamed, or in two
-kernels) against float64 references, including the special rows; the split paths agree bit for
-bit, whether a block waits for its row or computes the other spans itself, and leave their
-counters zero."""
+"""softmax (fused single-pass; split rows in one kernel, span in registers or streamed) against
+float64 references, including the special rows; the split paths agree bit for bit, whether a
+block waits for its row or computes the other spans itself, and leave their counters zero."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from llmspeed_numba import SIMULATOR, _workspace
-from llmspeed_numba.ops import _rowwise, _split_rows
+from llmspeed_numba._overrides import overrides
+from llmspeed_numba.ops import _rowwise
 from llmspeed_numba.ops import softmax as sm_mod
 from llmspeed_numba.ops.softmax import softmax
 from llmspeed_numba.reference import fused as ref
@@ -17,9 +17,9 @@ from rowwise_testing import DTYPES, IEEE_SPECIALS, dev, host, split_rows
 
 
 @pytest.fixture(params=["fused", "split"])
-def path(request, monkeypatch):
-    split_rows(monkeypatch, request.param == "split")
-    return request.param
+def path(request):
+    with split_rows(request.param == "split"):
+        yield request.param
 
 
 def _softmax_case(rng, shape, dtype, *, temperature=1.0, out_dtype=None, offset=0, scale=4.0):
@@ -61,29 +61,26 @@ def test_softmax_special_rows(path):
     np.testing.assert_array_equal(got[4], [1.0] + [0.0] * 39)
 
 
-@pytest.fixture
-def small_split(monkeypatch):
-    """Simulator-sized split rows with 4 blocks a row."""
-    if SIMULATOR:
-        split_rows(monkeypatch, True)
-    monkeypatch.setattr(_split_rows, "FORCE_SPLITS", 4)
-    return monkeypatch
+def small_split(**softmax):
+    """Split rows with 4 blocks a row (simulator-sized under the simulator); ``softmax``: its
+    other knobs (``split_path``, ``spin_polls``)."""
+    knobs = {"softmax": {"splits": 4, **softmax}}
+    return split_rows(True, **knobs) if SIMULATOR else overrides(**knobs)
 
 
 @pytest.mark.parametrize("dtype, shape", [("bfloat16", (1, 203)),   # 25 chunks + a tail of 3
                                           ("float32", (3, 77))])    # scalar access
-def test_softmax_split_paths_agree(small_split, dtype, shape, rng):
+def test_softmax_split_paths_agree(dtype, shape, rng):
     # Every split path computes each span's online (max, sum) in the same order and merges the
     # partials in span order, so they agree bit for bit; a forced fallback (every block computes
     # the other spans itself, SPIN_POLLS < 0) too. The simulator runs blocks one after another:
     # there each row's last block is the only one that finds the row complete.
     x_h = random_array(shape, dtype, rng, scale=4.0)
     results = {}
-    for path_, polls in (("resident", 2), ("resident", -1), ("streamed", 2), ("two_kernels", 2)):
-        small_split.setattr(sm_mod, "SPLIT_PATH", path_)
-        small_split.setattr(sm_mod, "SPIN_POLLS", polls)
-        out = poison(dev(np.empty(shape, np.float32)))  # fp32: a last-bit difference shows
-        results[path_, polls] = host(softmax(dev(x_h), temperature=0.7, out=out))
+    for path_, polls in (("resident", 2), ("resident", -1), ("streamed", 2)):
+        with small_split(split_path=path_, spin_polls=polls):
+            out = poison(dev(np.empty(shape, np.float32)))  # fp32: a last-bit difference shows
+            results[path_, polls] = host(softmax(dev(x_h), temperature=0.7, out=out))
     derived_check(results["resident", 2], ref.softmax(x_h, 0.7),
                   ref.softmax_plain(x_h, 0.7, "float32"), name="softmax")
     for key, got in results.items():
@@ -96,43 +93,40 @@ def test_softmax_split_paths_agree(small_split, dtype, shape, rng):
 
 
 @IEEE_SPECIALS
-def test_softmax_split_counters_reset_and_special_rows(small_split):
+def test_softmax_split_counters_reset_and_special_rows():
     # Two calls on one stream share the row counters: the last block of a row zeroes them.
     inf = np.inf
     x_h = np.array([[1.0] * 30 + [-inf] * 30,                 # a span of -inf only: 1/30, 0
                     [-inf] * 60,                              # all -inf: NaN
                     [0.0] * 59 + [np.nan]], np.float32)       # a NaN in the last span: NaN
     for path_ in ("resident", "streamed"):
-        small_split.setattr(sm_mod, "SPLIT_PATH", path_)
-        for _ in range(2):
-            got = host(softmax(dev(x_h)))
-            np.testing.assert_allclose(got[0], [1 / 30] * 30 + [0.0] * 30, rtol=1e-6)
-            assert np.isnan(got[1]).all() and np.isnan(got[2]).all()
+        with small_split(split_path=path_):
+            for _ in range(2):
+                got = host(softmax(dev(x_h)))
+                np.testing.assert_allclose(got[0], [1 / 30] * 30 + [0.0] * 30, rtol=1e-6)
+                assert np.isnan(got[1]).all() and np.isnan(got[2]).all()
         if SIMULATOR:
             counts = [v for k, v in _workspace._WORKSPACE.items() if k[2] == "softmax_counts"]
             assert counts and all(not np.asarray(c).any() for c in counts)
 
 
-def test_split_plans(monkeypatch):
+def test_split_plans():
     # 64 x 128256 in bf16 (16032 chunks a row) on 132 SMs: registers hold the span when 4 blocks
     # a row fit at once (two blocks of 512 an SM); otherwise it streams, one wave; fp32 streams.
-    # (The occupancy query is replaced, so the plans are the same on the GPU and the simulator.)
-    def resident(n):
-        monkeypatch.setattr(_split_rows, "resident_blocks", lambda kernel, threads: n)
+    # (The SM count and the occupancy are given, so the plans are the same on the GPU and the
+    # simulator.)
+    def h200(resident):
+        return overrides(device={"sm_count": 132}, split_rows={"resident_blocks": resident})
 
-    monkeypatch.setattr(_split_rows, "sm_count", lambda: 132)
-    resident(264)
     bf16, f32 = _rowwise.KIND_BF16, _rowwise.KIND_F32
-    kernels, splits, cpt = sm_mod._softmax_split_plan(64, 16032, bf16, bf16, 8)
-    assert (len(kernels), splits, cpt) == (1, 4, 8)
-    kernels, splits, cpt = sm_mod._softmax_split_plan(64, 32064, f32, f32, 4)
-    assert (splits, cpt) == (4, 0)
-    resident(200)  # 3 blocks a row fit: streamed
-    kernels, splits, cpt = sm_mod._softmax_split_plan(64, 16032, bf16, bf16, 8)
-    assert (splits, cpt) == (3, 0)
-    monkeypatch.setattr(sm_mod, "SPLIT_PATH", "two_kernels")
-    kernels, splits, _ = sm_mod._softmax_split_plan(64, 32064, f32, f32, 4)
-    assert (len(kernels), splits) == (2, 9)
+    with h200(264):
+        _, splits, cpt = sm_mod._softmax_split_plan(64, 16032, bf16, bf16, 8)
+        assert (splits, cpt) == (4, 8)
+        _, splits, cpt = sm_mod._softmax_split_plan(64, 32064, f32, f32, 4)
+        assert (splits, cpt) == (4, 0)
+    with h200(200):  # 3 blocks a row fit: streamed
+        _, splits, cpt = sm_mod._softmax_split_plan(64, 16032, bf16, bf16, 8)
+        assert (splits, cpt) == (3, 0)
 
 
 @given(rows=st.integers(1, 3), vocab=st.integers(1, 300), dtype=st.sampled_from(DTYPES),
@@ -141,8 +135,7 @@ def test_split_plans(monkeypatch):
 def test_softmax_hypothesis_small(rows, vocab, dtype, split, misaligned, out_f32, temperature,
                                   seed):
     rng = np.random.default_rng(seed)
-    with pytest.MonkeyPatch.context() as mp:
-        split_rows(mp, split)
+    with split_rows(split):
         _softmax_case(rng, (rows, vocab), dtype, temperature=temperature,
                       out_dtype="float32" if out_f32 else None, offset=int(misaligned))
 
@@ -211,16 +204,16 @@ def test_softmax_gpu_benchmark_shape(dtype, rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("split_path,dtype", [
-    (p, d) for p in ("auto", "resident", "streamed", "two_kernels") for d in DTYPES
+    (p, d) for p in ("auto", "resident", "streamed") for d in DTYPES
     # an fp32 row of 128256 does not fit in registers over blocks that fit at once
     if (p, d) != ("resident", "float32")])
-def test_softmax_gpu_split_paths(split_path, dtype, rng, monkeypatch):
+def test_softmax_gpu_split_paths(split_path, dtype, rng):
     # Each split path on the benchmark shape and on few rows (more blocks a row), then with the
     # fallback forced (every block computes the other spans itself) and repeated calls (the row
     # counters are reset by each call's last block).
-    monkeypatch.setattr(sm_mod, "SPLIT_PATH", split_path)
-    for _ in range(2):
-        _softmax_case(rng, (64, 128256), dtype, temperature=0.7)
-    _softmax_case(rng, (3, 128256), dtype)
-    monkeypatch.setattr(sm_mod, "SPIN_POLLS", -1)
-    _softmax_case(rng, (8, 128256), dtype)
+    with overrides(softmax={"split_path": split_path}):
+        for _ in range(2):
+            _softmax_case(rng, (64, 128256), dtype, temperature=0.7)
+        _softmax_case(rng, (3, 128256), dtype)
+    with overrides(softmax={"split_path": split_path, "spin_polls": -1}):
+        _softmax_case(rng, (8, 128256), dtype)

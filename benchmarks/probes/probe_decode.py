@@ -27,6 +27,7 @@ from bench_decode import (  # noqa: E402
     sequential_pages,
 )
 
+from llmspeed_numba._overrides import overrides  # noqa: E402
 from llmspeed_numba.ops import paged_decode as pd  # noqa: E402
 
 #: label -> (batch, seq_len, nheads, nheads_k). Hk1 B256 H8: the bytes of
@@ -125,8 +126,11 @@ def main(argv=None):
             out = torch.empty_like(q)
 
             def call(out=out, tuning=tuning, splits=splits, args=(q, kc, vc, bt, sl)):
-                return op.paged_decode_attention(*args, out=out, num_splits=splits,
-                                                 _tuning=tuning)
+                if not hasattr(op, "TUNING"):  # a revision before _overrides: a keyword
+                    return op.paged_decode_attention(*args, out=out, num_splits=splits,
+                                                     _tuning=tuning)
+                with overrides(paged_decode={"tuning": tuning}):
+                    return op.paged_decode_attention(*args, out=out, num_splits=splits)
 
             call()
             torch.cuda.synchronize()

@@ -33,6 +33,7 @@ _BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(_BENCHMARKS))  # the repository root
 sys.path.insert(0, _BENCHMARKS)  # _harness and the bench_*.py modules
 
+from llmspeed_numba._overrides import overrides  # noqa: E402
 from llmspeed_numba.ops import _rowwise as rw  # noqa: E402
 from llmspeed_numba.ops import rms_norm as rn  # noqa: E402
 
@@ -157,11 +158,8 @@ def _rel_err(got, want):
 def _forced(x, w, out, schedule):
     """A call of rms_norm(x, w, out=out) under ``schedule`` (set only while it runs)."""
     def call():
-        saved, rn.NO_RESIDUAL_SCHEDULE = rn.NO_RESIDUAL_SCHEDULE, schedule
-        try:
+        with overrides(rms_norm={"schedule": schedule}):
             rn.rms_norm(x, w, EPS, out=out)
-        finally:
-            rn.NO_RESIDUAL_SCHEDULE = saved
 
     return call
 
@@ -239,7 +237,7 @@ def gpu(args):
     t_start = time.perf_counter()
     report = Reporter()
     print(f"{torch.cuda.get_device_name()}: 2 GiB copy {report.copy:.0f} GB/s; default: "
-          f"NO_RESIDUAL_SCHEDULE={rn.NO_RESIDUAL_SCHEDULE!r}, interleaved from "
+          f"schedule {rn.TUNING.schedule!r}, interleaved from "
           f"{rn.INTERLEAVED_MIN_THREADS} threads a row\n")
     print(f"{'hidden':>6} {'dtype':9} {'case':24} {'us by round':>17} {'GB/s':>6} {'%copy':>6} "
           f"{'%same':>6} {'regs':>4} {'blk/SM':>6}  check; memory-op order")

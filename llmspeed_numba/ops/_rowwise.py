@@ -40,6 +40,7 @@ import numpy as np
 
 from .. import ptx
 from .._env import cuda
+from .._overrides import Knobs
 
 #: storage kinds inside kernels (compile-time constants)
 KIND_F32, KIND_F16, KIND_BF16 = 0, 1, 2
@@ -58,6 +59,11 @@ MAX_THREADS_PER_ROW = 512
 MIN_BLOCK_THREADS = 128
 #: Smallest number of threads sharing a row.
 MIN_THREADS_PER_ROW = 8
+
+#: What ``row_plan`` reads, overridable (scope ``rowwise`` of ``_overrides.overrides``: tests run
+#: small blocks under the simulator, or force streaming rows with ``max_chunks_per_thread=0``).
+TUNING = Knobs("rowwise", target_chunks_per_thread=TARGET_CHUNKS_PER_THREAD,
+               max_chunks_per_thread=MAX_CHUNKS_PER_THREAD, min_block_threads=MIN_BLOCK_THREADS)
 
 _F0 = np.float32(0.0)
 
@@ -126,12 +132,12 @@ def row_plan(chunks, max_threads=None):
     """``(threads_per_row, rows_per_block, chunks_per_thread)`` for rows of ``chunks`` chunks.
 
     ``chunks_per_thread == 0`` means the row streams (too long for registers)."""
-    tpr = pow2_ceil(-(-max(chunks, 1) // TARGET_CHUNKS_PER_THREAD))
+    tpr = pow2_ceil(-(-max(chunks, 1) // TUNING.target_chunks_per_thread))
     tpr = min(max(tpr, MIN_THREADS_PER_ROW), max_threads or MAX_THREADS_PER_ROW)
     cpt = pow2_ceil(-(-chunks // tpr))  # powers of two: fewer kernel variants to compile
-    if cpt > MAX_CHUNKS_PER_THREAD:
+    if cpt > TUNING.max_chunks_per_thread:
         cpt = 0
-    rpb = max(1, MIN_BLOCK_THREADS // tpr)
+    rpb = max(1, TUNING.min_block_threads // tpr)
     return tpr, rpb, cpt
 
 

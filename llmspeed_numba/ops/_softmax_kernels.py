@@ -3,7 +3,7 @@
 Online softmax state (m, z): the running max m of x and z = sum 2^((x - m) * scale), kept in x's
 units so every exponent is (x - m) * scale, as exact as the plain fp32 exp(x - max). A span of a
 row is reduced to its state by ``_span_stats`` and written by ``_span_writer`` / ``_tail_writer``;
-the fused kernel holds a whole row in registers, the split kernels one span of a row each.
+the fused kernel holds a whole row in registers, the split kernel one span of a row a block.
 """
 
 import functools
@@ -93,7 +93,7 @@ def _span_stats(x_kind, vec, tpr, cpt, unroll):
     thread calls it: it reduces over the block); the ``last`` span also holds the row's scalar
     tail. ``cpt > 0``: the span (``cpt`` chunks a thread) is loaded into ``words`` and left
     there; ``cpt == 0``: streamed, ``unroll`` chunks a thread in flight. Both give the same bits
-    (the stats kernel, the one-kernel paths and its fallback share them)."""
+    (the resident and streamed paths and their fallback share them)."""
     wpc = rw.words_per_chunk(vec)
     load = rw.chunk_words_loader(x_kind, vec)
     unpack = rw.chunk_unpacker(x_kind, vec)
@@ -300,47 +300,6 @@ def fused_kernel_fn(x_kind, o_kind, vec, tpr, rpb, cpt):
     return softmax_fused_kernel
 
 
-def split_kernel_fn(x_kind, o_kind, vec, tpr, unroll, write):
-    """Split rows, grid (rows, splits): ``write=False`` computes each span's online state into
-    ``pm`` / ``pl``; ``write=True`` merges the row's states and writes the span."""
-    stats = _span_stats(x_kind, vec, tpr, 0, unroll)
-    write_span = _span_writer(x_kind, o_kind, vec, tpr, 0, unroll)
-    write_tail = _tail_writer(x_kind, o_kind, vec)
-    slots = rw.scratch_slots(tpr, 1)
-    nwords = unroll * rw.words_per_chunk(vec)
-
-    def softmax_split_kernel(x, out, pm, pl, cols, x_stride, o_stride, span, scale):
-        scratch = cuda.shared.array(slots, np.float32)
-        words = cuda.local.array(nwords, np.uint32)
-        a = cuda.local.array(vec, np.float32)
-        w1 = cuda.local.array(1, np.uint32)
-        t = cuda.threadIdx.x
-        row = cuda.blockIdx.x
-        s = cuda.blockIdx.y
-        splits = cuda.gridDim.y
-        xo = np.int64(row) * x_stride
-        oo = np.int64(row) * o_stride
-        chunks = cols // vec
-        c_begin = s * span
-        c_end = min(c_begin + span, chunks)
-        if not write:
-            m, z = stats(x, xo, c_begin, c_end, s == splits - 1, cols, scale, words, a, w1,
-                         scratch)
-            if t == 0:
-                pm[row * splits + s] = m
-                pl[row * splits + s] = z
-        else:
-            m = _NEG_INF
-            z = _F0
-            for j in range(splits):
-                m, z = _merge(m, z, pm[row * splits + j], pl[row * splits + j], scale)
-            inv = _F1 / z
-            write_span(x, out, xo, oo, c_begin, c_end, m, inv, scale, words, a)
-            write_tail(x, out, xo, oo, s == splits - 1, cols, m, inv, scale, w1, a)
-
-    return softmax_split_kernel
-
-
 if SIMULATOR:
     @cuda.jit(device=True, inline="always")
     def _pause(ns):
@@ -456,11 +415,6 @@ def fused_signature(x_kind, o_kind):
     return (x, o, types.int32, types.int32, types.int64, types.int64, types.float32)
 
 
-def split_signature(x_kind, o_kind):
-    x, o, f32 = rs.buffer_type(x_kind), rs.buffer_type(o_kind), array1d(np.float32)
-    return (x, o, f32, f32, types.int32, types.int64, types.int64, types.int32, types.float32)
-
-
 def one_kernel_signature(x_kind, o_kind):
     x, o = rs.buffer_type(x_kind), rs.buffer_type(o_kind)
     return (x, o, array1d(np.uint64), array1d(np.uint32), types.int32, types.int64, types.int64,
@@ -471,13 +425,6 @@ def one_kernel_signature(x_kind, o_kind):
 def fused_kernel(x_kind, o_kind, vec, tpr, rpb, cpt):
     return Kernel(jit(fused_kernel_fn(x_kind, o_kind, vec, tpr, rpb, cpt)),
                   fused_signature(x_kind, o_kind), "softmax_fused_kernel")
-
-
-@functools.lru_cache(maxsize=None)
-def split_kernel(x_kind, o_kind, vec, tpr, unroll, write):
-    return Kernel(jit(split_kernel_fn(x_kind, o_kind, vec, tpr, unroll, write)),
-                  split_signature(x_kind, o_kind),
-                  f"softmax_{'write' if write else 'stats'}_kernel")
 
 
 def one_kernel_options(tpr):

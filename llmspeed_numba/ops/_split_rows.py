@@ -6,7 +6,8 @@ split over ``splits`` blocks of ``SPLIT_THREADS`` threads, grid (rows, splits), 
 a span of ``ceil(chunks / splits)`` chunks (``_rowwise`` layout). ``aim`` is the split count that
 fills the GPU; ``resident_blocks`` what the GPU holds at once, which bounds it when a row's
 blocks must run together (they wait for each other, or a second wave would only add merge work).
-The tuning constants are module attributes read at each call (tests and probes set them).
+The planners read the tuning constants through ``TUNING`` (scope ``split_rows`` of
+``_overrides.overrides``: tests shrink the launches to what the simulator runs quickly).
 """
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 from .._checks import tensor
 from .._env import SIMULATOR, cuda
 from .._launch import array1d, collecting, sm_count
+from .._overrides import Knobs
 from . import _rowwise as rw
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
@@ -29,8 +31,11 @@ MIN_CHUNKS_PER_THREAD = 4
 MAX_SPLITS = 256
 #: Blocks that fit on the "GPU" at once under the simulator (which runs blocks one by one).
 SIM_RESIDENT_BLOCKS = 64
-#: Blocks per row forced (probes sweeping the split count); None: planned.
-FORCE_SPLITS = None
+
+#: The settings above that the planners read, overridable; ``resident_blocks``: blocks of a split
+#: kernel the GPU holds at once (None: the occupancy of the compiled kernel, ``resident_blocks``).
+TUNING = Knobs("split_rows", split_threads=SPLIT_THREADS, blocks_per_sm=BLOCKS_PER_SM,
+               min_chunks_per_thread=MIN_CHUNKS_PER_THREAD, resident_blocks=None)
 
 
 def prepare(x, name="x"):
@@ -47,11 +52,9 @@ def prepare(x, name="x"):
 
 def aim(rows, chunks, threads):
     """Blocks per row that fill the GPU: about ``BLOCKS_PER_SM`` blocks per SM in all, each span
-    at least ``MIN_CHUNKS_PER_THREAD`` chunks a thread (``FORCE_SPLITS`` when set)."""
-    if FORCE_SPLITS is not None:
-        return max(1, min(int(FORCE_SPLITS), MAX_SPLITS))
-    want = -(-BLOCKS_PER_SM * sm_count() // max(rows, 1))
-    most = max(1, chunks // (threads * MIN_CHUNKS_PER_THREAD))
+    at least ``MIN_CHUNKS_PER_THREAD`` chunks a thread."""
+    want = -(-TUNING.blocks_per_sm * sm_count() // max(rows, 1))
+    most = max(1, chunks // (threads * TUNING.min_chunks_per_thread))
     return max(1, min(want, most, MAX_SPLITS))
 
 
@@ -60,6 +63,8 @@ _RESIDENT: dict = {}
 
 def resident_blocks(kernel, threads):
     """Blocks of ``kernel`` (``threads`` each) the GPU holds at once: occupancy x SMs."""
+    if TUNING.resident_blocks is not None:
+        return TUNING.resident_blocks
     if SIMULATOR:
         return SIM_RESIDENT_BLOCKS
     if collecting():  # the occupancy query compiles: the kernel is chosen already, so guess

@@ -30,6 +30,7 @@ from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import choice, output, tensor
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
+from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
@@ -42,6 +43,9 @@ UNROLL = 2
 BLOCK_THREADS = 256
 #: Rows of the grid's y dimension (a hardware limit); larger row counts loop.
 _MAX_GRID_Y = 65535
+#: What the launcher reads, overridable (scope ``activations`` of ``_overrides.overrides``:
+#: tests take smaller blocks, and a smaller grid to run the kernel's row loop).
+TUNING = Knobs("activations", block_threads=BLOCK_THREADS, max_grid_y=_MAX_GRID_Y)
 
 # ---- fast activations for half-precision data ---------------------------------------------------
 # fp16 / bf16 traffic is 2 bytes an element, so at HBM speed the SM has about 30 instructions an
@@ -192,12 +196,13 @@ def _launch(x, out, stream, act_name, gated):
         vec = 1
     chunks = d // vec
     unroll = UNROLL
-    tx_threads = min(BLOCK_THREADS, rw.pow2_ceil(max(1, -(-chunks // unroll))))
+    block_threads = TUNING.block_threads
+    tx_threads = min(block_threads, rw.pow2_ceil(max(1, -(-chunks // unroll))))
     if vec > 1 and not gated:
         tx_threads = max(tx_threads, vec)  # the scalar tail needs up to vec - 1 threads
-    ty_threads = max(1, BLOCK_THREADS // tx_threads)
+    ty_threads = max(1, block_threads // tx_threads)
     grid = (max(1, -(-chunks // (tx_threads * unroll))),
-            min(_MAX_GRID_Y, -(-rows // ty_threads)))
+            min(TUNING.max_grid_y, -(-rows // ty_threads)))
     kernel = _activation_kernel(rw.kind(tx.dtype), vec, act_name, gated, unroll)
     kernel(grid, (tx_threads, ty_threads),
               (kernel_buffer(tx), kernel_buffer(to), rows, d, x_stride, o_stride),

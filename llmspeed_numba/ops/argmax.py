@@ -198,14 +198,14 @@ def _argmax_kernel(x_kind, vec, tpr, rpb, unroll, split):
 def _argmax_plan(rows, chunks, x_kind, vec):
     """``(kernel, splits, threads_per_row, rows_per_block)``: rows split over blocks when there
     are too few to fill the GPU, the grid then one wave (what fits at once)."""
-    threads = rs.SPLIT_THREADS
+    threads = rs.TUNING.split_threads
     splits = rs.aim(rows, chunks, threads)
     if splits > 1:
         kernel = _argmax_kernel(x_kind, vec, threads, 1, rs.UNROLL, True)
-        if rs.FORCE_SPLITS is None:  # no second, partly filled wave
-            splits = max(1, min(splits, rs.resident_blocks(kernel, threads) // rows))
-            if not SIMULATOR:  # (the simulator's one "SM" would never split)
-                splits = max(1, min(splits, MAX_BLOCKS_PER_SM * sm_count() // rows))
+        # no second, partly filled wave
+        splits = max(1, min(splits, rs.resident_blocks(kernel, threads) // rows))
+        if not SIMULATOR:  # (the simulator's one "SM" would never split)
+            splits = max(1, min(splits, MAX_BLOCKS_PER_SM * sm_count() // rows))
         if splits > 1:
             return kernel, splits, threads, 1
     tpr, rpb, _ = rw.row_plan(chunks)

@@ -20,13 +20,13 @@ multiple of 16) when q, k, v and out are 16-byte aligned (pointers and strides m
 elements); otherwise, and under the CUDA simulator, the SIMT kernel of the same algorithm runs.
 The grid is (query blocks, nheads, batch); query blocks run longest-first.
 
-The private keywords ``_impl`` ("tc" / "simt") and ``_config`` (a ``TC_CONFIGS`` tuple, or
-``(block_m, block_n)`` for SIMT) force a kernel; tests and the benchmark's sweep use them.
+Tests and the benchmark's sweep force a kernel through ``TUNING`` (scope ``flash_attn`` of
+``_overrides.overrides``, for ``flash_attn`` and ``flash_attn_varlen``): ``impl`` "tc" / "simt",
+``config`` a ``TC_CONFIGS`` tuple, or ``(block_m, block_n)`` for SIMT.
 """
 
 
 import weakref
-from typing import Any
 
 import numpy as np
 from numba import types
@@ -37,6 +37,7 @@ from .._checks import (aligned, contiguous, last_dim_contiguous, non_negative_st
                        same_dtype, shape, tensor)
 from .._env import SIMULATOR
 from .._launch import array1d, collecting
+from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from .._workspace import workspace
@@ -63,6 +64,9 @@ SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 #: SIMT kernel ``(block_m, block_n)`` on the GPU and in the simulator.
 SIMT_CONFIG = (_flash_attn_simt.BLOCK_M, _flash_attn_simt.BLOCK_N)
 SIMULATOR_SIMT_CONFIG = (16, 16)
+
+#: The kernel forced (None: chosen): ``impl`` "tc" / "simt", ``config`` its configuration.
+TUNING = Knobs("flash_attn", choices={"impl": (None, "tc", "simt")}, impl=None, config=None)
 
 #: Kernel parameters (see ``_flash_attn_tc._tc_kernel_fn``): q, k, v, out, lse, cu_seqlens_q,
 #: cu_seqlens_k, block_table, seqlen_q, seqlen_k, the strides of q, k, v, out (3 each), lse and
@@ -199,10 +203,9 @@ def _dummy_int32(like):
     return Buffer(like.ptr, 1, np.dtype(np.int32), like.obj)   # never read (not varlen)
 
 
-def _pick_impl(impl, tensors):
+def _pick_impl(tensors):
+    impl = TUNING.impl
     if impl is not None:
-        if impl not in ("tc", "simt"):
-            raise ValueError(f"impl: expected 'tc', 'simt' or None, got {impl!r}")
         return impl
     if SIMULATOR:
         return "simt"
@@ -224,11 +227,12 @@ def lse_output(tq, shape, return_lse, stream):
 
 def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seqlen_q, seqlen_k,
             max_seqlen_q, q_strides, k_strides, v_strides, o_strides, lse_strides, scale,
-            left, right, stream, impl, config):
+            left, right, stream):
     headdim = tq.shape[-1]
     is_bf16 = tq.dtype == "bfloat16"
     is_varlen = cu_q is not None
-    impl = _pick_impl(impl, {"q": tq, "k": tk, "v": tv, "out": to})
+    impl = _pick_impl({"q": tq, "k": tk, "v": tv, "out": to})
+    config = TUNING.config
     if impl == "tc":
         config = tuple(config or (SIMULATOR_TC_CONFIG if SIMULATOR else tc_config(headdim)))
         warps, m_tiles, block_n, min_blocks = config + (0,) * (4 - len(config))
@@ -303,8 +307,7 @@ _FLASH_ATTN_CALLS = OpCalls("flash_attn")
 def flash_attn(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False,
                softmax_scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
                return_lse: bool = False, out: ArrayLike | None = None,
-               stream: StreamLike = None, _impl: str | None = None,
-               _config: Any = None) -> ArrayLike | tuple[ArrayLike, ArrayLike]:
+               stream: StreamLike = None) -> ArrayLike | tuple[ArrayLike, ArrayLike]:
     """Attention forward, FlashAttention 2 semantics.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim); fp16 or
@@ -325,17 +328,15 @@ def flash_attn(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False
     below -1 and a softmax_scale that is not a finite number > 0.
     """
     result = _FLASH_ATTN_CALLS.replay(
-        (q, k, v, out),
-        (causal, softmax_scale, window_size, return_lse, _impl, _config), stream)
+        (q, k, v, out), (causal, softmax_scale, window_size, return_lse), stream)
     if result is MISS:
         result = _FLASH_ATTN_CALLS.record(
             _flash_attn_checked, q, k, v, causal, softmax_scale, window_size, return_lse, out,
-            stream, _impl, _config)
+            stream)
     return result
 
 
-def _flash_attn_checked(q, k, v, causal, softmax_scale, window_size, return_lse, out, stream,
-                        _impl, _config):
+def _flash_attn_checked(q, k, v, causal, softmax_scale, window_size, return_lse, out, stream):
     """The checked path of ``flash_attn`` (validation, planning, launch)."""
     tq = tensor(q, "q", ndim=4, dtypes=HALF_DTYPES)
     tk = tensor(k, "k", ndim=4, dtypes=HALF_DTYPES)
@@ -359,8 +360,7 @@ def _flash_attn_checked(q, k, v, causal, softmax_scale, window_size, return_lse,
                 nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k, max_seqlen_q=seqlen_q,
                 q_strides=tq.strides[:3], k_strides=tk.strides[:3], v_strides=tv.strides[:3],
                 o_strides=to.strides[:3], lse_strides=(nheads * seqlen_q, seqlen_q),
-                scale=scale, left=left, right=right, stream=stream, impl=_impl,
-                config=_config)
+                scale=scale, left=left, right=right, stream=stream)
     return (out, lse) if return_lse else out
 
 
@@ -371,9 +371,8 @@ def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Ar
                       cu_seqlens_k: ArrayLike, max_seqlen_q: int, max_seqlen_k: int, *,
                       causal: bool = False, softmax_scale: float | None = None,
                       window_size: tuple[int, int] = (-1, -1), return_lse: bool = False,
-                      out: ArrayLike | None = None, stream: StreamLike = None,
-                      _impl: str | None = None,
-                      _config: Any = None) -> ArrayLike | tuple[ArrayLike, ArrayLike]:
+                      out: ArrayLike | None = None,
+                      stream: StreamLike = None) -> ArrayLike | tuple[ArrayLike, ArrayLike]:
     """Attention forward over a packed batch of sequences of different lengths.
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); sequence ``b`` is rows
@@ -388,18 +387,16 @@ def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Ar
     """
     result = _FLASH_ATTN_VARLEN_CALLS.replay(
         (q, k, v, cu_seqlens_q, cu_seqlens_k, out),
-        (max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size, return_lse, _impl, _config), stream)
+        (max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size, return_lse), stream)
     if result is MISS:
         result = _FLASH_ATTN_VARLEN_CALLS.record(
             _flash_attn_varlen_checked, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-            max_seqlen_k, causal, softmax_scale, window_size, return_lse, out, stream, _impl,
-            _config)
+            max_seqlen_k, causal, softmax_scale, window_size, return_lse, out, stream)
     return result
 
 
 def _flash_attn_varlen_checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               causal, softmax_scale, window_size, return_lse, out, stream, _impl,
-                               _config):
+                               causal, softmax_scale, window_size, return_lse, out, stream):
     """The checked path of ``flash_attn_varlen`` (validation, planning, launch)."""
     tq = tensor(q, "q", ndim=3, dtypes=HALF_DTYPES)
     tk = tensor(k, "k", ndim=3, dtypes=HALF_DTYPES)
@@ -438,8 +435,7 @@ def _flash_attn_varlen_checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                 nheads_k=nheads_k, seqlen_q=0, seqlen_k=0, max_seqlen_q=max_seqlen_q,
                 q_strides=(0,) + tq.strides[:2], k_strides=(0,) + tk.strides[:2],
                 v_strides=(0,) + tv.strides[:2], o_strides=(0,) + to.strides[:2],
-                lse_strides=(0, total_q), scale=scale, left=left, right=right, stream=stream,
-                impl=_impl, config=_config)
+                lse_strides=(0, total_q), scale=scale, left=left, right=right, stream=stream)
     return (out, lse) if return_lse else out
 
 

@@ -31,7 +31,7 @@ import os
 import numpy as np
 from numba import types
 
-from .. import compile_check
+from .. import _recording, compile_check
 from .._arrays import STORAGE, dtype_name, empty, kernel_buffer, stream_handle
 from .._checks import choice, non_negative_strides, output, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
@@ -356,6 +356,7 @@ def _run(p, cfg):
 
 
 _CHOICES = {}  # memo of _choose by shape, layout, dtypes and autotune cache state
+_recording.on_clear(_CHOICES.clear)  # the heuristic reads the SM count (``_overrides``)
 
 
 def _choose(p, config):

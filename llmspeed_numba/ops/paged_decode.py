@@ -39,15 +39,14 @@ Kernel (one block per (batch, kv head, split, row tile), ``WARPS`` warps):
   P's C fragments reused as A fragments and V read by ``ldmatrix.x4.trans``.
 - End. The warps' partial (max, sum, O) are merged through shared memory. With one split the
   block writes ``out`` (and ``lse``) directly; with several, each block writes its normalised fp32
-  partial output and log2-sum-exp to a workspace, then (``SPLIT_PATH = "folded"``, the default)
-  fences them and draws a ticket (``atomicAdd`` on its (batch, KV head, row tile) counter); the
-  block drawing the last ticket merges all the splits' partials (a lane per 16 bytes of a row and
-  group of splits, ``MERGE_UNROLL`` loads in flight, a shuffle butterfly across the groups),
-  writes ``out`` / ``lse`` and sets the counter back to 0, so the workspace is zeroed only when
-  made and a CUDA graph replays the kernel as it is. ``"two_kernels"`` instead leaves the merge
-  to ``_reduce_kernel`` (one warp per output row, 8 splits' loads in flight at a time), a second
-  launch. The workspace is kept per (device, stream) and reused; repeated call signatures launch
-  through a recorded fast path (see "the launch fast path" below).
+  partial output and log2-sum-exp to a workspace, then fences them and draws a ticket
+  (``atomicAdd`` on its (batch, KV head, row tile) counter); the block drawing the last ticket
+  merges all the splits' partials (a lane per 16 bytes of a row and group of splits,
+  ``MERGE_UNROLL`` loads in flight, a shuffle butterfly across the groups), writes ``out`` /
+  ``lse`` and sets the counter back to 0, so the workspace is zeroed only when made and a CUDA
+  graph replays the kernel as it is. The workspace is kept per (device, stream) and reused;
+  repeated call signatures launch through a recorded fast path (see "the launch fast path"
+  below).
 
 Configuration: ``CONFIGS`` (warps, stages) by head dimension, or ``BATCH_CONFIGS`` (two smaller
 blocks an SM) when batch x kv heads x row tiles fill every SM without splitting, or
@@ -69,21 +68,24 @@ block_table and seq_lens back to the host (a device synchronisation) and raises 
 a length outside ``[0, max_blocks_per_seq * block_size]`` or a used page id outside
 ``[0, num_blocks)``. Default (``None``): checked when the arrays are host memory (the CUDA
 simulator), unchecked on the GPU.
+
+Tests and benchmark sweeps force a configuration through ``TUNING`` (scope ``paged_decode`` of
+``_overrides.overrides``): ``tuning``, ``(warps, stages, q_smem[, l2_prefetch])``.
 """
 
 import functools
 import math
-from typing import Any
 
 import numpy as np
 from numba import types
 
-from .. import _checks, compile_check, ptx
+from .. import _checks, _recording, compile_check, ptx
 from .._arrays import (Buffer, empty, host_ints, kernel_buffer, stream_handle,
                       torch_current_stream, torch_signature)
 from .._checks import boolean, output, same_dtype, shape, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, PreparedLaunch, array1d, collecting, jit, sm_count
+from .._overrides import Knobs
 from .._typing import ArrayLike, StreamLike
 from ._attention_common import LOG2E, NEG_INF
 
@@ -132,26 +134,22 @@ Q_IN_SHARED_FROM = 256
 #: Simulator configuration: two warps (so the cross-warp merge runs) and two stages.
 SIMULATOR_CONFIG = (2, 2)
 
-#: How split partials are merged: ``"folded"``, by the last block of each (batch, KV head, row
-#: tile) to finish (an atomic ticket), inside the decode kernel; ``"two_kernels"``, by a second
-#: kernel (``_reduce_kernel``), kept for comparison (``_split_path=`` selects it per call).
-SPLIT_PATH = "folded"
-SPLIT_PATHS = ("folded", "two_kernels")
+#: ``tuning``: ``(warps, stages, q_smem[, l2_prefetch])`` forced (None: planned).
+TUNING = Knobs("paged_decode", tuning=None)
 
 #: Split-count heuristic: a split shorter than this many tiles per warp is not worth its share of
 #: the merge; at most this many splits (the merges loop over them).
 MIN_TILES_PER_WARP = 2
 MAX_SPLITS = 128
-#: Fixed cost of a block (Q load, merge, partial write) and of the reduce kernel (a second launch
-#: and its pass), in keys. The folded merge costs the last block a fixed part (the partial
-#: writes' fence, the ticket atomic, a round of L2 loads: about 3 us, some 200-300 keys of a
-#: block's stream) and a part per split (its partials, 2 KB a split at group 4, read by one SM).
+#: Fixed cost of a block (Q load, merge, partial write), in keys. The split merge costs the
+#: last block a fixed part (the partial writes' fence, the ticket atomic, a round of L2 loads:
+#: about 3 us, some 200-300 keys of a block's stream) and a part per split (its partials, 2 KB
+#: a split at group 4, read by one SM).
 #: Fitted to a sweep of 1-16 splits on the H200 (``probe_decode.py``, S 512 / 4096, batch 1 / 8
 #: / 32): with a merge of 32 keys the model split 512-key sequences at batch 1 and 8 in two,
 #: 0.6-2 us slower than one split (B8 S512 Hk8 15.2 vs 13.2 us); 256 keeps them whole and
 #: changes no other benchmarked shape's count.
 BLOCK_OVERHEAD_KEYS = 128
-REDUCE_OVERHEAD_KEYS = 128
 FOLDED_MERGE_KEYS = 256
 FOLDED_MERGE_KEYS_PER_SPLIT = 1
 
@@ -329,8 +327,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
                             sqb, sqt, sqh, sqd, skb, skt, skh, svb, svt, svh, sbtb, sbts, ssl,
                             sob, sot, soh, sod, slb, slh, slt,
                             q_len, nheads, nheads_k, group, rows_total, row_tiles, max_slots,
-                            num_blocks, bs_shift, window_left, num_splits, scale_log2, want_lse,
-                            folded):
+                            num_blocks, bs_shift, window_left, num_splits, scale_log2, want_lse):
         smem = cuda.shared.array(0, np.uint16)
         smem_f = cuda.shared.array(0, np.float32)
         tid = cuda.threadIdx.x
@@ -710,7 +707,7 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
                     if d == 0:
                         part_lse[row_id * num_splits + split] = _row_lse2(big, total)
 
-        if num_splits == 1 or folded == 0:
+        if num_splits == 1:
             return
         # ---- folded reduction: the block that finishes its rows' splits last merges them ----
         # Release: this thread's partials are visible GPU-wide before the block's ticket.
@@ -789,94 +786,18 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
     return paged_decode_kernel
 
 
-def _reduce_kernel_fn(head_dim, is_bf16):
-    """Merge of the splits: one warp per output row (batch, query, head)."""
-    D = head_dim
-    NDL = (D + 31) // 32
-    to_half = ptx.f32_to_bf16 if is_bf16 else ptx.f32_to_f16
-    zero_f = np.float32(0.0)
-    ln2 = np.float32(LN2)
-    REDUCE_UNROLL = 8 if D <= 128 else 4
-
-    def paged_decode_reduce_kernel(part_o, part_lse, out, lse, sob, sot, soh, sod, slb, slh,
-                                   slt, rows, q_len, nheads, num_splits, want_lse):
-        lane = cuda.threadIdx.x % 32
-        row = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32
-        if row < rows:  # warp-uniform
-            big = NEG_INF
-            for s in range(lane, num_splits, 32):
-                big = max(big, part_lse[row * num_splits + s])
-            for mask in (16, 8, 4, 2, 1):
-                big = max(big, ptx.shfl_xor_f32(big, mask))
-            base = big
-            if big == NEG_INF:
-                base = zero_f
-            acc = cuda.local.array(NDL, np.float32)
-            for i in range(NDL):
-                acc[i] = zero_f
-            total = zero_f
-            # REDUCE_UNROLL splits a step, loads first (clamped index, weight 0 past the end),
-            # so their latencies overlap instead of adding up split after split
-            last = num_splits - 1
-            for s0 in range(0, num_splits, REDUCE_UNROLL):
-                ws = cuda.local.array(REDUCE_UNROLL, np.float32)
-                vs = cuda.local.array((REDUCE_UNROLL, NDL), np.float32)
-                for u in range(REDUCE_UNROLL):
-                    sc = min(s0 + u, last)
-                    ws[u] = part_lse[row * num_splits + sc]
-                    src = (row * num_splits + sc) * D
-                    for i in range(NDL):
-                        vs[u, i] = part_o[src + min(i * 32 + lane, D - 1)]
-                for u in range(REDUCE_UNROLL):
-                    f = ptx.ex2_approx(ws[u] - base)
-                    if s0 + u > last:
-                        f = zero_f
-                    total += f
-                    for i in range(NDL):
-                        acc[i] += f * vs[u, i]
-            head = row % nheads
-            bt = row // nheads
-            tq = bt % q_len
-            b = bt // q_len
-            inv = zero_f
-            if total > zero_f:
-                inv = np.float32(1.0) / total
-            for i in range(NDL):
-                d = i * 32 + lane
-                if d < D:
-                    out[b * sob + tq * sot + head * soh + d * sod] = to_half(acc[i] * inv)
-            if want_lse != 0 and lane == 0:
-                lse[b * slb + head * slh + tq * slt] = _row_lse2(big, total) * ln2
-
-    return paged_decode_reduce_kernel
-
-
 _DECODE_SIGNATURE = (
     (array1d(np.uint16),) * 3 + (array1d(np.int32),) * 2
     + (array1d(np.uint16),) + (array1d(np.float32),) * 3 + (array1d(np.int32),)
     + (types.int64,) * 20
-    + (types.int32,) * 11 + (types.float32, types.int32, types.int32)
+    + (types.int32,) * 11 + (types.float32, types.int32)
 )
-
-_REDUCE_SIGNATURE = (
-    (array1d(np.float32),) * 2 + (array1d(np.uint16), array1d(np.float32))
-    + (types.int64,) * 7 + (types.int32,) * 5
-)
-
-REDUCE_WARPS = 4
-
 
 @functools.lru_cache(maxsize=None)
 def _decode_kernel(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch):
     return Kernel(jit(_decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem,
                                         l2_prefetch)),
                   _DECODE_SIGNATURE, "paged_decode_kernel")
-
-
-@functools.lru_cache(maxsize=None)
-def _reduce_kernel(head_dim, is_bf16):
-    return Kernel(jit(_reduce_kernel_fn(head_dim, is_bf16)), _REDUCE_SIGNATURE,
-                  "paged_decode_reduce_kernel")
 
 
 # ---- split count ----------------------------------------------------------------------------
@@ -896,13 +817,13 @@ def resident_blocks_per_sm(head_dim, m16, page8, is_bf16, warps, stages, q_smem,
 
 
 @functools.lru_cache(maxsize=4096)
-def choose_num_splits(blocks, max_len, warps, slots, folded=True):
+def choose_num_splits(blocks, max_len, warps, slots):
     """Split count for ``blocks`` (batch x kv heads x row tiles) blocks of at most ``max_len``
     keys on ``slots`` resident blocks (SMs x blocks per SM).
 
-    Models the time as waves x (keys a split + a block's fixed cost), plus the merge when
-    splitting (folded into the last block, or the reduce kernel), and takes the cheapest count
-    (the smallest among equals); a split keeps at least ``MIN_TILES_PER_WARP`` tiles per warp."""
+    Models the time as waves x (keys a split + a block's fixed cost), plus the merge (in the
+    last block) when splitting, and takes the cheapest count (the smallest among equals); a
+    split keeps at least ``MIN_TILES_PER_WARP`` tiles per warp."""
     tiles = -(-max(max_len, 1) // TILE)
     limit = max(1, min(MAX_SPLITS, tiles // (MIN_TILES_PER_WARP * warps)))
     best, best_cost = 1, None
@@ -911,8 +832,7 @@ def choose_num_splits(blocks, max_len, warps, slots, folded=True):
         keys = -(-tiles // splits) * TILE
         cost = waves * (keys + BLOCK_OVERHEAD_KEYS)
         if splits > 1:
-            cost += (FOLDED_MERGE_KEYS + FOLDED_MERGE_KEYS_PER_SPLIT * splits if folded
-                     else REDUCE_OVERHEAD_KEYS)
+            cost += FOLDED_MERGE_KEYS + FOLDED_MERGE_KEYS_PER_SPLIT * splits
         if best_cost is None or cost < best_cost:
             best, best_cost = splits, cost
     return best
@@ -920,7 +840,7 @@ def choose_num_splits(blocks, max_len, warps, slots, folded=True):
 
 # ---- launcher -------------------------------------------------------------------------------
 
-def _check_options(softmax_scale, window_size, headdim, num_splits, split_path):
+def _check_options(softmax_scale, window_size, headdim, num_splits):
     scale = _checks.softmax_scale(softmax_scale, headdim)
     left, right = _checks.window_size(window_size)
     if right > 0:
@@ -934,9 +854,6 @@ def _check_options(softmax_scale, window_size, headdim, num_splits, split_path):
         if not 1 <= num_splits <= MAX_SPLITS:
             raise ValueError(f"num_splits: expected 1 <= num_splits <= {MAX_SPLITS}, got "
                              f"{num_splits}")
-    if split_path not in SPLIT_PATHS:
-        raise ValueError(f"_split_path: expected one of {SPLIT_PATHS} or None, got "
-                         f"{split_path!r}")
     return scale, int(left)
 
 
@@ -1032,13 +949,11 @@ def short_jobs_take_small_blocks(blocks, max_len, slots):
 
 @functools.lru_cache(maxsize=4096)
 def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_per_seq,
-                dtype, num_splits=None, tuning=None, split_path=None):
+                dtype, num_splits=None, tuning=None):
     """How ``paged_decode_attention`` runs these shapes: the kernel configuration
     ``(headdim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch)``, the split count,
-    the query rows a KV head has (``group * q_len``) and their row tiles, the blocks a split, and
-    whether the splits are merged in the decode kernel (``folded``; ``split_path`` None:
-    ``SPLIT_PATH``)."""
-    folded = (SPLIT_PATH if split_path is None else split_path) == "folded"
+    the query rows a KV head has (``group * q_len``) and their row tiles, and the blocks a split.
+    ``tuning``: ``(warps, stages, q_smem[, l2_prefetch])`` forced (``TUNING.tuning``)."""
     group = nheads // nheads_k
     rows_total = group * q_len
     m16 = rows_total > 8
@@ -1062,17 +977,16 @@ def launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, max_blocks_
                 warps, stages = SHORT_JOB_CONFIGS[headdim]
     else:
         warps, stages = CONFIGS[headdim]
-    if tuning is not None:  # tests and benchmark sweeps: (warps, stages, q_smem[, l2_prefetch])
+    if tuning is not None:
         warps, stages, q_smem = tuning[:3]
         if len(tuning) > 3:
             l2_prefetch = tuning[3]
     config = config_of(warps, stages)
     if num_splits is None:
         slots = sm_count() * resident_blocks_per_sm(*config)
-        num_splits = choose_num_splits(blocks, max_len, warps, slots, folded)
+        num_splits = choose_num_splits(blocks, max_len, warps, slots)
     return {"config": config, "num_splits": int(num_splits), "group": group,
-            "rows_total": rows_total, "row_tiles": row_tiles, "blocks": blocks,
-            "folded": folded}
+            "rows_total": rows_total, "row_tiles": row_tiles, "blocks": blocks}
 
 
 def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
@@ -1080,8 +994,7 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
                            softmax_scale: float | None = None,
                            window_size: tuple[int, int] = (-1, -1), return_lse: bool = False,
                            out: ArrayLike | None = None, stream: StreamLike = None,
-                           num_splits: int | None = None, check_bounds: bool | None = None,
-                           _tuning: Any = None, _split_path: str | None = None
+                           num_splits: int | None = None, check_bounds: bool | None = None
                            ) -> ArrayLike | tuple[ArrayLike, ArrayLike]:
     """Attention of the newest tokens of each sequence over its paged KV cache.
 
@@ -1102,15 +1015,13 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
     ``lse`` float32 (batch, nheads) for 3-D q or (batch, nheads, q_len) for 4-D q (natural log;
     ``-inf`` for a query with nothing to attend). ``num_splits``: split-K count (None: chosen
     from the shapes, see the module docstring). ``check_bounds``: see the module docstring.
-    ``_split_path``: ``"folded"`` or ``"two_kernels"`` (None: ``SPLIT_PATH``), for comparisons.
 
     Errors: ``TypeError`` (not an array, dtype, options of the wrong type), ``ValueError``
     (shapes, strides, alignment, option values; with checks on, seq_lens / block_table
     contents), ``NotImplementedError`` (headdim, block_size, window_size[1] > 0).
     """
-    split_path = SPLIT_PATH if _split_path is None else _split_path
     key = _fast_key(q, k_cache, v_cache, block_table, seq_lens, out, softmax_scale, window_size,
-                    return_lse, stream, num_splits, check_bounds, _tuning, split_path)
+                    return_lse, stream, num_splits, check_bounds)
     if key is not None:
         fast = _FAST.get(key)
         if fast is not None:
@@ -1122,7 +1033,7 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
     nheads, headdim = tq.shape[-2], tq.shape[-1]
     num_blocks, block_size, nheads_k, _ = tk.shape
     q_len = tq.shape[1] if tq.ndim == 4 else 1
-    scale, left = _check_options(softmax_scale, window_size, headdim, num_splits, split_path)
+    scale, left = _check_options(softmax_scale, window_size, headdim, num_splits)
     boolean("return_lse", return_lse)
     if check_bounds is not None:
         boolean("check_bounds", check_bounds)
@@ -1143,10 +1054,11 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
     if batch == 0 or nheads == 0:
         return (out, lse) if return_lse else out
 
+    tuning = TUNING.tuning
     plan = launch_plan(batch, q_len, nheads, nheads_k, headdim, block_size, tbt.shape[1],
                        tq.dtype, None if num_splits is None else int(num_splits),
-                       None if _tuning is None else tuple(_tuning), split_path)
-    config, num_splits, folded = plan["config"], plan["num_splits"], plan["folded"]
+                       None if tuning is None else tuple(tuning))
+    config, num_splits = plan["config"], plan["num_splits"]
     warps, stages, q_smem = config[4:7]
     group, rows_total, row_tiles = plan["group"], plan["rows_total"], plan["row_tiles"]
     blocks, max_slots = plan["blocks"], tbt.shape[1]
@@ -1167,7 +1079,7 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
     handle = stream_handle(stream, (tq, tk))
     split = num_splits > 1
     rows = batch * q_len * nheads
-    work = (rows * num_splits * headdim, rows * num_splits, blocks if folded else 0)
+    work = (rows * num_splits * headdim, rows * num_splits, blocks)
     if split:
         po, pl, tickets = _workspace(tq, handle, *work)
     else:
@@ -1181,21 +1093,12 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
              sqb, sqt, sqh, sqd, *tk.strides[:3], *tv.strides[:3], *tbt.strides,
              tsl.strides[0], sob, sot, soh, sod, slb, slh, slt,
              q_len, nheads, nheads_k, group, rows_total, row_tiles, max_slots, num_blocks,
-             block_size.bit_length() - 1, left, num_splits, scale * LOG2E, int(return_lse),
-             int(folded)),
+             block_size.bit_length() - 1, left, num_splits, scale * LOG2E, int(return_lse)),
             shared_bytes(headdim, warps, stages, q_smem))
     kernel(main[0], main[1], main[2], handle, main[3])
-    reduce = None
-    if split and not folded:
-        reduce = (-(-rows // REDUCE_WARPS), 32 * REDUCE_WARPS,
-                  (po, pl, kernel_buffer(to), lse_buf, sob, sot, soh, sod, slb, slh, slt,
-                   rows, q_len, nheads, num_splits, int(return_lse)), 0)
-        _reduce_kernel(headdim, config[3])(reduce[0], reduce[1], reduce[2], handle, reduce[3])
     if key is not None and not check_bounds and len(_FAST) < _FAST_MAX and not collecting():
-        _FAST[key] = _FastCall(
-            _decode_kernel(*config), main,
-            None if reduce is None else _reduce_kernel(headdim, config[3]), reduce, out_given,
-            tq, lse_shape if return_lse else None, work if split else None)
+        _FAST[key] = _FastCall(_decode_kernel(*config), main, out_given, tq,
+                               lse_shape if return_lse else None, work if split else None)
     return (out, lse) if return_lse else out
 
 
@@ -1211,6 +1114,10 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
 #: Signatures kept (first come, first kept).
 _FAST_MAX = 256
 _FAST = {}
+# forgotten with every op's recorded plans (``_overrides`` changed the kernel choice); the plans
+# read the SM count, which ``_overrides`` may change too
+_recording.on_clear(_FAST.clear)
+_recording.on_clear(launch_plan.cache_clear)
 #: (device, stream) -> _Workspace: split partials and folded-merge tickets of eager calls, kept
 #: and grown, never shrunk (kernels on one stream run in order, so one stream's launches can
 #: share it; the folded merge leaves every ticket 0 again). Calls captured into a CUDA graph
@@ -1226,7 +1133,7 @@ def _sig(x):
 
 
 def _fast_key(q, k_cache, v_cache, block_table, seq_lens, out, softmax_scale, window_size,
-              return_lse, stream, num_splits, check_bounds, tuning, split_path):
+              return_lse, stream, num_splits, check_bounds):
     """The fast-path signature of a call with torch CUDA tensors, else None."""
     if SIMULATOR or type(q).__module__ != "torch":
         return None
@@ -1234,8 +1141,7 @@ def _fast_key(q, k_cache, v_cache, block_table, seq_lens, out, softmax_scale, wi
         key = (_sig(q), _sig(k_cache), _sig(v_cache), _sig(block_table), _sig(seq_lens),
                None if out is None else _sig(out), softmax_scale, type(softmax_scale),
                tuple(window_size), tuple(map(type, window_size)), return_lse,
-               type(return_lse), stream is None, num_splits, type(num_splits), check_bounds,
-               None if tuning is None else tuple(tuning), split_path)
+               type(return_lse), stream is None, num_splits, type(num_splits), check_bounds)
         hash(key)
     except (AttributeError, TypeError, ValueError, RuntimeError):
         return None
@@ -1344,9 +1250,8 @@ def _torch_workspace(device, stream, n_o, n_lse, n_tickets):
 class _FastCall:
     """The recorded launches of one call signature (see above)."""
 
-    def __init__(self, kernel, main, reduce_kernel, reduce, out_given, tq, lse_shape, work):
+    def __init__(self, kernel, main, out_given, tq, lse_shape, work):
         self.main = PreparedLaunch(kernel, *main)
-        self.reduce = None if reduce is None else PreparedLaunch(reduce_kernel, *reduce)
         self.out_given = out_given
         self.shape, self.dtype, self.device = tuple(tq.shape), tq.obj.dtype, tq.obj.device
         self.lse_shape = lse_shape
@@ -1373,8 +1278,6 @@ class _FastCall:
             wo, wl, wt = po.ptr, pl.ptr, tickets.ptr
         self.main((q.data_ptr(), kp, vp, block_table.data_ptr(), seq_lens.data_ptr(), op, lp,
                    wo, wl, wt), handle)
-        if self.reduce is not None:
-            self.reduce((wo, wl, op, lp), handle)
         return (out, lse) if self.lse_shape is not None else out
 
 
@@ -1406,6 +1309,3 @@ for _dim, _m16, _page8, _bf16, _table in ((128, False, False, True, ""),
                        f"cp.async.cg.shared.global.L2::{L2_PREFETCH}B" if L2_PREFETCH
                        else "cp.async.cg.shared.global"),
         sass_must_have=("HMMA", "LDSM", "LDGSTS"))
-
-compile_check.register(
-    "paged_decode_reduce_d128", lambda: (_reduce_kernel_fn(128, False), _REDUCE_SIGNATURE))

@@ -40,11 +40,9 @@ raises ``ValueError`` for decreasing or out-of-range offsets, a sequence longer 
 outside ``[0, num_blocks)``. Default (``None``): checked when the arrays are host memory (the
 CUDA simulator), unchecked on the GPU (no synchronisation).
 
-The private keyword ``_config`` (a ``flash_attn.TC_CONFIGS`` tuple) forces a tile configuration;
-tests use it.
+Tests force a tile configuration through ``TUNING`` (scope ``paged_prefill`` of
+``_overrides.overrides``): ``config``, a ``flash_attn.TC_CONFIGS`` tuple.
 """
-
-from typing import Any
 
 import numpy as np
 
@@ -53,6 +51,7 @@ from .._arrays import empty, host_ints, kernel_buffer, stream_handle
 from .._checks import (aligned, boolean, contiguous, last_dim_contiguous, non_negative_strides,
                        output, same_dtype, shape, tensor)
 from .._env import SIMULATOR
+from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from ._attention_common import LOG2E
@@ -66,6 +65,9 @@ HALF_DTYPES = ("float16", "bfloat16")
 
 _GRID_YZ_LIMIT = 65535
 _INT32_MAX = 2**31 - 1
+
+#: ``config``: the tile configuration forced (None: ``flash_attn.tc_config``).
+TUNING = Knobs("paged_prefill", config=None)
 
 
 # ---- validation ---------------------------------------------------------------------------
@@ -143,7 +145,7 @@ def paged_prefill_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike
                             softmax_scale: float | None = None,
                             window_size: tuple[int, int] = (-1, -1), return_lse: bool = False,
                             out: ArrayLike | None = None, stream: StreamLike = None,
-                            check_bounds: bool | None = None, _config: Any = None
+                            check_bounds: bool | None = None
                             ) -> ArrayLike | tuple[ArrayLike, ArrayLike]:
     """Attention of chunks of new tokens over their sequences' paged KV cache.
 
@@ -174,18 +176,18 @@ def paged_prefill_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike
     """
     result = _PAGED_PREFILL_ATTENTION_CALLS.replay(
         (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, out),
-        (max_seqlen_q, causal, softmax_scale, window_size, return_lse, check_bounds, _config), stream)
+        (max_seqlen_q, causal, softmax_scale, window_size, return_lse, check_bounds), stream)
     if result is MISS:
         result = _PAGED_PREFILL_ATTENTION_CALLS.record(
             _paged_prefill_attention_checked, q, k_cache, v_cache, block_table, cu_seqlens_q,
             seq_lens, max_seqlen_q, causal, softmax_scale, window_size, return_lse, out, stream,
-            check_bounds, _config)
+            check_bounds)
     return result
 
 
 def _paged_prefill_attention_checked(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
                                      max_seqlen_q, causal, softmax_scale, window_size, return_lse,
-                                     out, stream, check_bounds, _config):
+                                     out, stream, check_bounds):
     """The checked path of ``paged_prefill_attention`` (validation, planning, launch)."""
     tq, tk, tv, tbt, tcq, tsl = _validate(q, k_cache, v_cache, block_table, cu_seqlens_q,
                                           seq_lens)
@@ -210,8 +212,7 @@ def _paged_prefill_attention_checked(q, k_cache, v_cache, block_table, cu_seqlen
                                       f"{nheads} heads, {batch} sequences")
         left, right = _normalise_window(causal, left, right, max_seqlen_q, capacity)
         _launch(tq, tk, tv, to, lse_buf, tbt, tcq, tsl, max_seqlen_q=max_seqlen_q,
-                group=nheads // nheads_k, scale=scale, left=left, right=right, stream=stream,
-                config=_config)
+                group=nheads // nheads_k, scale=scale, left=left, right=right, stream=stream)
     return (out, lse) if return_lse else out
 
 
@@ -225,11 +226,11 @@ def _kernel_config(headdim, config):
 
 
 def _launch(tq, tk, tv, to, lse_buf, tbt, tcq, tsl, *, max_seqlen_q, group, scale, left, right,
-            stream, config):
+            stream):
     total_q, nheads, headdim = tq.shape
     num_blocks, block_size = tk.shape[:2]
     batch, max_slots = tbt.shape
-    warps, m_tiles, block_n = _kernel_config(headdim, config)
+    warps, m_tiles, block_n = _kernel_config(headdim, TUNING.config)
     dim = padded_dim(headdim)
     kernel = _flash_attn_tc.tc_kernel(_SIGNATURE, headdim, dim, warps, m_tiles, block_n, 0,
                                       tq.dtype == "bfloat16", True, True)

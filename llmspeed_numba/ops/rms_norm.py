@@ -41,6 +41,7 @@ from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import no_overlap, one_of_dtypes, output, same_dtype, shape, tensor
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
+from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
@@ -48,15 +49,15 @@ from . import _rowwise as rw
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 
 SCHEDULES = ("loads_first", "interleaved")
-#: Schedule of register-held rows without the residual: None picks by row width (``_schedule``);
-#: a name from ``SCHEDULES`` forces it (read at each call: benchmarks/probes/probe_norms.py
-#: A/Bs them).
-NO_RESIDUAL_SCHEDULE = None
 #: Rows of at least this many threads (over 1024 chunks: halves over 8192 elements, fp32 over
 #: 4096) take "interleaved" without the residual. At 8192 x 14336 f16 "loads_first" ran 124 us
 #: (06b1a55), "interleaved" 117 us (bd70184, under a harness that timed unchanged kernels ~2 us
 #: slower); at 8192 x 4096 33 vs 37 us. probe_norms.py times both in one run.
 INTERLEAVED_MIN_THREADS = 512
+#: ``schedule``: the schedule of register-held rows without the residual, None (picked by row
+#: width, ``_schedule``) or a name from ``SCHEDULES`` (forced: benchmarks/probes/probe_norms.py
+#: A/Bs them).
+TUNING = Knobs("rms_norm", choices={"schedule": (None, *SCHEDULES)}, schedule=None)
 
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
@@ -66,12 +67,9 @@ def _schedule(tpr, cpt, has_residual):
     """True for the "interleaved" schedule (see the module docstring)."""
     if cpt == 0 or has_residual:
         return False
-    choice = NO_RESIDUAL_SCHEDULE
+    choice = TUNING.schedule
     if choice is None:
         return tpr >= INTERLEAVED_MIN_THREADS
-    if choice not in SCHEDULES:
-        raise ValueError(f"NO_RESIDUAL_SCHEDULE: expected None or one of {SCHEDULES}, got "
-                         f"{choice!r}")
     return choice == "interleaved"
 
 

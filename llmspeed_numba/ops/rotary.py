@@ -47,6 +47,7 @@ from .._arrays import as_tensor, host_ints, kernel_buffer, stream_handle
 from .._checks import choice, same_dtype, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit
+from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
@@ -55,6 +56,8 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 STYLES = ("neox", "gptj")
 #: Most threads of a block (one token); each holds the cos / sin of its frequency group.
 MAX_BLOCK_THREADS = 128
+#: What the launcher reads, overridable (scope ``rotary`` of ``_overrides.overrides``).
+TUNING = Knobs("rotary", max_block_threads=MAX_BLOCK_THREADS)
 
 MODE_NEOX_VEC, MODE_GPTJ_VEC, MODE_NEOX_SCALAR, MODE_GPTJ_SCALAR = 0, 1, 2, 3
 
@@ -359,7 +362,7 @@ def _rotary_embedding_checked(q, k, positions, base, cos_sin_cache, style, rotar
     # enough threads for every (group, head) up to MAX_BLOCK_THREADS, and at least one per group
     round32 = lambda n: -(-n // 32) * 32  # noqa: E731
     threads = max(round32(groups),
-                  min(round32(groups * (nh_q + nh_k)), MAX_BLOCK_THREADS))
+                  min(round32(groups * (nh_q + nh_k)), TUNING.max_block_threads))
 
     c_kind = rw.KIND_F32 if tc is None else rw.kind(tc.dtype)
     kernel = _rotary_kernel(q_kind, c_kind, mode, tc is not None, tp.dtype == "int64")

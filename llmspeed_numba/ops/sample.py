@@ -68,6 +68,7 @@ from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import output, tensor
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit
+from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
@@ -94,6 +95,9 @@ DIGIT_BITS = 11
 #: exact for any sizes: they only trade histogram work against passes; tests run both).
 if SIMULATOR:
     BINS, DIGIT_BITS = 64, 6
+#: What the launcher reads, overridable (scope ``sample`` of ``_overrides.overrides``: tests run
+#: the GPU's histogram sizes under the simulator too).
+TUNING = Knobs("sample", bins=BINS, digit_bits=DIGIT_BITS)
 #: Fixed-point scales: bin masses (p / p_max in [0, 1], summed over at most 2^23 tokens) and the
 #: per-thread sums of the sampling pass (at most 2^16 tokens a thread).
 MASS_ONE = 2.0**40
@@ -829,7 +833,7 @@ def _sample_checked(logits, temperature, top_k, top_p, min_p, seed, out, stream)
     k = rw.kind(tx.dtype)
     vector = rw.vector_aligned(tx, 0 if rows == 1 else x_stride, rw.vector_width(tx.dtype))
     threads = threads_for(cols)
-    _sample_kernel(k, vector, threads, BINS, DIGIT_BITS)(
+    _sample_kernel(k, vector, threads, TUNING.bins, TUNING.digit_bits)(
         rows, threads,
         (kernel_buffer(tx), kernel_buffer(to), temps, top_ks, top_ps, min_ps, seeds,
          float(temp_s), min(int(top_k_s), 2**31 - 1), float(top_p_s), float(min_p_s), seed_s,

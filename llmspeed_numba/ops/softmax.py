@@ -28,9 +28,9 @@ Kernels (``_softmax_kernels.py``; ``_rowwise`` layout; split rows planned as ``_
   blocks) computes the missing spans' statistics itself - the same code, so the same bits - and
   carries on: never a deadlock. The last block to leave resets the row's counters (workspace kept
   per device and stream, so calls on one stream reuse it and CUDA graphs can capture the kernel).
-  ``SPLIT_PATH = "two_kernels"`` selects the previous layout (a stats kernel, then a write kernel
-  merging the partials, the same span code), never chosen by the planner: kept as a manual
-  fallback and for comparison (NOTES.md, Fused ops).
+
+Tests force a path through ``TUNING`` (scope ``softmax`` of ``_overrides.overrides``):
+``split_path`` "resident" / "streamed", ``splits`` (blocks a row), ``spin_polls``.
 """
 
 import math
@@ -41,6 +41,7 @@ from .. import compile_check
 from .._arrays import dtype_name, empty, kernel_buffer, stream_handle
 from .._checks import output, tensor
 from .._env import SIMULATOR
+from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
 from .._workspace import workspace
@@ -50,48 +51,49 @@ from . import _split_rows as rs
 
 #: Chunks a thread keeps in registers in the one-kernel split path (32 registers of words).
 RESIDENT_CHUNKS = rw.MAX_CHUNKS_PER_THREAD
-#: Split-row softmax: "auto" (one kernel, the span in registers when the grid fits at once with
-#: it, else streamed), "resident" / "streamed" (forced, for tests and probes) or "two_kernels".
-SPLIT_PATH = "auto"
 #: Polls of a row's arrival counter before a block computes the missing spans itself (about
 #: 10-30 ms on a GPU; a block whose row is complete never gets there). Negative: never wait
 #: (tests: every block takes the fallback).
 SPIN_POLLS = 2 if SIMULATOR else 1 << 14
+#: Split-row softmax: ``split_path`` "auto" (the span in registers when the grid fits at once
+#: with it, else streamed) or "resident" / "streamed" (forced); ``splits``: blocks a row (None:
+#: planned); ``spin_polls``: ``SPIN_POLLS``.
+TUNING = Knobs("softmax", choices={"split_path": ("auto", "resident", "streamed")},
+               split_path="auto", splits=None, spin_polls=SPIN_POLLS)
 
 _LOG2E = math.log2(math.e)
 
 
 # ---- planning --------------------------------------------------------------------------------
 
+def _aim(rows, chunks, threads):
+    """Blocks a row: ``rs.aim``, or the forced ``TUNING.splits``."""
+    forced = TUNING.splits
+    return rs.aim(rows, chunks, threads) if forced is None else max(1, min(forced, rs.MAX_SPLITS))
+
+
 def _softmax_split_plan(rows, chunks, x_kind, o_kind, vec):
-    """``(kernels, splits, cpt)`` for rows split over blocks: one kernel with the span in
-    registers (``cpt`` chunks a thread) when its grid fits on the GPU at once, else one kernel
-    streaming the span (``cpt == 0``; more than one block a row only if they fit at once), or
-    the stats and write kernels (``SPLIT_PATH = "two_kernels"``)."""
-    threads = rs.SPLIT_THREADS
-    aim = rs.aim(rows, chunks, threads)
-    if SPLIT_PATH == "two_kernels":
-        return tuple(sk.split_kernel(x_kind, o_kind, vec, threads, rs.UNROLL, write)
-                     for write in (False, True)), aim, 0
-    if SPLIT_PATH not in ("auto", "resident", "streamed"):
-        raise ValueError(f"SPLIT_PATH: expected auto, resident, streamed or two_kernels, got "
-                         f"{SPLIT_PATH!r}")
+    """``(kernel, splits, cpt)`` for rows split over blocks: the span in registers (``cpt``
+    chunks a thread) when the grid fits on the GPU at once with it, else streamed (``cpt ==
+    0``; more than one block a row only if they fit at once)."""
+    threads = rs.TUNING.split_threads
+    forced, path, polls = TUNING.splits, TUNING.split_path, TUNING.spin_polls
+    aim = _aim(rows, chunks, threads)
     most = min(rs.MAX_SPLITS, threads)  # each partial read by one thread of the block
     need = -(-chunks // (threads * RESIDENT_CHUNKS))  # blocks a row for registers to hold it
-    if SPLIT_PATH != "streamed" and need <= most:
-        widest = sk.one_kernel(x_kind, o_kind, vec, threads, RESIDENT_CHUNKS, rs.UNROLL,
-                                     SPIN_POLLS)
+    if path != "streamed" and need <= most:
+        widest = sk.one_kernel(x_kind, o_kind, vec, threads, RESIDENT_CHUNKS, rs.UNROLL, polls)
         fit = rs.resident_blocks(widest, threads) // rows
-        if SPLIT_PATH == "resident" or need <= fit:
-            splits = min(most, max(need, aim if rs.FORCE_SPLITS is not None else min(aim, fit)))
+        if path == "resident" or need <= fit:
+            splits = min(most, max(need, aim if forced is not None else min(aim, fit)))
             span = -(-chunks // splits)
             cpt = rw.pow2_ceil(-(-span // threads))  # chunks a thread, a power of two
-            return (sk.one_kernel(x_kind, o_kind, vec, threads, cpt, rs.UNROLL, SPIN_POLLS),
-                    ), splits, cpt
-    kernel = sk.one_kernel(x_kind, o_kind, vec, threads, 0, rs.UNROLL, SPIN_POLLS)
-    if rs.FORCE_SPLITS is None:
+            return (sk.one_kernel(x_kind, o_kind, vec, threads, cpt, rs.UNROLL, polls), splits,
+                    cpt)
+    kernel = sk.one_kernel(x_kind, o_kind, vec, threads, 0, rs.UNROLL, polls)
+    if forced is None:
         aim = min(aim, rs.resident_blocks(kernel, threads) // rows)
-    return (kernel,), max(1, min(aim, most)), 0
+    return kernel, max(1, min(aim, most)), 0
 
 
 _SOFTMAX_CALLS = OpCalls("softmax")
@@ -158,24 +160,18 @@ def _softmax_checked(x, temperature, dtype, out, stream):
     handle = stream_handle(stream, (tx,))
     tpr, rpb, cpt = rw.row_plan(chunks)
     xb, ob = kernel_buffer(tx), kernel_buffer(to)
-    if cpt > 0 and rs.aim(rows, chunks, rs.SPLIT_THREADS) == 1:
+    threads = rs.TUNING.split_threads
+    if cpt > 0 and _aim(rows, chunks, threads) == 1:
         kernel = sk.fused_kernel(x_kind, o_kind, vec, tpr, rpb, cpt)
         kernel(-(-rows // rpb), tpr * rpb, (xb, ob, rows, cols, x_stride, o_stride, scale),
                handle)
         return out
-    kernels, splits, _ = _softmax_split_plan(rows, chunks, x_kind, o_kind, vec)
+    kernel, splits, _ = _softmax_split_plan(rows, chunks, x_kind, o_kind, vec)
     span = -(-chunks // splits)
-    if len(kernels) == 2:
-        pm = workspace(tx, handle, "softmax_max", rows * splits, np.float32)
-        pl = workspace(tx, handle, "softmax_sum", rows * splits, np.float32)
-        for kernel in kernels:
-            kernel((rows, splits), rs.SPLIT_THREADS,
-                   (xb, ob, pm, pl, cols, x_stride, o_stride, span, scale), handle)
-        return out
     parts = workspace(tx, handle, "softmax_parts", rows * splits, np.uint64)
     counts = workspace(tx, handle, "softmax_counts", 2 * rows, np.uint32)
-    kernels[0]((rows, splits), rs.SPLIT_THREADS,
-               (xb, ob, parts, counts, cols, x_stride, o_stride, span, scale), handle)
+    kernel((rows, splits), threads,
+           (xb, ob, parts, counts, cols, x_stride, o_stride, span, scale), handle)
     return out
 
 
@@ -192,16 +188,9 @@ def _register():
         "softmax_streamed_f32": lambda: (  # 64 x 128256 in fp32
             sk.one_kernel_fn(f32, f32, 4, threads, 0, rs.UNROLL, SPIN_POLLS),
             sk.one_kernel_signature(f32, f32), sk.one_kernel_options(threads)),
-        "softmax_stats_f32": lambda: (
-            sk.split_kernel_fn(f32, f32, 4, threads, rs.UNROLL, False),
-            sk.split_signature(f32, f32)),
-        "softmax_write_bf16_to_f32": lambda: (
-            sk.split_kernel_fn(bf16, f32, 8, threads, rs.UNROLL, True),
-            sk.split_signature(bf16, f32)),
     }
     for name, build in checks.items():
-        must = ("LDG.E.128",) if "stats" in name else vec128
-        compile_check.register(name, build, sass_must_have=must)
+        compile_check.register(name, build, sass_must_have=vec128)
 
 
 _register()
