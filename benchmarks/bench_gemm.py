@@ -249,6 +249,13 @@ def precompile(cases, workers):
         first.setdefault(_kernel_key(c), c)
     tasks = [[c.M, c.N, c.K, c.dtype, c.config if c.config is None or isinstance(c.config, str)
               else dataclasses.asdict(c.config)] for c in first.values()]
+    run_compile_workers(os.path.abspath(__file__), tasks, workers, "kernel sets")
+
+
+def run_compile_workers(script, tasks, workers, what):
+    """Run ``script --compile-worker JSON`` in ``workers`` child processes, each with every
+    ``workers``-th task, and wait for them (a failed worker is reported: the caller then
+    compiles what is missing itself)."""
     workers = max(1, min(workers, len(tasks)))
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -257,14 +264,13 @@ def precompile(cases, workers):
             # stderr to a file: a full pipe would block the child
             log = stack.enter_context(tempfile.TemporaryFile(mode="w+"))
             spec = json.dumps(tasks[w::workers])
-            procs.append((subprocess.Popen([sys.executable, os.path.abspath(__file__),
-                                            "--compile-worker", spec],
+            procs.append((subprocess.Popen([sys.executable, script, "--compile-worker", spec],
                                            stdout=subprocess.DEVNULL, stderr=log), log))
         for p, log in procs:
             if p.wait():  # not fatal: this process compiles what is missing
                 log.seek(0)
                 print(f"  compile worker failed (rc={p.returncode}): {log.read()[-600:]}")
-    print(f"compiled {len(tasks)} kernel sets in {workers} processes: "
+    print(f"compiled {len(tasks)} {what} in {workers} processes: "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
 
 

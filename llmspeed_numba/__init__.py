@@ -11,6 +11,7 @@ from ._env import SIMULATOR, NoCudaError, have_gpu
 from .autotune import autotune
 from .ops.flash_attn import flash_attn, flash_attn_varlen
 from .ops.gemm import GemmConfig, gemm
+from .ops.gemm_gated import deinterleave_gate_up, interleave_gate_up
 from .ops.activations import gelu, gelu_and_mul, silu_and_mul
 from .ops.embedding import embedding
 from .ops.layer_norm import layer_norm
@@ -28,7 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SIMULATOR", "have_gpu", "NoCudaError", "__version__",
-    "gemm", "GemmConfig", "autotune",
+    "gemm", "GemmConfig", "autotune", "interleave_gate_up", "deinterleave_gate_up",
     "flash_attn", "flash_attn_varlen",
     "rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul", "gelu", "gelu_and_mul",
     "softmax", "argmax", "sample", "embedding",

@@ -68,7 +68,7 @@ def weight(node):
     name = node.split("[")[0]
     if name in MEASURED:
         return MEASURED[name]
-    gemm = node.startswith("tests/test_gemm.py")
+    gemm = node.startswith(("tests/test_gemm.py", "tests/test_gemm_gated.py"))
     if node in hypothesis:
         return 60 if gemm else 30
     return 15 if gemm else 2

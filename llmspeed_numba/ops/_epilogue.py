@@ -10,6 +10,12 @@ per-element tail every GEMM kernel shares:
 
 All choices (dtypes, whether c / bias exist, the activation) are closure constants, so a kernel
 without ``c`` has no load of ``c`` at all.
+
+The gated activations (``gated_epilogue``, ``gated_tile_store``) pair a gate column with its up
+column, ``GATE_BLOCK`` columns to its right in the interleaved operand (``ops/gemm_gated.py``):
+
+    out[m, j] = act(alpha * acc[m, n] + bias[n]) * (alpha * acc[m, n + 8] + bias[n + 8]),
+    n = 16 * (j // 8) + j % 8
 """
 
 import functools
@@ -18,7 +24,15 @@ import numpy as np
 
 from .. import ptx
 from .._env import cuda
-from ._activations_device import activation
+from ._activations_device import GATED_ACTIVATIONS, activation
+
+#: Gate (and up) columns per block of the interleaved gate / up operand: the width of one n8
+#: accumulator fragment (mma.sync m16n8k16's, and each 8-column block of a wgmma accumulator),
+#: so a thread holds a gate value and its up value at the same place of two neighbouring
+#: fragments.
+GATE_BLOCK = 8
+_ONE = np.float32(1.0)
+_ZERO = np.float32(0.0)
 
 
 @cuda.jit(device=True, inline="always")
@@ -222,3 +236,81 @@ def block_work(block_m, block_n, block_k, group_m):
                 (k_end - k_begin + block_k - 1) // block_k)
 
     return work
+
+
+@functools.cache
+def gated_epilogue(bias_dtype, gated_act, out_dtype):
+    """Device functions of a gated activation (one of ``GATED_ACTIVATIONS``) whose result is
+    rounded to ``out_dtype``: the activation's SFU form for fp16 / bf16 results (relative error
+    under a tenth of an fp16 ulp, as ``activations.silu_and_mul`` on half-precision data),
+    libdevice's for fp32 ones (``_activations_device``):
+
+    - ``bias_pair(bias, n, N) -> (bias_gate, bias_up)``: the biases of gate column ``n`` of b and
+      of its up column ``n + GATE_BLOCK``; zeros without a bias, and for ``n >= N`` (columns of
+      an edge tile past b's end, whose accumulators are zeros: nothing is read there);
+    - ``combine(gate, up, bias_gate, bias_up, alpha) -> float32``:
+      ``act(alpha * gate + bias_gate) * (alpha * up + bias_up)`` in fp32.
+    """
+    has_bias = bias_dtype is not None
+    load_bias = loader(bias_dtype) if has_bias else _load_f32
+    act_fn = activation(GATED_ACTIVATIONS[gated_act], fast=out_dtype != "float32")
+
+    @cuda.jit(device=True, inline="always")
+    def bias_pair(bias, n, N):
+        if has_bias and n < N:
+            return load_bias(bias, n), load_bias(bias, n + GATE_BLOCK)
+        return _ZERO, _ZERO
+
+    @cuda.jit(device=True, inline="always")
+    def combine(gate, up, bias_gate, bias_up, alpha):
+        g = alpha * gate
+        u = alpha * up
+        if has_bias:
+            g += bias_gate
+            u += bias_up
+        return act_fn(g) * u
+
+    return bias_pair, combine
+
+
+@functools.cache
+def gated_fragment(bias_dtype, gated_act, out_dtype, tile_ld):
+    """Device function ``(tile, t, g0, g1, g2, g3, u0, u1, u2, u3, n, N, bias, alpha)``: the
+    gated results of one thread's part of an n8 fragment pair, gate values ``g0 .. g3`` and up
+    values ``u0 .. u3`` at (row r, column c), (r, c + 1), (r + 8, c), (r + 8, c + 1) (the
+    accumulator order of mma.sync and of each wgmma 8-column block), ``n`` b's gate column c,
+    stored at ``tile[t]``, ``tile[t + 1]``, ``tile[t + 8 tile_ld]``, ``tile[t + 8 tile_ld +
+    1]``. The biases are loaded here, next to their use (loaded once for several fragments,
+    they held registers the 128 x 256 mma.sync tile's GELU epilogue spilled for)."""
+    bias_pair, combine = gated_epilogue(bias_dtype, gated_act, out_dtype)
+    row8 = 8 * tile_ld
+
+    @cuda.jit(device=True, inline="always")
+    def store_fragment(tile, t, g0, g1, g2, g3, u0, u1, u2, u3, n, N, bias, alpha):
+        bg0, bu0 = bias_pair(bias, n, N)
+        bg1, bu1 = bias_pair(bias, n + 1, N)
+        tile[t] = combine(g0, u0, bg0, bu0, alpha)
+        tile[t + 1] = combine(g1, u1, bg1, bu1, alpha)
+        tile[t + row8] = combine(g2, u2, bg0, bu0, alpha)
+        tile[t + row8 + 1] = combine(g3, u3, bg1, bu1, alpha)
+
+    return store_fragment
+
+
+@functools.cache
+def gated_tile_store(block_m, block_n, tile_ld, threads, out_dtype):
+    """``tile_epilogue``'s store for a gated block: the staged tile holds the block's
+    ``block_n / 2`` finished output columns (``act(gate) * up``, bias included), which are
+    stored as they are (rounded to ``out_dtype``). Same parameters as ``tile_epilogue``'s
+    ``store_tile``, with ``n0`` and ``N`` counting b's (interleaved) columns; ``c``, ``bias``,
+    ``alpha`` and ``beta`` are not used."""
+    store_half = tile_epilogue(block_m, block_n // 2, tile_ld, threads, out_dtype, None, None,
+                               None)
+
+    @cuda.jit(device=True, inline="always")
+    def store_tile(tile, tid, m0, n0, M, N, out, out_base, so_m, so_n, c, sc_m, sc_n, bias,
+                   alpha, beta, out_vec):
+        store_half(tile, tid, m0, n0 >> 1, M, N >> 1, out, out_base, so_m, so_n, c, sc_m, sc_n,
+                   bias, _ONE, _ZERO, out_vec)
+
+    return store_tile

@@ -29,9 +29,11 @@ columns first), so the A rows and B columns a wave of blocks shares stay in L2.
 Epilogue: the accumulators are staged through shared memory as an fp32 block tile (reusing the
 pipeline's buffers), then each thread takes 16 bytes of output at a time: ``alpha``, ``beta * c``,
 bias and the activation (``_epilogue``), one 16-byte store when the output rows allow it.
-Unrolled per accumulator in registers instead, the epilogue spills. In split-K mode the caller
-asks for an fp32 output without ``c`` / bias / activation, ``out_z`` elements apart per split:
-raw partial sums in a workspace, which the reduce kernel adds up.
+Unrolled per accumulator in registers instead, the epilogue spills. A gated activation
+(``gemm(..., activation="silu_and_mul")``) pairs each thread's gate and up accumulators while
+staging (``_staged_epilogue``), so the tile holds ``block_n / 2`` output columns. In split-K
+mode the caller asks for an fp32 output without ``c`` / bias / activation, ``out_z`` elements
+apart per split: raw partial sums in a workspace, which the reduce kernel adds up.
 
 Hot-loop notes: all fragment loops have compile-time trip counts and are unrolled (the k16
 steps explicitly, see ``tile_step``), so the accumulators stay in registers (``compile_check``
@@ -45,7 +47,8 @@ import numpy as np
 
 from .. import ptx
 from .._env import cuda
-from ._epilogue import block_work, tile_epilogue
+from ._activations_device import GATED_ACTIVATIONS
+from ._epilogue import block_work, gated_fragment, gated_tile_store, tile_epilogue
 
 
 def _swizzle_params(inner):
@@ -190,9 +193,8 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
     b_stage = block_n * block_k
     b_base = stages * a_stage
     wait_pending = stages - 2
-    tile_ld = epilogue_tile_ld(block_n)
-    store_tile = tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype,
-                               bias_dtype, act)
+    stage_acc, store_tile = _staged_epilogue(block_m, block_n, wm, wn, threads, out_dtype,
+                                             c_dtype, bias_dtype, act)
 
     a_inner = block_k if a_k_inner else block_m
     b_inner = block_k if b_k_inner else block_n
@@ -405,20 +407,94 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
         ptx.cp_async_wait(0)
         cuda.syncthreads()  # every warp is done with the pipeline's buffers
         tile = cuda.shared.array(0, np.float32)
-        g = np.int32(lane >> 2)
-        t2 = np.int32(2 * (lane & 3))
-        for i in range(mf):
-            for j in range(nf):
-                idx = np.int32((wm0 + i * 16 + g) * tile_ld + wn0 + j * 8 + t2)
-                tile[idx] = acc[i, j, 0]
-                tile[idx + 1] = acc[i, j, 1]
-                tile[idx + 8 * tile_ld] = acc[i, j, 2]
-                tile[idx + 8 * tile_ld + 1] = acc[i, j, 3]
+        stage_acc(tile, acc, lane, wm0, wn0, n0, N, bias, alpha)
         cuda.syncthreads()
         store_tile(tile, tid, m0, n0, M, N, out, z * out_z, so_m, so_n, c, sc_m, sc_n, bias,
                    alpha, beta, out_vec)
 
     return gemm_tensor_core_kernel
+
+
+def _staged_epilogue(block_m, block_n, wm, wn, threads, out_dtype, c_dtype, bias_dtype, act):
+    """``(stage_acc, store_tile)``: ``stage_acc(tile, acc, lane, wm0, wn0, n0, N, bias, alpha)``
+    writes a warp's accumulators into the fp32 block tile in shared memory, ``store_tile`` (as
+    ``tile_epilogue``'s) stores that tile through the epilogue.
+
+    Plain: the tile is the ``block_m x block_n`` accumulator block, the whole epilogue runs in
+    ``store_tile``. Gated (``act`` in ``GATED_ACTIVATIONS``): n8 fragments ``2 jj`` (gate) and
+    ``2 jj + 1`` (up) of a warp tile are one interleaved block of b (``_epilogue.GATE_BLOCK``),
+    so each thread pairs its own accumulators, ``combine(acc[i, 2 jj, q], acc[i, 2 jj + 1, q])``
+    (bias added before the activation), and stages the ``block_m x block_n / 2`` output tile,
+    which ``store_tile`` only rounds and stores. (Chosen here, in Python, so the kernel holds
+    only the variant it runs.)"""
+    mf = wm // 16
+    nf = wn // 8
+    if act not in GATED_ACTIVATIONS:
+        tile_ld = epilogue_tile_ld(block_n)
+
+        @cuda.jit(device=True, inline="always")
+        def stage_acc(tile, acc, lane, wm0, wn0, n0, N, bias, alpha):
+            g = np.int32(lane >> 2)
+            t2 = np.int32(2 * (lane & 3))
+            for i in range(mf):
+                for j in range(nf):
+                    idx = np.int32((wm0 + i * 16 + g) * tile_ld + wn0 + j * 8 + t2)
+                    tile[idx] = acc[i, j, 0]
+                    tile[idx + 1] = acc[i, j, 1]
+                    tile[idx + 8 * tile_ld] = acc[i, j, 2]
+                    tile[idx + 8 * tile_ld + 1] = acc[i, j, 3]
+
+        return stage_acc, tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype,
+                                        bias_dtype, act)
+
+    tile_ld = epilogue_tile_ld(block_n // 2)
+    store_fragment = gated_fragment(bias_dtype, act, out_dtype, tile_ld)
+    pairs = nf // 2
+
+    @cuda.jit(device=True, inline="always")
+    def stage_frag(tile, acc, i, jj, t, n, N, bias, alpha):
+        """Gate fragment (i, 2 jj) times up fragment (i, 2 jj + 1): 4 outputs at tile[t ..]."""
+        store_fragment(tile, t, acc[i, 2 * jj, 0], acc[i, 2 * jj, 1], acc[i, 2 * jj, 2],
+                       acc[i, 2 * jj, 3], acc[i, 2 * jj + 1, 0], acc[i, 2 * jj + 1, 1],
+                       acc[i, 2 * jj + 1, 2], acc[i, 2 * jj + 1, 3], n, N, bias, alpha)
+
+    @cuda.jit(device=True, inline="always")
+    def stage_column(tile, acc, jj, lane, wm0, wn0, n0, N, bias, alpha):
+        """Fragment pair column jj of the warp tile, every row (``mf`` written out when <= 4)."""
+        t2 = np.int32(2 * (lane & 3))
+        n = n0 + wn0 + jj * 16 + t2   # b's gate column of acc[:, 2 jj, 0] (and 2)
+        t = np.int32((wm0 + (lane >> 2)) * tile_ld + (wn0 >> 1) + jj * 8 + t2)
+        if mf > 4:
+            for i in range(mf):
+                stage_frag(tile, acc, i, jj, t + i * 16 * tile_ld, n, N, bias, alpha)
+        else:
+            stage_frag(tile, acc, 0, jj, t, n, N, bias, alpha)
+            if mf > 1:
+                stage_frag(tile, acc, 1, jj, t + 16 * tile_ld, n, N, bias, alpha)
+            if mf > 2:
+                stage_frag(tile, acc, 2, jj, t + 32 * tile_ld, n, N, bias, alpha)
+            if mf > 3:
+                stage_frag(tile, acc, 3, jj, t + 48 * tile_ld, n, N, bias, alpha)
+
+    @cuda.jit(device=True, inline="always")
+    def stage_gated(tile, acc, lane, wm0, wn0, n0, N, bias, alpha):
+        # written out (numba has no unroll pragma): as loops, LLVM left them rolled with GELU
+        # and a bias (at 128 x 256, 64 x 64 warp tiles), and the accumulator, indexed by the
+        # loop counters, went to local memory (512 B stack). Warp tiles wider or taller than
+        # 64 (none in CONFIGS) take the loops.
+        if pairs > 4:
+            for jj in range(pairs):
+                stage_column(tile, acc, jj, lane, wm0, wn0, n0, N, bias, alpha)
+        else:
+            stage_column(tile, acc, 0, lane, wm0, wn0, n0, N, bias, alpha)
+            if pairs > 1:
+                stage_column(tile, acc, 1, lane, wm0, wn0, n0, N, bias, alpha)
+            if pairs > 2:
+                stage_column(tile, acc, 2, lane, wm0, wn0, n0, N, bias, alpha)
+            if pairs > 3:
+                stage_column(tile, acc, 3, lane, wm0, wn0, n0, N, bias, alpha)
+
+    return stage_gated, gated_tile_store(block_m, block_n, tile_ld, threads, out_dtype)
 
 
 def epilogue_tile_ld(block_n):

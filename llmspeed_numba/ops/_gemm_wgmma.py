@@ -29,14 +29,17 @@ K elements past the split's end are zero-filled by cp.async's ``src_bytes``; int
 run a K loop with unpredicated copies. Both operands must allow 16-byte copies (aligned
 pointers and leading strides): the caller runs ``_gemm_tensor_core`` otherwise.
 
-Epilogue: as ``_gemm_tensor_core``, through an fp32 tile in shared memory (``tile_epilogue``).
+Epilogue: as ``_gemm_tensor_core``, through an fp32 tile in shared memory (``tile_epilogue``);
+a gated activation pairs each thread's gate and up accumulators while staging it
+(``_staged_epilogue``).
 """
 
 import numpy as np
 
 from .. import ptx
 from .._env import cuda
-from ._epilogue import block_work, tile_epilogue
+from ._activations_device import GATED_ACTIVATIONS
+from ._epilogue import block_work, gated_fragment, gated_tile_store, tile_epilogue
 from ._gemm_tensor_core import either_loader, epilogue_tile_ld, stage_loader
 
 BLOCK_K = 64          # one 128-byte swizzle row of b16 per tile row along K
@@ -66,9 +69,8 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
     b_step = 16 if b_k_inner else 16 * 64
     # warpgroup g's 64 rows of A: 64 rows of 64 (K-major) or panel g (M-major), 4096 elements
     a_group = 64 * 64
-    tile_ld = epilogue_tile_ld(block_n)
-    store_tile = tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype,
-                               bias_dtype, act)
+    stage_acc, store_tile = _staged_epilogue(block_m, block_n, threads, out_dtype, c_dtype,
+                                             bias_dtype, act)
     load_edge = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
                              True, True, False, panels=True)
     load_full = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
@@ -162,17 +164,77 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
         ptx.cp_async_wait(0)
         cuda.syncthreads()
         tile = cuda.shared.array(0, np.float32)
-        lane = tid & 31
-        row = np.int32((tid >> 5) * 16 + (lane >> 2))    # warp w of the block: rows 16 w ..
-        col = np.int32(2 * (lane & 3))
-        for jb in range(block_n // 8):
-            for q in range(4):
-                tile[(row + 8 * (q // 2)) * tile_ld + 8 * jb + col + q % 2] = acc[jb * 4 + q]
+        stage_acc(tile, acc, tid, n0, N, bias, alpha)
         cuda.syncthreads()
         store_tile(tile, tid, m0, n0, M, N, out, z * out_z, so_m, so_n, c, sc_m, sc_n, bias,
                    alpha, beta, out_vec)
 
     return gemm_wgmma_kernel
+
+
+@cuda.jit(device=True, inline="always")
+def _acc_position(tid):
+    """(block row, column in an 8-column block) of a thread's first accumulator."""
+    lane = tid & 31
+    return np.int32((tid >> 5) * 16 + (lane >> 2)), np.int32(2 * (lane & 3))
+
+
+def _staged_epilogue(block_m, block_n, threads, out_dtype, c_dtype, bias_dtype, act):
+    """``(stage_acc, store_tile)`` as ``_gemm_tensor_core._staged_epilogue``, for the wgmma
+    accumulator: ``stage_acc(tile, acc, tid, n0, N, bias, alpha)``. A thread of warp w holds
+    rows ``16 w + lane / 4`` and ``+ 8`` of every 8-column block ``jb`` of the block tile,
+    columns ``8 jb + 2 (lane % 4)`` and ``+ 1``, in ``acc[4 jb .. 4 jb + 3]``; gated, blocks
+    ``2 jj`` (gate) and ``2 jj + 1`` (up) pair up in the thread's own registers."""
+    if act not in GATED_ACTIVATIONS:
+        tile_ld = epilogue_tile_ld(block_n)
+
+        @cuda.jit(device=True, inline="always")
+        def stage_acc(tile, acc, tid, n0, N, bias, alpha):
+            row, col = _acc_position(tid)
+            for jb in range(block_n // 8):
+                for q in range(4):
+                    tile[(row + 8 * (q // 2)) * tile_ld + 8 * jb + col + q % 2] = acc[jb * 4 + q]
+
+        return stage_acc, tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype,
+                                        bias_dtype, act)
+
+    tile_ld = epilogue_tile_ld(block_n // 2)
+    store_fragment = gated_fragment(bias_dtype, act, out_dtype, tile_ld)
+    pairs = block_n // 16
+
+    @cuda.jit(device=True, inline="always")
+    def stage_pair(tile, acc, jj, row, col, n0, N, bias, alpha):
+        """Gate block 2 jj (``acc[8 jj ..]``) times up block 2 jj + 1 (``acc[8 jj + 4 ..]``)."""
+        g = 8 * jj
+        store_fragment(tile, np.int32(row * tile_ld + 8 * jj + col), acc[g], acc[g + 1],
+                       acc[g + 2], acc[g + 3], acc[g + 4], acc[g + 5], acc[g + 6], acc[g + 7],
+                       n0 + 16 * jj + col, N, bias, alpha)
+
+    @cuda.jit(device=True, inline="always")
+    def stage_four(tile, acc, jj, row, col, n0, N, bias, alpha):
+        stage_pair(tile, acc, jj, row, col, n0, N, bias, alpha)
+        if jj + 1 < pairs:
+            stage_pair(tile, acc, jj + 1, row, col, n0, N, bias, alpha)
+        if jj + 2 < pairs:
+            stage_pair(tile, acc, jj + 2, row, col, n0, N, bias, alpha)
+        if jj + 3 < pairs:
+            stage_pair(tile, acc, jj + 3, row, col, n0, N, bias, alpha)
+
+    @cuda.jit(device=True, inline="always")
+    def stage_gated(tile, acc, tid, n0, N, bias, alpha):
+        # the pairs written out (numba has no unroll pragma): as a loop, LLVM left it rolled
+        # with GELU and a bias (four activations a trip), and the accumulator, indexed by the
+        # loop counter, went to local memory (512 B stack at 128 x 256)
+        row, col = _acc_position(tid)
+        stage_four(tile, acc, 0, row, col, n0, N, bias, alpha)
+        if pairs > 4:
+            stage_four(tile, acc, 4, row, col, n0, N, bias, alpha)
+        if pairs > 8:
+            stage_four(tile, acc, 8, row, col, n0, N, bias, alpha)
+        if pairs > 12:
+            stage_four(tile, acc, 12, row, col, n0, N, bias, alpha)
+
+    return stage_gated, gated_tile_store(block_m, block_n, tile_ld, threads, out_dtype)
 
 
 def threads_for(block_m):

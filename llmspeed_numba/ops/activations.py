@@ -34,7 +34,7 @@ from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from . import _rowwise as rw
-from ._activations_device import gelu_erf, gelu_tanh, silu
+from ._activations_device import gelu_erf, gelu_tanh, gelu_tanh_fast, silu, silu_fast
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 #: Chunks per thread loaded before any is computed (loads in flight per thread, per input).
@@ -50,15 +50,12 @@ TUNING = Knobs("activations", block_threads=BLOCK_THREADS, max_grid_y=_MAX_GRID_
 # ---- fast activations for half-precision data ---------------------------------------------------
 # fp16 / bf16 traffic is 2 bytes an element, so at HBM speed the SM has about 30 instructions an
 # element to spend; libdevice's expf + IEEE division (silu) or erff (about 35 instructions) would
-# make the op compute-bound. These use the SFU (ex2, rcp) and keep the relative error below 3e-5,
-# under a tenth of an fp16 ulp (4.9e-4) and a hundredth of a bf16 ulp. fp32 data (twice the bytes
-# per element) uses the libdevice forms of ``_activations_device``.
+# make the op compute-bound. The SFU forms (ex2, rcp: ``_activations_device.silu_fast``,
+# ``gelu_tanh_fast`` and the erf form below) keep the relative error below 3e-5, under a tenth of
+# an fp16 ulp (4.9e-4) and a hundredth of a bf16 ulp. fp32 data (twice the bytes per element)
+# uses the libdevice forms of ``_activations_device``.
 
 _F1 = np.float32(1.0)
-_NEG_LOG2E = np.float32(-math.log2(math.e))
-# gelu_tanh(v) = 0.5 v (1 + tanh(u)) = v * sigmoid(2u), u = sqrt(2/pi) (v + 0.044715 v^3)
-_GT_K1 = np.float32(-2.0 * math.sqrt(2.0 / math.pi) * math.log2(math.e))
-_GT_K3 = np.float32(-2.0 * math.sqrt(2.0 / math.pi) * 0.044715 * math.log2(math.e))
 # gelu_erf(v) = v * Phi(v); h = Phi(-|v|) = 2^(-v^2 log2(e) / 2 + R(t)), t = min(|v| / sqrt 2, 10),
 # R(t) = log2(erfc(t)) + t^2 log2(e) - 1 fitted by a degree-10 polynomial on Chebyshev nodes of
 # [0, 10] (max relative error of h 2.6e-5 wherever h > 1e-38, float32 evaluation included).
@@ -71,16 +68,6 @@ _ERF_R6, _ERF_R7, _ERF_R8, _ERF_R9, _ERF_R10 = _ERF_R[6:]
 _INV_SQRT2 = np.float32(1.0 / math.sqrt(2.0))
 _HALF_NEG_LOG2E = np.float32(-0.5 * math.log2(math.e))
 _T_MAX = np.float32(10.0)
-
-
-@cuda.jit(device=True, inline="always")
-def _silu_fast(v):
-    return v * ptx.rcp_approx(_F1 + ptx.ex2_approx(v * _NEG_LOG2E))
-
-
-@cuda.jit(device=True, inline="always")
-def _gelu_tanh_fast(v):
-    return v * ptx.rcp_approx(_F1 + ptx.ex2_approx(v * (_GT_K1 + _GT_K3 * v * v)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -102,7 +89,7 @@ def _gelu_erf_fast(v):
 
 
 _ACTS = {"silu": silu, "gelu_none": gelu_erf, "gelu_tanh": gelu_tanh}
-_FAST_ACTS = {"silu": _silu_fast, "gelu_none": _gelu_erf_fast, "gelu_tanh": _gelu_tanh_fast}
+_FAST_ACTS = {"silu": silu_fast, "gelu_none": _gelu_erf_fast, "gelu_tanh": gelu_tanh_fast}
 
 
 def _activation_kernel_fn(k, vec, act_name, gated, unroll):

@@ -7,6 +7,11 @@ contiguous extent (a sliced sub-matrix works too): NN, NT, TN and TT all run wit
 ``c`` (M, N) may have any non-negative strides and is read only when ``beta != 0`` (BLAS
 convention); ``bias`` is a contiguous length-N vector; ``c`` and ``bias`` may be fp16, bf16 or fp32.
 
+Gated activations (``gemm_gated.py``): ``activation="silu_and_mul"`` or ``"gelu_and_mul"`` (tanh
+form) computes ``act(a @ b_gate + bias_gate) * (a @ b_up + bias_up)``, out (M, N / 2), from a ``b``
+whose gate and up columns are interleaved in blocks of 8 (``interleave_gate_up``): the MLP's gate /
+up projection in one kernel.
+
 Precision: fp16 / bf16 inputs run on Tensor Cores (``wgmma`` on Hopper, else ``mma.sync``) with fp32
 accumulation (or on the SIMT kernel with ``backend="simt"``); fp32 inputs run on the SIMT kernel in
 fp32. The epilogue is computed in fp32 and rounded once to ``out_dtype`` (default: ``out``'s dtype
@@ -41,10 +46,11 @@ from .._typing import ArrayLike, DTypeLike, StreamLike
 from .._workspace import workspace
 from .. import _tuning_cache
 from . import _gemm_simt, _gemm_tensor_core, _gemm_wgmma
-from ._activations_device import ACTIVATIONS
+from ._activations_device import ACTIVATIONS, GATED_ACTIVATIONS
 from ._epilogue import epilogue, vector_width
 from .gemm_configs import (CONFIGS, LARGE_CONFIG, SIM_TC, SIMT_CONFIG, GemmConfig, candidates,
                            heuristic, resolve_config, split_count)
+from .gemm_gated import check_gated, gated_reduce_kernel_fn
 
 INPUT_DTYPES = ("float16", "bfloat16", "float32")
 OUTPUT_DTYPES = ("float16", "bfloat16", "float32")
@@ -135,13 +141,22 @@ def _splitk_reduce_kernel_fn(out_dtype, c_dtype, bias_dtype, act):
     return splitk_reduce_kernel
 
 
+def _reduce_fn(out_dtype, c_dtype, bias_dtype, act):
+    if act in GATED_ACTIVATIONS:
+        return gated_reduce_kernel_fn(out_dtype, bias_dtype, act)
+    return _splitk_reduce_kernel_fn(out_dtype, c_dtype, bias_dtype, act)
+
+
+def _reduce_signature(out_dtype, c_dtype, bias_dtype):
+    i32, i64, f32 = types.int32, types.int64, types.float32
+    return (array1d(np.float32), _storage(out_dtype), _storage(c_dtype or out_dtype),
+            _storage(bias_dtype or out_dtype), i64, i64, i32, i64, i64, i64, i64, f32, f32)
+
+
 @functools.cache
 def _splitk_reduce_kernel(out_dtype, c_dtype, bias_dtype, act):
-    i32, i64, f32 = types.int32, types.int64, types.float32
-    sig = (array1d(np.float32), _storage(out_dtype), _storage(c_dtype or out_dtype),
-           _storage(bias_dtype or out_dtype), i64, i64, i32, i64, i64, i64, i64, f32, f32)
-    return Kernel(jit(_splitk_reduce_kernel_fn(out_dtype, c_dtype, bias_dtype, act)), sig,
-                  "gemm_splitk_reduce")
+    return Kernel(jit(_reduce_fn(out_dtype, c_dtype, bias_dtype, act)),
+                  _reduce_signature(out_dtype, c_dtype, bias_dtype), "gemm_splitk_reduce")
 
 
 _REDUCE_THREADS = 256
@@ -225,6 +240,15 @@ class _Problem:
     stream: int
 
     @property
+    def gated(self):
+        return self.act in GATED_ACTIVATIONS
+
+    @property
+    def out_shape(self):
+        """(M, N / 2) for a gated activation, else (M, N)."""
+        return (self.M, self.N // 2 if self.gated else self.N)
+
+    @property
     def key(self):
         return shape_class(self.M, self.N, self.K, self.ta.dtype, self.out_dtype,
                            self.a_k_inner, self.b_k_inner, self.a_vec and self.b_vec)
@@ -237,21 +261,25 @@ def prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, str
     M, K = ta.shape
     shape("b", tb, (K, None), "to match a's K")
     N = tb.shape[1]
+    alpha = _scalar("alpha", alpha)
+    beta = _scalar("beta", beta)
+    choice("activation", activation, ACTIVATIONS + tuple(GATED_ACTIVATIONS))
+    gated = activation in GATED_ACTIVATIONS
+    if gated:  # no beta * c; whole gate / up block pairs in b
+        check_gated(activation, tb, N, c, beta)
+    out_shape = (M, N // 2 if gated else N)   # gated: act(gate) * up, N / 2 columns
     if ta.dtype not in INPUT_DTYPES:
         raise TypeError(f"a: expected dtype in {INPUT_DTYPES}, got {ta.dtype}")
     same_dtype("a", ta, b=tb)
     tc = tensor(c, "c", ndim=2, dtypes=OUTPUT_DTYPES) if c is not None else None
     if tc is not None:
-        shape("c", tc, (M, N), "(M, N)")
+        shape("c", tc, out_shape, "(M, N // 2)" if gated else "(M, N)")
         non_negative_strides("c", tc)
     tbias = tensor(bias, "bias", ndim=1, dtypes=OUTPUT_DTYPES) if bias is not None else None
     if tbias is not None:
         shape("bias", tbias, (N,), "(N,)")
         if N > 1 and tbias.strides[0] != 1:
             raise ValueError(f"bias: expected a contiguous vector, got strides {tbias.strides}")
-    alpha = _scalar("alpha", alpha)
-    beta = _scalar("beta", beta)
-    choice("activation", activation, ACTIVATIONS)
     choice("backend", backend, BACKENDS)
     if out_dtype is None:  # out's dtype when given, else the input dtype
         out_dtype = tensor(out, "out", dtypes=OUTPUT_DTYPES).dtype if out is not None else ta.dtype
@@ -265,9 +293,9 @@ def prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, str
     if backend == "tensor_core" and ta.dtype == "float32":
         raise NotImplementedError("backend='tensor_core' needs fp16 or bf16 inputs; fp32 inputs "
                                   "run on backend='simt'")
-    to = output("out", out, (M, N), out_dtype, ta)
+    to = output("out", out, out_shape, out_dtype, ta)
     if to is None:
-        out = empty(ta, (M, N), out_dtype)
+        out = empty(ta, out_shape, out_dtype)
         to = tensor(out, "out")
     return _Problem(ta, tb, to, tc if beta != 0.0 else None, tbias, out, M, N, K, a_k_inner,
                     b_k_inner, lda, ldb, _vector_ok(ta, lda), _vector_ok(tb, ldb), alpha, beta,
@@ -287,7 +315,7 @@ def _launch_reduce(p, ws, splits):
     bias_dtype = p.tbias.dtype if p.tbias is not None else None
     kernel = _splitk_reduce_kernel(p.out_dtype, c_dtype, bias_dtype, p.act)
     out_buf = kernel_buffer(p.to)
-    total = p.M * p.N
+    total = p.out_shape[0] * p.out_shape[1]
     blocks = max(1, min(_cdiv(total, _REDUCE_THREADS), 8 * sm_count()))
     sc = p.tc.strides if p.tc is not None else (0, 0)
     kernel(blocks, _REDUCE_THREADS,
@@ -323,7 +351,10 @@ def _run(p, cfg):
         fp32 = p.ta.dtype == "float32"
         a_vec = a_vec and fp32 and (p.a_k_inner or p.M % 4 == 0)
         b_vec = b_vec and fp32 and (p.b_k_inner or p.N % 4 == 0)
-    if splits == 1:
+    # fp32 partial sums and the reduce kernel: split K, or the SIMT kernel's gated epilogue
+    # (its threads never hold a gate block and its up block: gemm_gated)
+    partials = splits > 1 or (p.gated and cfg.backend == "simt")
+    if not partials:
         c_dtype = p.tc.dtype if p.tc is not None else None
         bias_dtype = p.tbias.dtype if p.tbias is not None else None
         kernel = _gemm_kernel(cfg, p.a_k_inner, p.b_k_inner, a_vec, b_vec, p.ta.dtype,
@@ -342,7 +373,7 @@ def _run(p, cfg):
         so_m, so_n = p.N, 1
         sc = (0, 0)
         alpha, beta = 1.0, 0.0
-    width = vector_width("float32" if splits > 1 else p.out_dtype)
+    width = vector_width("float32" if partials else p.out_dtype)
     # 16-byte epilogue stores: unit column stride, 16-byte aligned rows (and split offsets,
     # which are whole rows of the workspace)
     out_vec = int(so_n == 1 and so_m % width == 0 and _address(out_buf) % 16 == 0)
@@ -351,7 +382,7 @@ def _run(p, cfg):
             p.M, p.N, p.K, p.lda, p.ldb, so_m, so_n, p.M * p.N, sc[0], sc[1], alpha, beta,
             k_split, tiles_m, tiles_n, out_vec),
            p.stream, cfg.shared_bytes())
-    if splits > 1:
+    if partials:
         _launch_reduce(p, out_buf, splits)
 
 
@@ -386,7 +417,7 @@ def tune(p, configs=None, warmup=2, rep=10):
     """Time ``configs`` (default: ``gemm_configs.candidates(p)``) for a validated problem ``p``
     (``prepare``); record the fastest ``GemmConfig`` in the autotune cache and return it. Runs
     into a scratch output, so ``out`` / ``c`` are untouched."""
-    scratch = empty(p.ta, (p.M, p.N), p.out_dtype)
+    scratch = empty(p.ta, p.out_shape, p.out_dtype)
     trial = dataclasses.replace(p, to=tensor(scratch, "scratch"), out=scratch)
     timings = {}
     best, best_ms = None, float("inf")
@@ -419,9 +450,13 @@ def gemm(a: ArrayLike, b: ArrayLike, *, c: ArrayLike | None = None, alpha: float
     a: (M, K), b: (K, N): fp16, bf16 (Tensor Cores, fp32 accumulation) or fp32 (SIMT), the same
     dtype; row- or column-major each (strides decide; other strides raise ``ValueError``).
     c: optional (M, N), read only when ``beta != 0``. bias: optional (N,). c and bias: fp16, bf16
-    or fp32. activation: None, "relu", "gelu" (tanh form) or "silu".
-    out: optional (M, N), any non-negative strides, may be ``c`` itself. out_dtype: fp16, bf16
-    or fp32; default: ``out``'s dtype when given, else the input dtype.
+    or fp32. activation: None, "relu", "gelu" (tanh form) or "silu"; or gated, "silu_and_mul"
+    or "gelu_and_mul" (tanh form): ``out = act(alpha * a @ b_gate + bias_gate) * (alpha * a @
+    b_up + bias_up)``, (M, N / 2), where b (and bias) hold the gate and up columns interleaved
+    in blocks of 8 (``interleave_gate_up``, layout in ``gemm_gated``; N a multiple of 16), the
+    bias added before the activation; ``beta * c`` is not supported there.
+    out: optional (M, N) (gated: (M, N / 2)), any non-negative strides, may be ``c`` itself.
+    out_dtype: fp16, bf16 or fp32; default: ``out``'s dtype when given, else the input dtype.
     backend: "auto" (Tensor Cores for fp16 / bf16, SIMT for fp32),
     "tensor_core" or "simt". config: a ``GemmConfig``, a name in ``CONFIGS`` or a dict; default:
     the autotuned winner for this shape class if one is cached, else a heuristic.
@@ -432,8 +467,9 @@ def gemm(a: ArrayLike, b: ArrayLike, *, c: ArrayLike | None = None, alpha: float
     ``activation(beta * c + bias)`` (the main kernel is not launched in either case).
     Returns ``out`` (allocated in the kind of ``a`` when not given).
     Raises ``TypeError`` for non-arrays, unsupported or mixed dtypes; ``ValueError`` for wrong
-    ranks, mismatched shapes, unsupported strides or a bad config; ``NotImplementedError`` for
-    fp32 inputs with ``backend="tensor_core"``.
+    ranks, mismatched shapes, unsupported strides, a bad config, or a gated activation with
+    ``beta * c`` or N not a multiple of 16; ``NotImplementedError`` for fp32 inputs with
+    ``backend="tensor_core"``.
     """
     result = _GEMM_CALLS.replay(
         (a, b, c, bias, out),
@@ -498,12 +534,33 @@ for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
         ("gemm_wgmma_f16_nt", "wg_128x256x64_s4", True, True, "float16", "float16", {}),
         ("gemm_wgmma_f16_tn_epilogue", "wg_128x128x64_s5", False, False, "float16", "float32",
          {"c_dtype": "float16", "bias_dtype": "float32", "act": "silu"}),
+        # gated gate / up projections (b: a Linear weight's .T), beside plain twins
+        ("gemm_tc_bf16_nt_silu_and_mul", "tc_128x128x32_w2x2_s4", True, True, "bfloat16",
+         "bfloat16", {"act": "silu_and_mul"}),
+        ("gemm_tc_f16_nt_default_gelu_and_mul", LARGE_CONFIG, True, True, "float16", "float16",
+         {"bias_dtype": "float32", "act": "gelu_and_mul"}),
+        ("gemm_tc_f16_nt_64x128", "tc_64x128x64_w1x4_s4", True, True, "float16", "float16", {}),
+        ("gemm_tc_f16_nt_64x128_gelu_and_mul", "tc_64x128x64_w1x4_s4", True, True, "float16",
+         "float16", {"bias_dtype": "float16", "act": "gelu_and_mul"}),
+        ("gemm_tc_bf16_decode_nt_silu_and_mul", "tc_16x128x64_w1x4_s4", True, True, "bfloat16",
+         "bfloat16", {"act": "silu_and_mul"}),
+        ("gemm_wgmma_f16_nt_silu_and_mul", "wg_128x256x64_s4", True, True, "float16", "float16",
+         {"act": "silu_and_mul"}),
+        ("gemm_wgmma_bf16_nt_gelu_and_mul", "wg_128x256x64_s4", True, True, "bfloat16",
+         "bfloat16", {"bias_dtype": "bfloat16", "act": "gelu_and_mul"}),
 ):
     _wg = CONFIGS[_cfg].wgmma
     compile_check.register(
         _name, _compile_target(CONFIGS[_cfg], _a_k, _b_k, _in, _out, **_extra),
         ptx_must_have=_WGMMA_PTX if _wg else _TC_PTX,
         sass_must_have=_WGMMA_SASS if _wg else _TC_SASS)
+for _name, _out, _bias, _act in (("gemm_splitk_reduce_bf16_silu_and_mul", "bfloat16", None,
+                                   "silu_and_mul"),
+                                  ("gemm_splitk_reduce_f16_gelu_and_mul", "float16", "float32",
+                                   "gelu_and_mul")):
+    compile_check.register(
+        _name, lambda o=_out, b=_bias, act=_act: (_reduce_fn(o, None, b, act),
+                                                  _reduce_signature(o, None, b)))
 # (the default SIMT tile with 16-byte global and shared loads, the fp32 path the benchmark
 # times; two blocks per SM: 128 registers through the launch bounds, and the no-spill check)
 # ptxas of nvJitLink 13.0 (the GPU image) spills 4 B (8 B stack) at the 128-register cap

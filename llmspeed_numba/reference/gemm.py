@@ -81,3 +81,26 @@ def gemm_plain(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None,
         else:
             acc += a32[:, k0:k0 + K_STEP] @ b32[k0:k0 + K_STEP]
     return _epilogue(acc, np.float32, c, alpha, beta, bias, activation).astype(out_dtype)
+
+
+#: The activation a gated ``gemm`` activation applies to the gate (``ops/gemm_gated.py``).
+GATE_ACTIVATION = {"silu_and_mul": "silu", "gelu_and_mul": "gelu"}
+
+
+def gated_gemm_reference(a, w_gate, w_up, *, alpha=1.0, bias_gate=None, bias_up=None,
+                         activation="silu_and_mul"):
+    """float64 ``act(alpha * a @ w_gate + bias_gate) * (alpha * a @ w_up + bias_up)``: the
+    gated ``gemm`` with separate (K, I) gate and up weights (not interleaved)."""
+    gate = gemm_reference(a, w_gate, alpha=alpha, bias=bias_gate,
+                          activation=GATE_ACTIVATION[activation])
+    return gate * gemm_reference(a, w_up, alpha=alpha, bias=bias_up)
+
+
+def gated_gemm_plain(a, w_gate, w_up, *, alpha=1.0, bias_gate=None, bias_up=None,
+                     activation="silu_and_mul", out_dtype=np.float32, mma=False):
+    """The same in the kernel's precision: each product accumulated as ``gemm_plain`` does,
+    bias, activation and the multiply in float32, one rounding to ``out_dtype``."""
+    gate = gemm_plain(a, w_gate, alpha=alpha, bias=bias_gate,
+                      activation=GATE_ACTIVATION[activation], mma=mma)
+    up = gemm_plain(a, w_up, alpha=alpha, bias=bias_up, mma=mma)
+    return (gate * up).astype(out_dtype)
