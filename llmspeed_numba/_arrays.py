@@ -356,6 +356,15 @@ class Buffer:
         self.ptr, self.size, self.dtype, self.owner = ptr, size, dtype, owner
 
 
+def device_address(obj):
+    """Device address of element 0 of a torch tensor or any CUDA-array-interface array, of any
+    dtype (the library's own workspaces and allocations; callers' arrays go through
+    ``as_tensor``)."""
+    if hasattr(obj, "data_ptr"):
+        return obj.data_ptr()
+    return obj.__cuda_array_interface__["data"][0]
+
+
 def host_ints(t: Tensor):
     """Host int64 copy of a small integer device array (cu_seqlens, tables), for a host check
     of its contents: synchronises, and makes the op's call not replayable (``_recording``)."""

@@ -96,9 +96,11 @@ def no_overlap(name, t, other_name, other):
     """``t`` and ``other`` (None allowed) share no memory: ``ValueError`` otherwise."""
     if other is None or t.size == 0 or other.size == 0:
         return
-    _recording.note_overlap_check(t.obj, other.obj)
-    t_end = t.ptr + t.extent() * t.itemsize
-    o_end = other.ptr + other.extent() * other.itemsize
+    t_bytes = t.extent() * t.itemsize
+    o_bytes = other.extent() * other.itemsize
+    _recording.note_overlap_check(t.obj, other.obj, t_bytes, o_bytes)
+    t_end = t.ptr + t_bytes
+    o_end = other.ptr + o_bytes
     if t.ptr < o_end and other.ptr < t_end:
         raise ValueError(f"{name}: expected an array that does not overlap {other_name}, got "
                          f"one sharing its memory")

@@ -60,7 +60,7 @@ class Recorder:
         self.allocs = []        # (obj, kind, shape, dtype name, torch device or None)
         self.workspaces = []    # (obj, device, name, size, numpy dtype, kind)
         self.persistent = []    # objects that live as long as the process (tables, dummies)
-        self.overlaps = []      # (obj_a, obj_b) the checked path required disjoint
+        self.overlaps = []      # (obj_a, obj_b, bytes_a, bytes_b) required disjoint
         self.rechecks = []      # (fn, objs)
         self.reason = None      # why the call cannot be replayed, if it cannot
 
@@ -89,7 +89,8 @@ def note_persistent(obj):
         rec.persistent.append(obj)
 
 
-def note_overlap_check(a, b):
+def note_overlap_check(a, b, a_bytes, b_bytes):
+    """Arrays ``a`` and ``b`` (spanning these many bytes) were required not to overlap."""
     rec = getattr(_state, "recorder", None)
     if rec is not None:
-        rec.overlaps.append((a, b))
+        rec.overlaps.append((a, b, a_bytes, b_bytes))

@@ -32,7 +32,8 @@ Usage in an op (the checked body moved to ``_op``):
 
 import os
 
-from ._arrays import Buffer, replay_key, stream_handle, torch_current_stream, torch_tensor_type
+from ._arrays import (Buffer, device_address, replay_key, stream_handle, torch_current_stream,
+                      torch_tensor_type)
 from ._env import SIMULATOR
 from ._launch import PreparedLaunch
 from ._recording import _ALL, Recorder, _state
@@ -193,26 +194,11 @@ def _stream_of(source, arrays, stream):
     return 0
 
 
-def _extent_bytes(x):
-    """Bytes from element 0 to one past the last element of a torch tensor or numba array."""
-    if hasattr(x, "element_size"):
-        shape, strides, itemsize = x.shape, x.stride(), x.element_size()
-    else:
-        itemsize = x.dtype.itemsize
-        shape, strides = x.shape, tuple(s // itemsize for s in x.strides)
-    last = 0
-    for n, s in zip(shape, strides):
-        if n == 0:
-            return 0
-        last += (n - 1) * s
-    return (last + 1) * itemsize
-
-
 class Plan:
     """One signature's recorded work: allocations, workspaces, launches, result."""
 
     __slots__ = ("name", "allocs", "workspaces", "launches", "result", "overlaps", "rechecks",
-                 "stream_source", "n_arrays", "aliases")
+                 "stream_source", "aliases")
 
     @classmethod
     def build(cls, name, rec, arrays, ptrs, stream, result):
@@ -223,9 +209,9 @@ class Plan:
             return None
 
         alloc_objs = [a[0] for a in rec.allocs]
-        alloc_ptrs = [_pointer(o) for o in alloc_objs]
+        alloc_ptrs = [device_address(o) for o in alloc_objs]
         ws_objs = [w[0] for w in rec.workspaces]
-        ws_ptrs = [_pointer(o) for o in ws_objs]
+        ws_ptrs = [device_address(o) for o in ws_objs]
         n = len(arrays)
         # pointer sources: 0..n-1 the call's arrays, then allocations, then workspaces
         bases = list(ptrs) + alloc_ptrs + ws_ptrs
@@ -247,7 +233,6 @@ class Plan:
 
         self = cls()
         self.name = name
-        self.n_arrays = n
         self.aliases = _aliases(arrays)
         self.launches = []
         self.stream_source = _stream_source(arrays, stream)
@@ -291,11 +276,11 @@ class Plan:
                 return None
             self.result = ("one", placed)
         self.overlaps = []
-        for a, b in rec.overlaps:
+        for a, b, a_bytes, b_bytes in rec.overlaps:
             i, j = find(a, arrays), find(b, arrays)
             if i is None or j is None:
                 return None
-            self.overlaps.append((i, j, _extent_bytes(arrays[i]), _extent_bytes(arrays[j])))
+            self.overlaps.append((i, j, a_bytes, b_bytes))
         self.overlaps = tuple(self.overlaps)
         rechecks = []
         for fn, objs in rec.rechecks:
@@ -327,7 +312,7 @@ class Plan:
             for kind, shape, dtype, device in self.allocs:
                 obj = _allocate(kind, shape, dtype, device)
                 made.append(obj)
-                bases.append(_pointer(obj))
+                bases.append(device_address(obj))
             for device, name, size, dtype, kind in self.workspaces:
                 bases.append(workspace_pointer(kind, device, handle, name, size, dtype))
         else:
@@ -346,14 +331,6 @@ def _placed(p, arrays, made):
     if p[0] == "alloc":
         return made[p[1]]
     return None
-
-
-def _pointer(obj):
-    """Device address of an allocation or workspace (torch, or any CUDA-array-interface array,
-    whatever its dtype: workspaces hold uint64 keys the ops' readers reject)."""
-    if hasattr(obj, "data_ptr"):
-        return obj.data_ptr()
-    return obj.__cuda_array_interface__["data"][0]
 
 
 def _torch_dtype(name):

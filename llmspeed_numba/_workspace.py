@@ -10,7 +10,7 @@ grows is replaced, and the old one kept alive: a captured CUDA graph may still p
 import numpy as np
 
 from . import _recording
-from ._arrays import Buffer
+from ._arrays import Buffer, device_address
 from ._env import SIMULATOR, cuda
 
 _WORKSPACE: dict = {}
@@ -28,7 +28,7 @@ def workspace(like, stream, name, size, dtype):
     if SIMULATOR:
         return buf
     _recording.note_workspace(buf, device, name, size, dtype, kind)
-    return Buffer(_pointer(buf), buf.shape[0], np.dtype(dtype), buf)
+    return Buffer(device_address(buf), buf.shape[0], np.dtype(dtype), buf)
 
 
 def workspace_pointer(kind, device, stream, name, size, dtype):
@@ -36,11 +36,7 @@ def workspace_pointer(kind, device, stream, name, size, dtype):
     buf = _WORKSPACE.get((device, stream, name))
     if buf is None or buf.shape[0] < size:
         buf = _buffer(kind, device, stream, name, size, dtype)
-    return _pointer(buf)
-
-
-def _pointer(buf):
-    return buf.data_ptr() if hasattr(buf, "data_ptr") else buf.__cuda_array_interface__["data"][0]
+    return device_address(buf)
 
 
 def _buffer(kind, device, stream, name, size, dtype):
