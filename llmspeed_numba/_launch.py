@@ -16,6 +16,7 @@ Under the simulator ``Kernel`` launches through numba's simulated dispatcher ins
 
 import contextlib
 import ctypes
+import os
 import struct
 import sys
 import threading
@@ -23,7 +24,7 @@ import threading
 import numpy as np
 from numba import types
 
-from . import _recording
+from . import _kernel_cache, _recording
 from ._arrays import Buffer
 from ._env import SIMULATOR, cuda
 from ._overrides import Knobs
@@ -33,7 +34,8 @@ DEFAULT_SHARED_LIMIT = 48 * 1024
 
 
 def jit(fn=None, **options):
-    """``cuda.jit`` for library kernels: on-disk cache on the GPU, plain under the simulator.
+    """``cuda.jit`` for library kernels: on-disk cache on the GPU (stable keys: see
+    ``_kernel_cache``), plain under the simulator.
 
     The linked PTX backend's kernels carry linked CUDA C, which numba cannot pickle into its
     cache, so they are compiled in each process."""
@@ -42,7 +44,9 @@ def jit(fn=None, **options):
             return cuda.jit(f)
         from . import ptx
 
-        return cuda.jit(f, cache=ptx.BACKEND != "linked", **options)
+        if ptx.BACKEND == "linked":
+            return cuda.jit(f, **options)
+        return _kernel_cache.use_stable_keys(cuda.jit(f, cache=True, **options))
 
     return wrap if fn is None else wrap(fn)
 
@@ -154,6 +158,9 @@ class Kernel:
         self.name = name or getattr(dispatcher, "__name__", "kernel")
         self._handle = None
         self._raw_handle = None
+        self._library = None  # cuda-core ObjectCode of a kernel loaded from the store
+        self._key = None
+        self._core = None
         self._shared_optin = DEFAULT_SHARED_LIMIT
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -182,27 +189,63 @@ class Kernel:
 
     # -- compile ----------------------------------------------------------------------------
     def compiled(self):
-        """The numba ``_Kernel`` of this signature (compiles or loads from the disk cache)."""
+        """The numba ``_Kernel`` of this signature (compiles or loads from numba's disk cache),
+        its machine code written to the kernel store (``_kernel_cache``) if not there yet."""
         if SIMULATOR:
             return None
         self.dispatcher.compile(self.signature)
-        return self.dispatcher.overloads[self.signature]
+        kernel = self.dispatcher.overloads[self.signature]
+        key = self._store_key()
+        if key is not None and not os.path.exists(_kernel_cache.store_path(key)):
+            library = kernel._codelibrary
+            _kernel_cache.save(key, library._entry_name, library.get_cubin())
+        return kernel
+
+    def _store_key(self):
+        """This kernel's name in the machine-code store, or None when it is not stored."""
+        if not (getattr(self.dispatcher, "stable_keys", False) and _kernel_cache.store_enabled()):
+            return None
+        if self._key is None:
+            cc = cuda.get_current_device().compute_capability
+            self._key = _kernel_cache.store_key(self.dispatcher, self.signature, cc)
+        return self._key
 
     def handle(self):
-        """The driver handle (a ``CUkernel`` or ``CUfunction`` of cuda.bindings)."""
+        """The driver handle (a ``CUkernel`` or ``CUfunction`` of cuda.bindings): from the
+        machine-code store when it has the kernel (no numba compile or cache load), else
+        compiled (or loaded from numba's cache) by numba."""
         if self._handle is None:
             with self._lock:
                 if self._handle is None:
-                    handle = self.compiled()._codelibrary.get_cufunc().handle
+                    key = self._store_key()
+                    stored = _kernel_cache.load(key) if key is not None else None
+                    if stored is not None:
+                        self._library, handle = stored
+                    else:
+                        handle = self.compiled()._codelibrary.get_cufunc().handle
                     self._raw_handle = int(handle)
                     self._handle = handle
         return self._handle
 
+    def _core_kernel(self):
+        """This kernel as a cuda-core ``Kernel`` (attributes, occupancy)."""
+        if self._core is None:
+            from cuda.core import Kernel as CoreKernel
+
+            self._core = CoreKernel.from_handle(int(self.handle()), self._library)
+        return self._core
+
     def resources(self):
         """Registers per thread, local bytes per thread, static shared bytes per block."""
-        k = self.compiled()
-        return {"registers": k.regs_per_thread, "local_bytes": k.local_mem_per_thread,
-                "static_shared_bytes": k.shared_mem_per_block}
+        attributes = self._core_kernel().attributes
+        return {"registers": attributes.num_regs, "local_bytes": attributes.local_size_bytes,
+                "static_shared_bytes": attributes.shared_size_bytes}
+
+    def blocks_per_sm(self, threads, shared_bytes=0):
+        """Blocks of ``threads`` threads (and ``shared_bytes`` dynamic shared memory) one SM
+        holds at once (the driver's occupancy calculator)."""
+        occupancy = self._core_kernel().occupancy
+        return occupancy.max_active_blocks_per_multiprocessor(threads, shared_bytes)
 
     def _opt_in_shared(self, nbytes):
         from cuda.bindings import driver

@@ -72,12 +72,7 @@ def resident_blocks(kernel, threads):
     key = (cuda.get_current_device().id, kernel.name, id(kernel), threads)
     n = _RESIDENT.get(key)
     if n is None:
-        try:
-            n = kernel.compiled().max_cooperative_grid_blocks(threads)
-        except Exception:  # noqa: BLE001  the occupancy query failed: count registers (sm_90)
-            regs = -(-max(kernel.resources()["registers"], 1) // 8) * 8
-            n = min(32, 2048 // threads, 65536 // (regs * threads)) * sm_count()
-        _RESIDENT[key] = n
+        n = _RESIDENT[key] = kernel.blocks_per_sm(threads) * sm_count()
     return n
 
 

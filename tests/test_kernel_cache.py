@@ -1,0 +1,132 @@
+"""The disk cache's key for a kernel (``_kernel_cache.function_digest``) is the same before and
+after the kernel compiles and in every process, and differs between specialisations.
+
+numba's own key (a pickle of the closure) changed when compiling stringified the numba types
+held by the closure's device functions, so a kernel saved after compiling was never found by the
+next process's lookup. The check compiles real kernels for sm_90a offline, so it runs in child
+processes without the simulator (no GPU needed), each with its own hash seed.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+#: rms_norm's closure holds device functions (the case numba's key got wrong); gemm's holds
+#: intrinsics and constants.
+KERNELS = ("rms_norm_f16_4096", "rms_norm_f16_scalar_4099", "gemm_tc_f16_nt_64x128")
+
+_CHILD = r"""
+import json, sys
+from numba import cuda
+from llmspeed_numba import compile_check
+from llmspeed_numba._kernel_cache import function_digest
+
+checks = {c.name: c for c in compile_check.checks()}
+result = {}
+for name in sys.argv[1:]:
+    fn, sig, *rest = checks[name].build()
+    before = function_digest(fn)
+    cuda.compile_ptx(fn, sig, cc=(9, 0), **(rest[0] if rest else {}))
+    result[name] = [before, function_digest(fn)]
+print(json.dumps(result))
+"""
+
+
+def _start(seed):
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONHASHSEED"] = str(seed)
+    return subprocess.Popen([sys.executable, "-c", _CHILD, *KERNELS], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _digests(child):
+    out, err = child.communicate(timeout=600)
+    assert child.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_kernel_cache_key_is_stable_across_compiles_and_processes():
+    children = [_start(seed) for seed in (1, 2)]  # two processes, two hash seeds, side by side
+    first, second = (_digests(c) for c in children)
+    for name in KERNELS:
+        before, after = first[name]
+        assert before == after, f"{name}: the key changed when the kernel compiled"
+        assert first[name] == second[name], f"{name}: the key differs between processes"
+    keys = {first[name][0] for name in KERNELS}
+    assert len(keys) == len(KERNELS), "two different kernels share a cache key"
+
+
+# ---- the machine-code store --------------------------------------------------------------------
+
+def test_store_round_trip_and_malformed_files(tmp_path, monkeypatch):
+    from llmspeed_numba import _kernel_cache as kc
+
+    monkeypatch.setenv("LLMSPEED_NUMBA_CACHE", str(tmp_path))
+    key = "ab" * 32
+    assert kc.read(key) is None  # absent
+    kc.save(key, "_Z6kernelPf", b"\x7fELF cubin bytes\n with newlines")
+    assert kc.read(key) == ("_Z6kernelPf", b"\x7fELF cubin bytes\n with newlines")
+    assert [p.name for p in (tmp_path / "kernels").iterdir()] == [key + ".cubin"]  # no temp left
+    path = kc.store_path(key)
+    for bad in (b"", b"not ours", kc._MAGIC, kc._MAGIC + b"entry-without-cubin\n"):
+        with open(path, "wb") as f:
+            f.write(bad)
+        assert kc.read(key) is None, bad
+
+
+# A child process: rms_norm's first result, its error against float64, and where its kernel
+# came from (the store's driver library, or numba's compile / cache load).
+_STORE_CHILD = r"""
+import json
+import numpy as np
+from numba import cuda
+import llmspeed_numba as ln
+from llmspeed_numba import _launch
+
+x = np.random.default_rng(0).standard_normal((8, 4096)).astype(np.float16)
+w = np.random.default_rng(1).standard_normal(4096).astype(np.float16)
+dx, dw = cuda.to_device(x), cuda.to_device(w)
+out = ln.rms_norm(dx, dw).copy_to_host()
+with _launch.collecting_kernels() as kernels:
+    ln.rms_norm(dx, dw)
+xf = x.astype(np.float64)
+ref = xf / np.sqrt((xf * xf).mean(axis=1, keepdims=True) + 1e-6) * w.astype(np.float64)
+print(json.dumps({"error": float(np.abs(out - ref).max()),
+                  "from_store": [k._library is not None for k in kernels],
+                  "numba_overloads": sum(len(k.dispatcher.overloads) for k in kernels)}))
+"""
+
+
+def _run_children(n, cache):
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env.update(LLMSPEED_NUMBA_CACHE=str(cache), NUMBA_CACHE_DIR=str(cache / "numba"),
+               LLMSPEED_NUMBA_KERNEL_STORE="1")
+    children = [subprocess.Popen([sys.executable, "-c", _STORE_CHILD], env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                for _ in range(n)]
+    return [_digests(c) for c in children]
+
+
+@pytest.mark.gpu
+def test_store_serves_a_new_process_and_survives_races_and_corruption(tmp_path):
+    """Two processes compile the same kernel at once into an empty store (both write it); the
+    next loads it from the store without numba compiling or loading anything, with the same
+    result; a truncated file is dropped, the kernel compiled again and the file rewritten."""
+    first = _run_children(2, tmp_path)
+    for r in first:
+        assert r["error"] < 2e-2 and r["from_store"] == [False] and r["numba_overloads"] == 1
+    stored = list((tmp_path / "kernels").glob("*.cubin"))
+    assert len(stored) == 1 and not list((tmp_path / "kernels").glob("*.tmp"))
+    (hit,) = _run_children(1, tmp_path)
+    assert hit == {"error": first[0]["error"], "from_store": [True], "numba_overloads": 0}
+    size = stored[0].stat().st_size
+    with open(stored[0], "r+b") as f:
+        f.truncate(size // 2)
+    (again,) = _run_children(1, tmp_path)
+    assert again["error"] == first[0]["error"] and again["from_store"] == [False]
+    assert stored[0].stat().st_size == size
+    (hit,) = _run_children(1, tmp_path)
+    assert hit["from_store"] == [True]
