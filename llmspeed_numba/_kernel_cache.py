@@ -166,20 +166,28 @@ def store_path(key):
 
 
 def save(key, entry_name, cubin):
-    """Write ``cubin`` with its entry point's name under ``key`` (atomically; errors ignored:
-    the store is an optimisation)."""
+    """Write ``cubin`` (bytes, or the cuda-core ``ObjectCode`` numba's linker returns) with its
+    entry point's name under ``key``, atomically. The store is an optimisation: a failure to
+    write leaves it without the kernel, nothing else."""
+    code = getattr(cubin, "code", cubin)
+    if not isinstance(code, (bytes, bytearray, memoryview)):
+        raise TypeError(f"cubin: expected bytes or an ObjectCode holding bytes, got "
+                        f"{type(code).__name__}")
     folder = store_dir()
     try:
         os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    except OSError:
+        return
+    try:
         with os.fdopen(fd, "wb") as f:
-            f.write(_MAGIC + entry_name.encode() + b"\n" + bytes(cubin))
+            f.write(_MAGIC + entry_name.encode() + b"\n" + bytes(code))
         os.replace(tmp, store_path(key))
     except OSError:
-        try:
+        pass
+    finally:
+        if os.path.exists(tmp):
             os.unlink(tmp)
-        except (OSError, UnboundLocalError):
-            pass
 
 
 def read(key):

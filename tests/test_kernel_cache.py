@@ -70,6 +70,15 @@ def test_store_round_trip_and_malformed_files(tmp_path, monkeypatch):
     kc.save(key, "_Z6kernelPf", b"\x7fELF cubin bytes\n with newlines")
     assert kc.read(key) == ("_Z6kernelPf", b"\x7fELF cubin bytes\n with newlines")
     assert [p.name for p in (tmp_path / "kernels").iterdir()] == [key + ".cubin"]  # no temp left
+
+    class LinkerOutput:  # numba's linker returns a cuda-core ObjectCode, its bytes in .code
+        code = b"\x7fELF linked"
+
+    kc.save(key, "entry", LinkerOutput())
+    assert kc.read(key) == ("entry", b"\x7fELF linked")
+    with pytest.raises(TypeError, match="cubin"):
+        kc.save(key, "entry", object())
+    assert [p.name for p in (tmp_path / "kernels").iterdir()] == [key + ".cubin"]
     path = kc.store_path(key)
     for bad in (b"", b"not ours", kc._MAGIC, kc._MAGIC + b"entry-without-cubin\n"):
         with open(path, "wb") as f:

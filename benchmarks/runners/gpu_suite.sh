@@ -58,6 +58,10 @@ MEASURED = {
     "tests/test_gemm.py::test_gpu_simt_layouts": 55,
     "tests/test_gemm.py::test_layouts_simt": 28,
     "tests/test_gemm.py::test_epilogue_simt": 27,
+    "tests/test_models_gpu.py::test_smollm2_gguf_matches_transformers": 130,
+    "tests/test_models_gpu.py::test_llama3_shapes_safetensors_matches_transformers": 130,
+    "tests/test_models_gpu.py::test_cuda_graph_decode_equals_eager": 95,
+    "tests/test_kernel_cache.py::test_store_serves_a_new_process_and_survives_races_and_corruption": 40,
 }
 
 
