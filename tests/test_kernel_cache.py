@@ -111,8 +111,10 @@ print(json.dumps({"error": float(np.abs(out - ref).max()),
 
 def _run_children(n, cache):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    # replay off: a replayed call launches without going through Kernel, so collecting_kernels
+    # would see none
     env.update(LLMSPEED_NUMBA_CACHE=str(cache), NUMBA_CACHE_DIR=str(cache / "numba"),
-               LLMSPEED_NUMBA_KERNEL_STORE="1")
+               LLMSPEED_NUMBA_KERNEL_STORE="1", LLMSPEED_NUMBA_REPLAY="0")
     children = [subprocess.Popen([sys.executable, "-c", _STORE_CHILD], env=env, text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                 for _ in range(n)]

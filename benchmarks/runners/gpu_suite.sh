@@ -14,7 +14,7 @@
 #   compile-check bucket then).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # keeps gpu_setup.sh's wheels
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/suite"
 phase=${1:-both}
 if [ "$phase" != whole ]; then
