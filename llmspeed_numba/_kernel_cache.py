@@ -20,7 +20,8 @@ process). ``load`` and ``save`` keep each kernel's cubin and entry name in one f
 compile options, the GPU's compute capability and numba-cuda's version; ``load`` hands it to the
 driver through cuda-core's ``ObjectCode``. Files are written whole under a temporary name and
 renamed into place, so concurrent writers race harmlessly; a file the driver rejects (truncated,
-corrupt) is ignored and overwritten by the next compile. ``LLMSPEED_NUMBA_KERNEL_STORE=0`` turns
+corrupt: each file carries its cubin's sha256, checked before the driver sees it) is removed
+and written again by the next compile. ``LLMSPEED_NUMBA_KERNEL_STORE=0`` turns
 the store off.
 """
 
@@ -138,7 +139,7 @@ def use_stable_keys(dispatcher):
 
 # ---- machine-code store ----------------------------------------------------------------------
 
-_MAGIC = b"llmspeed_numba cubin 1\n"
+_MAGIC = b"llmspeed_numba cubin 2\n"
 
 
 def store_enabled():
@@ -181,7 +182,9 @@ def save(key, entry_name, cubin):
         return
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(_MAGIC + entry_name.encode() + b"\n" + bytes(code))
+            code = bytes(code)
+            digest = hashlib.sha256(code).hexdigest().encode()
+            f.write(_MAGIC + entry_name.encode() + b"\n" + digest + b"\n" + code)
         os.replace(tmp, store_path(key))
     except OSError:
         pass
@@ -199,8 +202,10 @@ def read(key):
         return None
     if not data.startswith(_MAGIC):
         return None
-    entry, sep, cubin = data[len(_MAGIC):].partition(b"\n")
-    if not sep or not entry or not cubin:
+    entry, _, rest = data[len(_MAGIC):].partition(b"\n")
+    digest, _, cubin = rest.partition(b"\n")
+    # checked here: the driver crashes the process on a truncated cubin instead of failing
+    if not entry or not cubin or hashlib.sha256(cubin).hexdigest().encode() != digest:
         return None
     return entry.decode(errors="replace"), cubin
 

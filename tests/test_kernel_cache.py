@@ -80,7 +80,10 @@ def test_store_round_trip_and_malformed_files(tmp_path, monkeypatch):
         kc.save(key, "entry", object())
     assert [p.name for p in (tmp_path / "kernels").iterdir()] == [key + ".cubin"]
     path = kc.store_path(key)
-    for bad in (b"", b"not ours", kc._MAGIC, kc._MAGIC + b"entry-without-cubin\n"):
+    with open(path, "rb") as f:
+        whole = f.read()
+    for bad in (b"", b"not ours", kc._MAGIC, kc._MAGIC + b"entry-without-cubin\n",
+                whole[:-3], whole[:-1] + b"X"):  # truncated, one byte changed
         with open(path, "wb") as f:
             f.write(bad)
         assert kc.read(key) is None, bad
