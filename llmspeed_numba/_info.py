@@ -23,6 +23,7 @@ def info():
         "ptx backend": ptx.BACKEND,
         "NVVM / nvJitLink": _toolchain(),
         "kernel cache dir": _cache_dir(),
+        "kernel machine-code store": _store_dir(),
     }
     if have_gpu():
         dev = cuda.get_current_device()
@@ -61,6 +62,12 @@ def _version(dist):
         return version(dist)
     except PackageNotFoundError:
         return "not installed"
+
+
+def _store_dir():
+    from ._kernel_cache import store_dir, store_enabled
+
+    return store_dir() if store_enabled() else "off (LLMSPEED_NUMBA_KERNEL_STORE=0)"
 
 
 def _cache_dir():
