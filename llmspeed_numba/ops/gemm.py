@@ -310,28 +310,38 @@ def _address(buf):
     return buf.ptr if hasattr(buf, "ptr") else buf.ctypes.data
 
 
-def _launch_reduce(p, ws, splits):
-    c_dtype = p.tc.dtype if p.tc is not None else None
-    bias_dtype = p.tbias.dtype if p.tbias is not None else None
-    kernel = _splitk_reduce_kernel(p.out_dtype, c_dtype, bias_dtype, p.act)
-    out_buf = kernel_buffer(p.to)
-    total = p.out_shape[0] * p.out_shape[1]
+def launch_splitk_reduce(ws, to, tc, tbias, M, N, out_cols, splits, out_dtype, act, alpha,
+                         beta, stream):
+    """``out = epilogue(sum_z ws[z])`` for fp32 partial sums ``ws`` (splits, M, N) contiguous
+    (a kernel buffer): ``to`` / ``tc`` / ``tbias`` the output, c (or None) and bias (or None)
+    ``Tensor``s, ``out_cols`` the output's columns (N, or N / 2 for a gated ``act``). Also the
+    split-K reduce of ``quant_gemm``."""
+    c_dtype = tc.dtype if tc is not None else None
+    bias_dtype = tbias.dtype if tbias is not None else None
+    kernel = _splitk_reduce_kernel(out_dtype, c_dtype, bias_dtype, act)
+    total = M * out_cols
     blocks = max(1, min(_cdiv(total, _REDUCE_THREADS), 8 * sm_count()))
-    sc = p.tc.strides if p.tc is not None else (0, 0)
+    sc = tc.strides if tc is not None else (0, 0)
     kernel(blocks, _REDUCE_THREADS,
-           (ws, out_buf, kernel_buffer(p.tc if p.tc is not None else p.to),
-            kernel_buffer(p.tbias if p.tbias is not None else p.to),
-            p.M, p.N, splits, p.to.strides[0], p.to.strides[1], sc[0], sc[1], p.alpha, p.beta),
-           p.stream)
+           (ws, kernel_buffer(to), kernel_buffer(tc if tc is not None else to),
+            kernel_buffer(tbias if tbias is not None else to),
+            M, N, splits, to.strides[0], to.strides[1], sc[0], sc[1], alpha, beta),
+           stream)
 
 
-def _partials(p, n):
-    """Buffer of ``n`` fp32 split-K partial sums: from torch's caching allocator for torch
-    inputs (stream-ordered, and private to each captured CUDA graph), else the stream's
-    workspace (a numba allocation costs more host time than a decode-size GEMM)."""
-    if p.ta.kind == "torch":
-        return kernel_buffer(tensor(empty(p.ta, (n,), "float32"), "workspace"))
-    return workspace(p.ta, p.stream, "gemm_split_k", n, np.float32)
+def _launch_reduce(p, ws, splits):
+    launch_splitk_reduce(ws, p.to, p.tc, p.tbias, p.M, p.N, p.out_shape[1], splits, p.out_dtype,
+                         p.act, p.alpha, p.beta, p.stream)
+
+
+def splitk_partials(like, stream, n):
+    """Kernel buffer of ``n`` fp32 split-K partial sums for a call whose input is ``like``: from
+    torch's caching allocator for torch inputs (stream-ordered, and private to each captured
+    CUDA graph), else the stream's workspace (a numba allocation costs more host time than a
+    decode-size GEMM)."""
+    if like.kind == "torch":
+        return kernel_buffer(tensor(empty(like, (n,), "float32"), "workspace"))
+    return workspace(like, stream, "gemm_split_k", n, np.float32)
 
 
 def _run(p, cfg):
@@ -369,7 +379,8 @@ def _run(p, cfg):
         # partial sums: (splits, M, N) fp32, epilogue in the reduce kernel
         kernel = _gemm_kernel(cfg, p.a_k_inner, p.b_k_inner, a_vec, b_vec, p.ta.dtype,
                               "float32", None, None, None)
-        out_buf = c_buf = bias_buf = _partials(p, splits * p.M * p.N)
+        out_buf = c_buf = bias_buf = splitk_partials(p.ta, p.stream,
+                                                          splits * p.M * p.N)
         so_m, so_n = p.N, 1
         sc = (0, 0)
         alpha, beta = 1.0, 0.0
