@@ -9,7 +9,7 @@ its LOP3 (plus a shift), one FADD and one FFMA per row of x. The affine form (GG
 
 ``decode_kernel_fn``: small M (decode). A block owns ``block_n`` consecutive output columns (rows
 n of the weight, one a thread) and a range of K (split-K over ``gridDim.y``). Per tile of
-``tile_k`` k it stages x[0:M, tile] in shared memory as fp32 (zeros past M and K), then each
+``tile_k`` k (four 16-byte chunks of codes) it stages x[0:M, tile] in shared memory as fp32 (zeros past M and K), then each
 thread issues every 16-byte load of its row's codes in the tile (chunk-major layout: a warp's
 loads are 512 contiguous bytes) before it unpacks them and reads x with 16-byte shared loads
 (every lane the same address: broadcast). M is padded to ``m_block`` (a power of two up to 16), a
@@ -78,30 +78,95 @@ def _group_offset(mode, zero_point):
     return offset
 
 
-def decode_kernel_fn(bits, m_block, block_n, tile_k, mode, zero_point, scale_dtype, x_dtype,
-                     out_dtype, bias_dtype, act, partial):
+#: 16-byte chunks of codes per thread and staged x tile: four loads in flight before any use.
+CHUNKS_PER_TILE = 4
+
+
+def tile_k(bits):
+    """k per staged x tile of the decode kernel: 128 (int4) or 64 (int8)."""
+    return CHUNKS_PER_TILE * 4 * (32 // bits)
+
+
+def _word_dot(bits, m_block, tile):
+    """Device function ``(w, off, xs, kk, part)``: ``part[m] += sum_i x[m, kk + i] * code_i``
+    over the codes of word ``w`` (x from the staged tile ``xs``, 16-byte shared loads)."""
+    per_word = 32 // bits
+    code0, code1, code2, code3 = (_code(bits, bits * i) for i in range(4))
+    code4, code5, code6, code7 = (_code(bits, bits * (4 + i)) for i in range(4))
+    two_quads = per_word == 8
+
+    @cuda.jit(device=True, inline="always")
+    def quad(xs, i, part, m, v0, v1, v2, v3):
+        x0, x1, x2, x3 = ptx.load_u32x4(xs, i)
+        p = part[m] + ptx.f32_from_bits(x0) * v0
+        p += ptx.f32_from_bits(x1) * v1
+        p += ptx.f32_from_bits(x2) * v2
+        part[m] = p + ptx.f32_from_bits(x3) * v3
+
+    @cuda.jit(device=True, inline="always")
+    def word_dot(w, off, xs, kk, part):
+        v0, v1, v2, v3 = code0(w, off), code1(w, off), code2(w, off), code3(w, off)
+        for m in range(m_block):
+            quad(xs, m * tile + kk, part, m, v0, v1, v2, v3)
+        if two_quads:
+            v4, v5, v6, v7 = code4(w, off), code5(w, off), code6(w, off), code7(w, off)
+            for m in range(m_block):
+                quad(xs, m * tile + kk + 4, part, m, v4, v5, v6, v7)
+
+    return word_dot
+
+
+def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype, out_dtype,
+                     bias_dtype, act, partial):
     """Kernel ``(x, qw, scales, aux, out, bias, M, N, K, x_sm, group, k_split, so_m, so_n)``
     (see the module docstring); ``partial``: write fp32 partial sums (splits, M, N) to ``out``
-    instead of the epilogue. ``k_split`` is a multiple of ``tile_k``, ``tile_k`` of the chunk."""
+    instead of the epilogue. ``k_split`` is a multiple of ``tile_k(bits)``. The tile's four
+    chunks and each chunk's four words are written out (device functions called four times),
+    not looped: a rolled loop indexes the loaded words, which puts them in local memory."""
     per_word = 32 // bits
     ck = 4 * per_word
-    chunks = tile_k // ck
-    quads = per_word // 4
+    tile = tile_k(bits)
+    chunks = CHUNKS_PER_TILE
     affine = mode == "affine"
     load_x = loader(x_dtype)
     load_s = loader(scale_dtype)
     offset = _group_offset(mode, zero_point)
-    code0, code1, code2, code3 = (_code(bits, bits * i) for i in range(4))
-    code4, code5, code6, code7 = (_code(bits, bits * (4 + i)) for i in range(4))
+    word_dot = _word_dot(bits, m_block, tile)
     store_out = epilogue(out_dtype, None, bias_dtype, act)
-    xs_size = m_block * tile_k
+    xs_size = m_block * tile
     xsum_size = m_block * chunks if affine else 1
+
+    @cuda.jit(device=True, inline="always")
+    def load_chunk(qw, k, k_end, N, n):
+        if k < k_end:
+            return ptx.load_u32x4(qw, ((k // ck) * N + n) * 4)
+        z = np.uint32(0)
+        return z, z, z, z
+
+    @cuda.jit(device=True, inline="always")
+    def chunk(w0, w1, w2, w3, c, k0, k_end, N, n, group, scales, aux, xs, xsum, part, acc):
+        if k0 + c * ck < k_end:
+            g = ((k0 + c * ck) // group) * N + n
+            s = load_s(scales, g)
+            off = offset(aux, g)
+            for m in range(m_block):
+                part[m] = _F0
+            word_dot(w0, off, xs, c * ck, part)
+            word_dot(w1, off, xs, c * ck + per_word, part)
+            word_dot(w2, off, xs, c * ck + 2 * per_word, part)
+            word_dot(w3, off, xs, c * ck + 3 * per_word, part)
+            if affine:
+                mn = load_s(aux, g)
+                for m in range(m_block):
+                    acc[m] += s * part[m] + mn * xsum[m * chunks + c]
+            else:
+                for m in range(m_block):
+                    acc[m] += s * part[m]
 
     def quant_decode_kernel(x, qw, scales, aux, out, bias, M, N, K, x_sm, group, k_split, so_m,
                             so_n):
         xs = cuda.shared.array(xs_size, np.float32, alignment=16)
         xsum = cuda.shared.array(xsum_size, np.float32)
-        words = cuda.local.array(4 * chunks, np.uint32)
         acc = cuda.local.array(m_block, np.float32)
         part = cuda.local.array(m_block, np.float32)
         t = cuda.threadIdx.x
@@ -116,8 +181,8 @@ def decode_kernel_fn(bits, m_block, block_n, tile_k, mode, zero_point, scale_dty
         while k0 < k_end:
             cuda.syncthreads()  # every read of the previous tile is done
             for i in range(t, xs_size, block_n):
-                m = i // tile_k
-                k = k0 + i - m * tile_k
+                m = i // tile
+                k = k0 + i - m * tile
                 v = _F0
                 if m < M and k < K:
                     v = load_x(x, m * x_sm + k)
@@ -126,56 +191,26 @@ def decode_kernel_fn(bits, m_block, block_n, tile_k, mode, zero_point, scale_dty
             if affine:
                 for i in range(t, m_block * chunks, block_n):
                     m = i // chunks
-                    base = m * tile_k + (i - m * chunks) * ck
+                    base = m * tile + (i - m * chunks) * ck
                     s = _F0
                     for j in range(ck):
                         s += xs[base + j]
                     xsum[i] = s
                 cuda.syncthreads()
-            if live:
-                c0 = k0 // ck
-                for c in range(chunks):  # every load of the tile in flight before any use
-                    if k0 + c * ck < k_end:
-                        w0, w1, w2, w3 = ptx.load_u32x4(qw, ((c0 + c) * N + n) * 4)
-                        words[4 * c] = w0
-                        words[4 * c + 1] = w1
-                        words[4 * c + 2] = w2
-                        words[4 * c + 3] = w3
-                for c in range(chunks):
-                    if k0 + c * ck < k_end:
-                        g = ((k0 + c * ck) // group) * N + n
-                        s = load_s(scales, g)
-                        off = offset(aux, g)
-                        for m in range(m_block):
-                            part[m] = _F0
-                        for j in range(4):
-                            w = words[4 * c + j]
-                            for q in range(quads):
-                                if q == 0:
-                                    v0 = code0(w, off)
-                                    v1 = code1(w, off)
-                                    v2 = code2(w, off)
-                                    v3 = code3(w, off)
-                                else:
-                                    v0 = code4(w, off)
-                                    v1 = code5(w, off)
-                                    v2 = code6(w, off)
-                                    v3 = code7(w, off)
-                                kk = c * ck + j * per_word + 4 * q
-                                for m in range(m_block):
-                                    x0, x1, x2, x3 = ptx.load_u32x4(xs, m * tile_k + kk)
-                                    p = part[m] + ptx.f32_from_bits(x0) * v0
-                                    p += ptx.f32_from_bits(x1) * v1
-                                    p += ptx.f32_from_bits(x2) * v2
-                                    part[m] = p + ptx.f32_from_bits(x3) * v3
-                        if affine:
-                            mn = load_s(aux, g)
-                            for m in range(m_block):
-                                acc[m] += s * part[m] + mn * xsum[m * chunks + c]
-                        else:
-                            for m in range(m_block):
-                                acc[m] += s * part[m]
-            k0 += tile_k
+            if live:  # every load of the tile in flight before any use
+                a0, a1, a2, a3 = load_chunk(qw, k0, k_end, N, n)
+                b0, b1, b2, b3 = load_chunk(qw, k0 + ck, k_end, N, n)
+                c0, c1, c2, c3 = load_chunk(qw, k0 + 2 * ck, k_end, N, n)
+                d0, d1, d2, d3 = load_chunk(qw, k0 + 3 * ck, k_end, N, n)
+                chunk(a0, a1, a2, a3, 0, k0, k_end, N, n, group, scales, aux, xs, xsum, part,
+                      acc)
+                chunk(b0, b1, b2, b3, 1, k0, k_end, N, n, group, scales, aux, xs, xsum, part,
+                      acc)
+                chunk(c0, c1, c2, c3, 2, k0, k_end, N, n, group, scales, aux, xs, xsum, part,
+                      acc)
+                chunk(d0, d1, d2, d3, 3, k0, k_end, N, n, group, scales, aux, xs, xsum, part,
+                      acc)
+            k0 += tile
         if live:
             for m in range(m_block):
                 if m < M:
@@ -197,16 +232,16 @@ def decode_signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
 def decode_options(block_n, m_block):
     """Launch bounds: the block size, and blocks enough per SM to keep loads in flight (at most
     64 registers for m_block <= 4, 128 above: 16 accumulators and 16 partial sums a thread)."""
-    return {"launch_bounds": (block_n, 2048 // block_n if m_block <= 4 else 1024 // block_n)}
+    return {}
 
 
 @functools.cache
-def decode_kernel(bits, m_block, block_n, tile_k, mode, zero_point, scale_dtype, x_dtype,
-                  out_dtype, bias_dtype, act, partial):
+def decode_kernel(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype, out_dtype,
+                  bias_dtype, act, partial):
     if partial:  # fp32 partial sums, no epilogue (gemm's split-K reduce applies it)
         out_dtype, bias_dtype, act = "float32", None, None
-    fn = decode_kernel_fn(bits, m_block, block_n, tile_k, mode, zero_point, scale_dtype,
-                          x_dtype, out_dtype, bias_dtype, act, partial)
+    fn = decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype,
+                          out_dtype, bias_dtype, act, partial)
     return Kernel(jit(fn, **decode_options(block_n, m_block)),
                   decode_signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype),
                   "quant_decode_kernel")
@@ -226,9 +261,10 @@ def dequant_kernel_fn(bits, mode, zero_point, scale_dtype, out_dtype):
     pack = packer(out_dtype)
     c0, c1, c2, c3 = codes[:4]
     c4, c5, c6, c7 = codes[4:] if per_word == 8 else codes[:4]
+    packed_size = 2 * per_word
 
     def quant_dequant_kernel(qw, scales, aux, out, N, n0, rows, kp, group):
-        packed = cuda.local.array(2 * per_word, np.uint32)
+        packed = cuda.local.array(packed_size, np.uint32)
         total = (kp // ck) * rows
         i = cuda.grid(1)
         while i < total:

@@ -44,8 +44,6 @@ DECODE_MAX_M = 16
 #: Output columns (weight rows) per decode block, one a thread: 128 keeps a warp's 16-byte loads
 #: on 512 contiguous bytes and a block's x tile shared by 4 warps (untuned: no GPU run yet).
 BLOCK_N = 128
-#: k per staged x tile: 4 chunks a thread (four 16-byte loads in flight per tile).
-TILE_K = {4: 128, 8: 64}
 #: Target decode blocks per SM when choosing the split of K (untuned).
 BLOCKS_PER_SM = 8
 #: Scratch elements of the interim large-M path's dequantized weight per slab (128 MB in fp16).
@@ -67,9 +65,9 @@ def _m_block(M):
 
 
 def decode_plan(qw, M):
-    """(block_n, tile_k, splits, k_split) of the decode kernel for ``qw`` and M rows."""
+    """(block_n, splits, k_split) of the decode kernel for ``qw`` and M rows."""
     block_n = TUNING.block_n
-    tile_k = TILE_K[qw.bits]
+    tile_k = qk.tile_k(qw.bits)
     tiles = _cdiv(qw.K_padded, tile_k)
     if TUNING.splits is not None:
         splits = TUNING.splits
@@ -80,7 +78,7 @@ def decode_plan(qw, M):
         splits = min(want, cap)
     splits = max(1, min(splits, tiles))
     k_split = _cdiv(tiles, splits) * tile_k
-    return block_n, tile_k, _cdiv(qw.K_padded, k_split), k_split
+    return block_n, _cdiv(qw.K_padded, k_split), k_split
 
 
 def _buffers(qw):
@@ -92,10 +90,10 @@ def _buffers(qw):
 def _decode(tx, qw, tbias, to, out_dtype, activation, stream):
     M, K = tx.shape
     N = qw.N
-    block_n, tile_k, splits, k_split = decode_plan(qw, M)
+    block_n, splits, k_split = decode_plan(qw, M)
     bias_dtype = tbias.dtype if tbias is not None else None
     partial = splits > 1
-    kernel = qk.decode_kernel(qw.bits, _m_block(M), block_n, tile_k, qw.mode, qw.zero_point,
+    kernel = qk.decode_kernel(qw.bits, _m_block(M), block_n, qw.mode, qw.zero_point,
                               qw.scale_dtype, tx.dtype, out_dtype, bias_dtype, activation,
                               partial)
     codes, scales, aux = _buffers(qw)
@@ -238,8 +236,8 @@ def _register():
         def build(bits=bits, mb=mb, mode=mode, zp=zp, sd=sd, xd=xd, od=od, partial=partial):
             if partial:
                 od = "float32"
-            fn = qk.decode_kernel_fn(bits, mb, BLOCK_N, TILE_K[bits], mode, zp, sd, xd, od,
-                                     None, None, partial)
+            fn = qk.decode_kernel_fn(bits, mb, BLOCK_N, mode, zp, sd, xd, od, None, None,
+                                     partial)
             return fn, qk.decode_signature(mode, sd, xd, od, None), qk.decode_options(BLOCK_N,
                                                                                       mb)
 
