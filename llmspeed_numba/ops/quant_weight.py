@@ -32,11 +32,13 @@ NumPy arrays under the simulator).
 """
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
 from .._arrays import numpy_dtype
 from .._env import SIMULATOR, cuda
+from .._typing import ArrayLike
 
 FORMATS = ("int4", "int8", "fp8_e4m3")
 GROUP_SIZES = (32, 64, 128, -1)
@@ -257,8 +259,8 @@ class QuantizedWeight:
 
     # -- other sources ------------------------------------------------------------------------
     @classmethod
-    def from_gguf(cls, data, ggml_type, shape, *, kind: str = "numba",
-                  device=None) -> "QuantizedWeight":
+    def from_gguf(cls, data: Any, ggml_type: Any, shape: tuple[int, int], *,
+                  kind: str = "numba", device: Any = None) -> "QuantizedWeight":
         """A GGUF tensor's raw blocks, kept 4 / 8-bit (repacked, not re-quantized).
 
         data: uint8, the blocks as ``gguf.GGUFReader`` gives them ((N, row bytes), or flat;
@@ -303,8 +305,9 @@ class QuantizedWeight:
                    "float16")
 
     @classmethod
-    def from_gptq(cls, qweight, scales, qzeros, g_idx=None, group_size: int = 128, *,
-                  kind: str | None = None, device=None) -> "QuantizedWeight":
+    def from_gptq(cls, qweight: Any, scales: Any, qzeros: Any, g_idx: Any = None,
+                  group_size: int = 128, *, kind: str | None = None,
+                  device: Any = None) -> "QuantizedWeight":
         """A GPTQ checkpoint's 4-bit tensors (the packing AutoGPTQ / transformers write, "v1"
         zero points: the stored zero point is one less than the one used).
 
@@ -387,8 +390,9 @@ def _round_to(x32, dtype):
     return x32.astype(numpy_dtype(dtype))
 
 
-def quantize_weight(w, format: str, *, group_size: int = 128, symmetric: bool = True,
-                    kind: str | None = None, device=None) -> QuantizedWeight:
+def quantize_weight(w: ArrayLike, format: str, *, group_size: int = 128,
+                    symmetric: bool = True, kind: str | None = None,
+                    device: Any = None) -> QuantizedWeight:
     """Quantize an (N, K) weight (torch.nn.Linear's layout) once, at load, on the host.
 
     w: fp16 / bf16 / fp32; a NumPy array, a torch tensor (any device), a CuPy or numba array.
