@@ -37,8 +37,9 @@ import numpy as np
 from numba import types
 
 from .. import _recording, compile_check
-from .._arrays import STORAGE, dtype_name, empty, kernel_buffer, stream_handle
-from .._checks import choice, non_negative_strides, output, same_dtype, shape, tensor
+from .._arrays import STORAGE, empty, kernel_buffer, stream_handle
+from .._checks import (bias_vector, choice, non_negative_strides, output, result_dtype,
+                       same_dtype, shape, tensor)
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit, sm_count
 from .._replay import MISS, OpCalls
@@ -275,17 +276,9 @@ def prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, str
     if tc is not None:
         shape("c", tc, out_shape, "(M, N // 2)" if gated else "(M, N)")
         non_negative_strides("c", tc)
-    tbias = tensor(bias, "bias", ndim=1, dtypes=OUTPUT_DTYPES) if bias is not None else None
-    if tbias is not None:
-        shape("bias", tbias, (N,), "(N,)")
-        if N > 1 and tbias.strides[0] != 1:
-            raise ValueError(f"bias: expected a contiguous vector, got strides {tbias.strides}")
+    tbias = bias_vector(bias, N, OUTPUT_DTYPES)
     choice("backend", backend, BACKENDS)
-    if out_dtype is None:  # out's dtype when given, else the input dtype
-        out_dtype = tensor(out, "out", dtypes=OUTPUT_DTYPES).dtype if out is not None else ta.dtype
-    out_dtype = dtype_name(out_dtype, "out_dtype")
-    if out_dtype not in OUTPUT_DTYPES:
-        raise TypeError(f"out_dtype: expected one of {OUTPUT_DTYPES}, got {out_dtype!r}")
+    out_dtype = result_dtype(out_dtype, out, ta.dtype, OUTPUT_DTYPES)
     a_k_inner, lda = _layout(ta, "a")
     b_k_inner, ldb = _layout(tb, "b")
     if backend == "auto":

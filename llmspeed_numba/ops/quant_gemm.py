@@ -25,8 +25,8 @@ compute bound above M ~ 4 on an H200, below the memory speed the codes could str
 
 
 from .. import compile_check
-from .._arrays import dtype_name, empty, kernel_buffer, stream_handle
-from .._checks import choice, last_dim_contiguous, output, shape, tensor
+from .._arrays import empty, kernel_buffer, stream_handle
+from .._checks import bias_vector, choice, last_dim_contiguous, output, result_dtype, shape, tensor
 from .._env import SIMULATOR
 from .._launch import sm_count
 from .._overrides import Knobs
@@ -191,17 +191,9 @@ def _quant_gemm_checked(x, qw, bias, activation, out, out_dtype, stream):
         raise TypeError(f"x: expected dtype in {X_DTYPES}, got {tx.dtype}")
     last_dim_contiguous("x", tx)
     M = tx.shape[0]
-    tbias = tensor(bias, "bias", ndim=1, dtypes=OUT_DTYPES) if bias is not None else None
-    if tbias is not None:
-        shape("bias", tbias, (N,), "(qw's N,)")
-        if N > 1 and tbias.strides[0] != 1:
-            raise ValueError(f"bias: expected a contiguous vector, got strides {tbias.strides}")
+    tbias = bias_vector(bias, N, OUT_DTYPES, "(qw's N,)")
     choice("activation", activation, ACTIVATIONS)
-    if out_dtype is None:
-        out_dtype = tensor(out, "out", dtypes=OUT_DTYPES).dtype if out is not None else tx.dtype
-    out_dtype = dtype_name(out_dtype, "out_dtype")
-    if out_dtype not in OUT_DTYPES:
-        raise TypeError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype!r}")
+    out_dtype = result_dtype(out_dtype, out, tx.dtype, OUT_DTYPES)
     to = output("out", out, (M, N), out_dtype, tx)
     if to is None:
         out = empty(tx, (M, N), out_dtype)

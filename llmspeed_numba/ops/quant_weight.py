@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import numpy_dtype
+from .._arrays import numpy_dtype, to_host
 from .._env import SIMULATOR, cuda
 from .._typing import ArrayLike
 
@@ -63,29 +63,12 @@ def chunk_k(bits):
 
 def _host(x, name):
     """Host NumPy copy (or view) of a NumPy array, a torch tensor (any device), a CuPy array or a
-    numba device array; bf16 as ml_dtypes bfloat16."""
-    if isinstance(x, np.ndarray):
-        return x
-    module = type(x).__module__
-    if module.startswith("torch"):
-        import torch
-
-        x = x.detach()
-        if x.dtype == torch.bfloat16:
-            import ml_dtypes
-
-            return x.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return x.cpu().numpy()
-    if module.startswith("cupy"):
-        return x.get()
-    if hasattr(x, "copy_to_host"):
-        if x.dtype == np.float16:
-            return x.view(np.uint16).copy_to_host().view(np.float16)
-        return x.copy_to_host()
-    if SIMULATOR and isinstance(getattr(x, "_ary", None), np.ndarray):
-        return x._ary
-    raise TypeError(f"{name}: expected a NumPy array, torch tensor, CuPy array or numba device "
-                    f"array, got {type(x).__name__}")
+    numba device array (``_arrays.to_host``); ``TypeError`` naming ``name`` otherwise."""
+    try:
+        return to_host(x)
+    except TypeError:
+        raise TypeError(f"{name}: expected a NumPy array, torch tensor, CuPy array or numba "
+                        f"device array, got {type(x).__name__}") from None
 
 
 def _kind_of(x):
