@@ -18,6 +18,8 @@ from .ops.layer_norm import layer_norm
 from .ops.paged_decode import paged_decode_attention
 from .ops.paged_kv_append import paged_kv_append
 from .ops.paged_prefill import paged_prefill_attention
+from .ops.quant_gemm import quant_gemm
+from .ops.quant_weight import QuantizedWeight, quantize_weight
 from .ops.rms_norm import rms_norm
 from .ops.rotary import rotary_embedding
 from .ops.sample import sample
@@ -33,6 +35,7 @@ __all__ = [
     "flash_attn", "flash_attn_varlen",
     "rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul", "gelu", "gelu_and_mul",
     "softmax", "argmax", "sample", "embedding",
+    "quant_gemm", "quantize_weight", "QuantizedWeight",
     "paged_decode_attention", "paged_prefill_attention", "paged_kv_append", "PagedKVCache",
     "PageAllocator", "OutOfPages",
     "LLM", "SamplingParams", "RequestOutput",

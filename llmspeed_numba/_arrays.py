@@ -383,6 +383,33 @@ def host_ints(t: Tensor):
     return np.asarray(values).astype(np.int64)
 
 
+def to_host(x):
+    """Any supported array -> host numpy array (bf16 as ml_dtypes bfloat16): NumPy arrays as
+    they are, torch tensors (any device), CuPy and numba device arrays copied."""
+    if isinstance(x, np.ndarray):
+        return x
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        import torch
+
+        x = x.detach()
+        if x.dtype == torch.bfloat16:
+            import ml_dtypes
+
+            return x.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16)
+        return x.cpu().numpy()
+    if mod.startswith("cupy"):
+        return x.get()
+    if hasattr(x, "copy_to_host"):
+        if x.dtype == np.float16:
+            return x.view(np.uint16).copy_to_host().view(np.float16)
+        return x.copy_to_host()
+    t = as_tensor(x, "x")
+    if t.host is not None:
+        return t.host
+    raise TypeError(f"cannot bring {type(x).__name__} to the host")
+
+
 # ---- outputs in the caller's kind -----------------------------------------------------------
 
 def empty(like: Tensor, shape, dtype):

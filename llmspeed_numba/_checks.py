@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from . import _recording
-from ._arrays import as_tensor
+from ._arrays import as_tensor, dtype_name
 
 
 def tensor(x, name, ndim=None, dtypes=None):
@@ -45,6 +45,29 @@ def shape(name, t, expected, why=""):
             ",)" if len(expected) == 1 else ")")
         raise ValueError(f"{name}: expected shape {shown}{' ' + why if why else ''}, "
                          f"got {t.shape}")
+
+
+def bias_vector(bias, n, dtypes, why="(N,)"):
+    """An optional ``bias`` argument: None, or a contiguous (n,) vector of one of ``dtypes``
+    (its ``Tensor``)."""
+    if bias is None:
+        return None
+    t = tensor(bias, "bias", ndim=1, dtypes=dtypes)
+    shape("bias", t, (n,), why)
+    if n > 1 and t.strides[0] != 1:
+        raise ValueError(f"bias: expected a contiguous vector, got strides {t.strides}")
+    return t
+
+
+def result_dtype(out_dtype, out, default, allowed):
+    """The library name of an op's ``out_dtype`` argument, one of ``allowed``: when None,
+    ``out``'s dtype if ``out`` is given, else ``default``."""
+    if out_dtype is None:
+        out_dtype = tensor(out, "out", dtypes=allowed).dtype if out is not None else default
+    out_dtype = dtype_name(out_dtype, "out_dtype")
+    if out_dtype not in allowed:
+        raise TypeError(f"out_dtype: expected one of {tuple(allowed)}, got {out_dtype!r}")
+    return out_dtype
 
 
 def last_dim_contiguous(name, t):

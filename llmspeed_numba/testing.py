@@ -9,7 +9,7 @@ reference, plus a small allowance (``derived_check``).
 
 import numpy as np
 
-from ._arrays import as_tensor, numpy_dtype
+from ._arrays import numpy_dtype, to_host
 from ._env import SIMULATOR, cuda
 
 
@@ -59,32 +59,6 @@ def to_device_copy(host, kind, offset=0):
 def host_copy(x):
     """A host numpy copy of any supported array."""
     return np.array(to_host(x))
-
-
-def to_host(x):
-    """Any supported array -> host numpy array (bf16 as ml_dtypes bfloat16)."""
-    if isinstance(x, np.ndarray):
-        return x
-    mod = type(x).__module__
-    if mod.startswith("torch"):
-        import torch
-
-        x = x.detach()
-        if x.dtype == torch.bfloat16:
-            import ml_dtypes
-
-            return x.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16)
-        return x.cpu().numpy()
-    if mod.startswith("cupy"):
-        return x.get()
-    if hasattr(x, "copy_to_host"):
-        if x.dtype == np.float16:
-            return x.view(np.uint16).copy_to_host().view(np.float16)
-        return x.copy_to_host()
-    t = as_tensor(x, "x")
-    if t.host is not None:
-        return t.host
-    raise TypeError(f"cannot bring {type(x).__name__} to the host")
 
 
 def f64(x):

@@ -20,7 +20,8 @@ def _unannotated(fn):
 def test_public_functions_are_annotated():
     functions = {name: getattr(llmspeed_numba, name) for name in llmspeed_numba.__all__}
     functions = {n: f for n, f in functions.items() if inspect.isfunction(f)}
-    assert {"gemm", "flash_attn", "rms_norm", "paged_kv_append", "have_gpu"} <= set(functions)
+    assert {"gemm", "flash_attn", "rms_norm", "paged_kv_append", "have_gpu", "quant_gemm",
+            "quantize_weight"} <= set(functions)
     methods = {f"PagedKVCache.{n}": f for n, f in vars(PagedKVCache).items()
                if inspect.isfunction(f) and (not n.startswith("_") or n == "__init__")}
     missing = {n: m for n, f in {**functions, **methods}.items() if (m := _unannotated(f))}
@@ -47,5 +48,5 @@ def test_no_private_keyword_in_a_public_signature():
             continue
         if found := [p for p in params if p.startswith("_")]:
             private[name] = found
-    assert {"flash_attn", "paged_decode_attention", "LLM"} <= set(callables)
+    assert {"flash_attn", "paged_decode_attention", "LLM", "QuantizedWeight"} <= set(callables)
     assert not private, f"underscore parameters in public signatures: {private}"

@@ -91,6 +91,12 @@ def storer(dtype):
     return _STORERS[dtype]
 
 
+def packer(dtype):
+    """Device function ``(lo, hi) -> uint32``: two float32 rounded to fp16 / bf16 ``dtype`` and
+    packed, ``lo`` in the low half."""
+    return _pack_bf16 if dtype == "bfloat16" else _pack_f16
+
+
 @functools.cache
 def epilogue_value(c_dtype, bias_dtype, act):
     """Device function ``(acc, n, c, c_index, bias, alpha, beta) -> float32`` computing
@@ -144,7 +150,7 @@ def vector_epilogue(out_dtype, c_dtype, bias_dtype, act):
     one 16-byte store at ``out[out_index]`` (16-byte aligned). ``c``'s column stride is ``sc_n``.
     """
     value = epilogue_value(c_dtype, bias_dtype, act)
-    pack = _pack_bf16 if out_dtype == "bfloat16" else _pack_f16
+    pack = packer(out_dtype)
     fp32 = out_dtype == "float32"
 
     @cuda.jit(device=True, inline="always")

@@ -37,8 +37,9 @@ import numpy as np
 from numba import types
 
 from .. import _recording, compile_check
-from .._arrays import STORAGE, dtype_name, empty, kernel_buffer, stream_handle
-from .._checks import choice, non_negative_strides, output, same_dtype, shape, tensor
+from .._arrays import STORAGE, empty, kernel_buffer, stream_handle
+from .._checks import (bias_vector, choice, non_negative_strides, output, result_dtype,
+                       same_dtype, shape, tensor)
 from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit, sm_count
 from .._replay import MISS, OpCalls
@@ -275,17 +276,9 @@ def prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, str
     if tc is not None:
         shape("c", tc, out_shape, "(M, N // 2)" if gated else "(M, N)")
         non_negative_strides("c", tc)
-    tbias = tensor(bias, "bias", ndim=1, dtypes=OUTPUT_DTYPES) if bias is not None else None
-    if tbias is not None:
-        shape("bias", tbias, (N,), "(N,)")
-        if N > 1 and tbias.strides[0] != 1:
-            raise ValueError(f"bias: expected a contiguous vector, got strides {tbias.strides}")
+    tbias = bias_vector(bias, N, OUTPUT_DTYPES)
     choice("backend", backend, BACKENDS)
-    if out_dtype is None:  # out's dtype when given, else the input dtype
-        out_dtype = tensor(out, "out", dtypes=OUTPUT_DTYPES).dtype if out is not None else ta.dtype
-    out_dtype = dtype_name(out_dtype, "out_dtype")
-    if out_dtype not in OUTPUT_DTYPES:
-        raise TypeError(f"out_dtype: expected one of {OUTPUT_DTYPES}, got {out_dtype!r}")
+    out_dtype = result_dtype(out_dtype, out, ta.dtype, OUTPUT_DTYPES)
     a_k_inner, lda = _layout(ta, "a")
     b_k_inner, ldb = _layout(tb, "b")
     if backend == "auto":
@@ -310,28 +303,38 @@ def _address(buf):
     return buf.ptr if hasattr(buf, "ptr") else buf.ctypes.data
 
 
-def _launch_reduce(p, ws, splits):
-    c_dtype = p.tc.dtype if p.tc is not None else None
-    bias_dtype = p.tbias.dtype if p.tbias is not None else None
-    kernel = _splitk_reduce_kernel(p.out_dtype, c_dtype, bias_dtype, p.act)
-    out_buf = kernel_buffer(p.to)
-    total = p.out_shape[0] * p.out_shape[1]
+def launch_splitk_reduce(ws, to, tc, tbias, M, N, out_cols, splits, out_dtype, act, alpha,
+                         beta, stream):
+    """``out = epilogue(sum_z ws[z])`` for fp32 partial sums ``ws`` (splits, M, N) contiguous
+    (a kernel buffer): ``to`` / ``tc`` / ``tbias`` the output, c (or None) and bias (or None)
+    ``Tensor``s, ``out_cols`` the output's columns (N, or N / 2 for a gated ``act``). Also the
+    split-K reduce of ``quant_gemm``."""
+    c_dtype = tc.dtype if tc is not None else None
+    bias_dtype = tbias.dtype if tbias is not None else None
+    kernel = _splitk_reduce_kernel(out_dtype, c_dtype, bias_dtype, act)
+    total = M * out_cols
     blocks = max(1, min(_cdiv(total, _REDUCE_THREADS), 8 * sm_count()))
-    sc = p.tc.strides if p.tc is not None else (0, 0)
+    sc = tc.strides if tc is not None else (0, 0)
     kernel(blocks, _REDUCE_THREADS,
-           (ws, out_buf, kernel_buffer(p.tc if p.tc is not None else p.to),
-            kernel_buffer(p.tbias if p.tbias is not None else p.to),
-            p.M, p.N, splits, p.to.strides[0], p.to.strides[1], sc[0], sc[1], p.alpha, p.beta),
-           p.stream)
+           (ws, kernel_buffer(to), kernel_buffer(tc if tc is not None else to),
+            kernel_buffer(tbias if tbias is not None else to),
+            M, N, splits, to.strides[0], to.strides[1], sc[0], sc[1], alpha, beta),
+           stream)
 
 
-def _partials(p, n):
-    """Buffer of ``n`` fp32 split-K partial sums: from torch's caching allocator for torch
-    inputs (stream-ordered, and private to each captured CUDA graph), else the stream's
-    workspace (a numba allocation costs more host time than a decode-size GEMM)."""
-    if p.ta.kind == "torch":
-        return kernel_buffer(tensor(empty(p.ta, (n,), "float32"), "workspace"))
-    return workspace(p.ta, p.stream, "gemm_split_k", n, np.float32)
+def _launch_reduce(p, ws, splits):
+    launch_splitk_reduce(ws, p.to, p.tc, p.tbias, p.M, p.N, p.out_shape[1], splits, p.out_dtype,
+                         p.act, p.alpha, p.beta, p.stream)
+
+
+def splitk_partials(like, stream, n):
+    """Kernel buffer of ``n`` fp32 split-K partial sums for a call whose input is ``like``: from
+    torch's caching allocator for torch inputs (stream-ordered, and private to each captured
+    CUDA graph), else the stream's workspace (a numba allocation costs more host time than a
+    decode-size GEMM)."""
+    if like.kind == "torch":
+        return kernel_buffer(tensor(empty(like, (n,), "float32"), "workspace"))
+    return workspace(like, stream, "gemm_split_k", n, np.float32)
 
 
 def _run(p, cfg):
@@ -369,7 +372,8 @@ def _run(p, cfg):
         # partial sums: (splits, M, N) fp32, epilogue in the reduce kernel
         kernel = _gemm_kernel(cfg, p.a_k_inner, p.b_k_inner, a_vec, b_vec, p.ta.dtype,
                               "float32", None, None, None)
-        out_buf = c_buf = bias_buf = _partials(p, splits * p.M * p.N)
+        out_buf = c_buf = bias_buf = splitk_partials(p.ta, p.stream,
+                                                          splits * p.M * p.N)
         so_m, so_n = p.N, 1
         sc = (0, 0)
         alpha, beta = 1.0, 0.0

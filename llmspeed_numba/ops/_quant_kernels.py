@@ -1,0 +1,304 @@
+"""The kernels of ``quant_gemm`` (layout of the packed weight: ``quant_weight``).
+
+Codes become floats without a conversion instruction or a table: a code ``u`` (4 or 8 bits) OR-ed
+into the mantissa of 2^23 is the float ``2^23 + u`` (one LOP3 with the shift's mask), and one
+FADD of ``-(2^23 + z)`` leaves ``u - z`` exactly (``_code``). The scale is applied once per
+16-byte chunk and row, not per element: ``acc += s * sum_k x[k] (u_k - z)``, so an element costs
+its LOP3 (plus a shift), one FADD and one FFMA per row of x. The affine form (GGUF Q4_1,
+``q s + m``) adds ``m * sum_k x[k]``, the chunk's sums of x computed once per block.
+
+``decode_kernel_fn``: small M (decode). A block owns ``block_n`` consecutive output columns (rows
+n of the weight, one a thread) and a range of K (split-K over ``gridDim.y``). Per tile of
+``tile_k`` k (four 16-byte chunks of codes) it stages x[0:M, tile] in shared memory as fp32 (zeros past M and K), then each
+thread issues every 16-byte load of its row's codes in the tile (chunk-major layout: a warp's
+loads are 512 contiguous bytes) before it unpacks them and reads x with 16-byte shared loads
+(every lane the same address: broadcast). M is padded to ``m_block`` (a power of two up to 16), a
+compile-time constant, so the accumulators stay in registers. One split: the epilogue (bias,
+activation, rounding) is applied in the kernel; several: fp32 partial sums (splits, M, N) go to
+gemm's split-K reduce.
+
+``dequant_kernel_fn``: the interim large-M path: the codes to an (N, K_padded) fp16 / bf16 matrix
+(x's dtype, rounded once from the exact float32 value), one 16-byte chunk a thread, written with
+16-byte stores, which ``gemm`` then multiplies on Tensor Cores.
+"""
+
+import functools
+
+import numpy as np
+from numba import types
+
+from .. import ptx
+from .._arrays import STORAGE
+from .._env import cuda
+from .._launch import Kernel, array1d, jit
+from ._epilogue import epilogue, loader, packer
+
+#: 2^23 as float bits: OR-ing a code into the mantissa makes the float 2^23 + code.
+_MAGIC = np.uint32(0x4B000000)
+_TWO23 = np.float32(8388608.0)
+_F0 = np.float32(0.0)
+_F1 = np.float32(1.0)
+
+
+def _storage(dtype):
+    return array1d(STORAGE[dtype])
+
+
+def _aux_storage(mode, scale_dtype):
+    """The per-group array beside the scales: uint8 zero points, minimums in the scale dtype, or
+    (one zero point) an unused placeholder of the scales' type."""
+    return array1d(np.uint8) if mode == "zeros" else _storage(scale_dtype)
+
+
+@functools.cache
+def _code(bits, shift):
+    """Device function ``(word, off) -> float32``: the code at bit ``shift`` of ``word`` minus
+    ``off - 2^23`` (``off`` = 2^23 + zero point), exact."""
+    mask = np.uint32((1 << bits) - 1)
+    sh = np.uint32(shift)
+
+    @cuda.jit(device=True, inline="always")
+    def code(word, off):
+        return ptx.f32_from_bits(((word >> sh) & mask) | _MAGIC) - off
+
+    return code
+
+
+def _group_offset(mode, zero_point):
+    """Device function ``(aux, i) -> float32``: 2^23 + the zero point of group entry ``i``."""
+    const = np.float32(8388608.0 + (zero_point or 0))
+    per_group = mode == "zeros"
+
+    @cuda.jit(device=True, inline="always")
+    def offset(aux, i):
+        if per_group:
+            return _TWO23 + np.float32(aux[i])
+        return const
+
+    return offset
+
+
+#: 16-byte chunks of codes per thread and staged x tile: four loads in flight before any use.
+CHUNKS_PER_TILE = 4
+
+
+def tile_k(bits):
+    """k per staged x tile of the decode kernel: 128 (int4) or 64 (int8)."""
+    return CHUNKS_PER_TILE * 4 * (32 // bits)
+
+
+def _word_dot(bits, m_block, tile):
+    """Device function ``(w, off, xs, kk, part)``: ``part[m] += sum_i x[m, kk + i] * code_i``
+    over the codes of word ``w`` (x from the staged tile ``xs``, 16-byte shared loads)."""
+    per_word = 32 // bits
+    code0, code1, code2, code3 = (_code(bits, bits * i) for i in range(4))
+    code4, code5, code6, code7 = (_code(bits, bits * (4 + i)) for i in range(4))
+    two_quads = per_word == 8
+
+    @cuda.jit(device=True, inline="always")
+    def quad(xs, i, part, m, v0, v1, v2, v3):
+        x0, x1, x2, x3 = ptx.load_u32x4(xs, i)
+        p = part[m] + ptx.f32_from_bits(x0) * v0
+        p += ptx.f32_from_bits(x1) * v1
+        p += ptx.f32_from_bits(x2) * v2
+        part[m] = p + ptx.f32_from_bits(x3) * v3
+
+    @cuda.jit(device=True, inline="always")
+    def word_dot(w, off, xs, kk, part):
+        v0, v1, v2, v3 = code0(w, off), code1(w, off), code2(w, off), code3(w, off)
+        for m in range(m_block):
+            quad(xs, m * tile + kk, part, m, v0, v1, v2, v3)
+        if two_quads:
+            v4, v5, v6, v7 = code4(w, off), code5(w, off), code6(w, off), code7(w, off)
+            for m in range(m_block):
+                quad(xs, m * tile + kk + 4, part, m, v4, v5, v6, v7)
+
+    return word_dot
+
+
+def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype, out_dtype,
+                     bias_dtype, act, partial):
+    """Kernel ``(x, qw, scales, aux, out, bias, M, N, K, x_sm, group, k_split, so_m, so_n)``
+    (see the module docstring); ``partial``: write fp32 partial sums (splits, M, N) to ``out``
+    instead of the epilogue. ``k_split`` is a multiple of ``tile_k(bits)``. The tile's four
+    chunks and each chunk's four words are written out (device functions called four times),
+    not looped: a rolled loop indexes the loaded words, which puts them in local memory."""
+    per_word = 32 // bits
+    ck = 4 * per_word
+    tile = tile_k(bits)
+    chunks = CHUNKS_PER_TILE
+    affine = mode == "affine"
+    load_x = loader(x_dtype)
+    load_s = loader(scale_dtype)
+    offset = _group_offset(mode, zero_point)
+    word_dot = _word_dot(bits, m_block, tile)
+    store_out = epilogue(out_dtype, None, bias_dtype, act)
+    xs_size = m_block * tile
+    xsum_size = m_block * chunks if affine else 1
+
+    @cuda.jit(device=True, inline="always")
+    def load_chunk(qw, k, k_end, N, n):
+        if k < k_end:
+            return ptx.load_u32x4(qw, ((k // ck) * N + n) * 4)
+        z = np.uint32(0)
+        return z, z, z, z
+
+    @cuda.jit(device=True, inline="always")
+    def chunk(w0, w1, w2, w3, c, k0, k_end, N, n, group, scales, aux, xs, xsum, part, acc):
+        if k0 + c * ck < k_end:
+            g = ((k0 + c * ck) // group) * N + n
+            s = load_s(scales, g)
+            off = offset(aux, g)
+            for m in range(m_block):
+                part[m] = _F0
+            word_dot(w0, off, xs, c * ck, part)
+            word_dot(w1, off, xs, c * ck + per_word, part)
+            word_dot(w2, off, xs, c * ck + 2 * per_word, part)
+            word_dot(w3, off, xs, c * ck + 3 * per_word, part)
+            if affine:
+                mn = load_s(aux, g)
+                for m in range(m_block):
+                    acc[m] += s * part[m] + mn * xsum[m * chunks + c]
+            else:
+                for m in range(m_block):
+                    acc[m] += s * part[m]
+
+    def quant_decode_kernel(x, qw, scales, aux, out, bias, M, N, K, x_sm, group, k_split, so_m,
+                            so_n):
+        xs = cuda.shared.array(xs_size, np.float32, alignment=16)
+        xsum = cuda.shared.array(xsum_size, np.float32)
+        acc = cuda.local.array(m_block, np.float32)
+        part = cuda.local.array(m_block, np.float32)
+        t = cuda.threadIdx.x
+        n = cuda.blockIdx.x * block_n + t
+        live = n < N
+        kp = (K + ck - 1) // ck * ck
+        k_begin = cuda.blockIdx.y * k_split
+        k_end = min(kp, k_begin + k_split)
+        for m in range(m_block):
+            acc[m] = _F0
+        k0 = k_begin
+        while k0 < k_end:
+            cuda.syncthreads()  # every read of the previous tile is done
+            for i in range(t, xs_size, block_n):
+                m = i // tile
+                k = k0 + i - m * tile
+                v = _F0
+                if m < M and k < K:
+                    v = load_x(x, m * x_sm + k)
+                xs[i] = v
+            cuda.syncthreads()
+            if affine:
+                for i in range(t, m_block * chunks, block_n):
+                    m = i // chunks
+                    base = m * tile + (i - m * chunks) * ck
+                    s = _F0
+                    for j in range(ck):
+                        s += xs[base + j]
+                    xsum[i] = s
+                cuda.syncthreads()
+            if live:  # every load of the tile in flight before any use
+                a0, a1, a2, a3 = load_chunk(qw, k0, k_end, N, n)
+                b0, b1, b2, b3 = load_chunk(qw, k0 + ck, k_end, N, n)
+                c0, c1, c2, c3 = load_chunk(qw, k0 + 2 * ck, k_end, N, n)
+                d0, d1, d2, d3 = load_chunk(qw, k0 + 3 * ck, k_end, N, n)
+                chunk(a0, a1, a2, a3, 0, k0, k_end, N, n, group, scales, aux, xs, xsum, part,
+                      acc)
+                chunk(b0, b1, b2, b3, 1, k0, k_end, N, n, group, scales, aux, xs, xsum, part,
+                      acc)
+                chunk(c0, c1, c2, c3, 2, k0, k_end, N, n, group, scales, aux, xs, xsum, part,
+                      acc)
+                chunk(d0, d1, d2, d3, 3, k0, k_end, N, n, group, scales, aux, xs, xsum, part,
+                      acc)
+            k0 += tile
+        if live:
+            for m in range(m_block):
+                if m < M:
+                    if partial:
+                        out[(cuda.blockIdx.y * M + m) * N + n] = acc[m]
+                    else:
+                        store_out(acc[m], n, out, m * so_m + n * so_n, out, 0, bias, _F1, _F0)
+
+    return quant_decode_kernel
+
+
+def decode_signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
+    i32, i64 = types.int32, types.int64
+    return (_storage(x_dtype), array1d(np.uint32), _storage(scale_dtype),
+            _aux_storage(mode, scale_dtype), _storage(out_dtype), _storage(bias_dtype or out_dtype),
+            i32, i32, i32, i64, i32, i32, i64, i64)
+
+
+def decode_options(block_n, m_block):
+    """Launch bounds: the block size, and blocks enough per SM to keep loads in flight (at most
+    64 registers for m_block <= 4, 128 above: 16 accumulators and 16 partial sums a thread)."""
+    return {}
+
+
+@functools.cache
+def decode_kernel(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype, out_dtype,
+                  bias_dtype, act, partial):
+    if partial:  # fp32 partial sums, no epilogue (gemm's split-K reduce applies it)
+        out_dtype, bias_dtype, act = "float32", None, None
+    fn = decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype,
+                          out_dtype, bias_dtype, act, partial)
+    return Kernel(jit(fn, **decode_options(block_n, m_block)),
+                  decode_signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype),
+                  "quant_decode_kernel")
+
+
+def dequant_kernel_fn(bits, mode, zero_point, scale_dtype, out_dtype):
+    """Kernel ``(qw, scales, aux, out, N, n0, rows, kp, group)``: ``out[r, k]`` (rows, kp)
+    row-major in ``out_dtype`` (fp16 / bf16) = the weight's value at (n0 + r, k), rounded once;
+    one 16-byte chunk of codes a thread (grid-stride), 16-byte stores."""
+    per_word = 32 // bits
+    ck = 4 * per_word
+    half_pairs = per_word // 2
+    affine = mode == "affine"
+    load_s = loader(scale_dtype)
+    offset = _group_offset(mode, zero_point)
+    codes = tuple(_code(bits, bits * i) for i in range(per_word))
+    pack = packer(out_dtype)
+    c0, c1, c2, c3 = codes[:4]
+    c4, c5, c6, c7 = codes[4:] if per_word == 8 else codes[:4]
+    packed_size = 2 * per_word
+
+    def quant_dequant_kernel(qw, scales, aux, out, N, n0, rows, kp, group):
+        packed = cuda.local.array(packed_size, np.uint32)
+        total = (kp // ck) * rows
+        i = cuda.grid(1)
+        while i < total:
+            c = i // rows
+            r = i - c * rows
+            n = n0 + r
+            g = ((c * ck) // group) * N + n
+            s = load_s(scales, g)
+            mn = load_s(aux, g) if affine else _F0
+            off = offset(aux, g)
+            w0, w1, w2, w3 = ptx.load_u32x4(qw, (c * N + n) * 4)
+            for j in range(4):
+                w = w0 if j == 0 else (w1 if j == 1 else (w2 if j == 2 else w3))
+                packed[j * half_pairs] = pack(c0(w, off) * s + mn, c1(w, off) * s + mn)
+                packed[j * half_pairs + 1] = pack(c2(w, off) * s + mn, c3(w, off) * s + mn)
+                if per_word == 8:
+                    packed[j * half_pairs + 2] = pack(c4(w, off) * s + mn, c5(w, off) * s + mn)
+                    packed[j * half_pairs + 3] = pack(c6(w, off) * s + mn, c7(w, off) * s + mn)
+            base = np.int64(r) * kp + c * ck
+            for v in range(ck // 8):
+                ptx.store_u32x4(out, base + 8 * v, packed[4 * v], packed[4 * v + 1],
+                                packed[4 * v + 2], packed[4 * v + 3])
+            i += cuda.gridsize(1)
+
+    return quant_dequant_kernel
+
+
+def dequant_signature(mode, scale_dtype, out_dtype):
+    i32, i64 = types.int32, types.int64
+    return (array1d(np.uint32), _storage(scale_dtype), _aux_storage(mode, scale_dtype),
+            _storage(out_dtype), i32, i32, i32, i64, i32)
+
+
+@functools.cache
+def dequant_kernel(bits, mode, zero_point, scale_dtype, out_dtype):
+    return Kernel(jit(dequant_kernel_fn(bits, mode, zero_point, scale_dtype, out_dtype)),
+                  dequant_signature(mode, scale_dtype, out_dtype), "quant_dequant_kernel")

@@ -1,0 +1,443 @@
+"""Weight-only quantized matrices for ``quant_gemm``: quantization at load time, GGUF and GPTQ
+blocks, the private packed layout, and ``dequantize`` (the reference every test uses).
+
+A ``QuantizedWeight`` stands for an (N, K) matrix in torch.nn.Linear's layout (out_features x
+in_features). Every format is one of two forms, per group of ``group_size`` consecutive k of a
+row n (g = k // group_size):
+
+    "offset":  w[n, k] = (q[n, k] - z[g, n]) * s[g, n]       int4 (z = 8 symmetric, or a zero
+                                                             point per group), int8 (z = 128),
+                                                             GGUF Q4_0 (z = 8), Q8_0 (z = 128),
+                                                             GPTQ (a zero point per group)
+    "affine":  w[n, k] = q[n, k] * s[g, n] + m[g, n]         GGUF Q4_1 (m: the block minimum)
+
+with q the unsigned code (4 or 8 bits; signed int8 codes are stored biased by 128), s the scale
+(fp16 / bf16 / fp32, the source's dtype), z an integer zero point, m a minimum in the scale's
+dtype. ``dequantize`` evaluates these in float32 exactly as written (for Q4_0, Q4_1 and Q8_0 the
+result is bit for bit the ``gguf`` package's ``gguf.quants.dequantize``).
+
+Private layout (what the kernels read, ``ops/_quant_kernels.py``): codes in chunks of 16 bytes,
+``CHUNK_K`` = 32 k (int4) or 16 k (int8) of one row, stored chunk-major:
+
+    qweight[(c * N + n) * 4 + j], j = 0..3      uint32 word j of chunk c of row n, holding
+                                                k = c * CHUNK_K + j * per_word + i at bits
+                                                [bits * i, bits * (i + 1)), per_word = 32 / bits
+
+so the 32 threads of a warp, on 32 consecutive rows, read 512 contiguous bytes with one 16-byte
+load each. K is padded to a whole chunk (``K_padded``) with zero codes (the kernels read x as
+zero there). ``scales``, ``zeros`` (uint8, only with per-group zero points) and ``mins`` (affine
+only) are (groups, N), row-major. Quantizing and repacking run on the host with NumPy, once, at
+load; the packed arrays are then copied to the device in the kind asked for (torch, CuPy, numba;
+NumPy arrays under the simulator).
+"""
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from .._arrays import numpy_dtype, to_host
+from .._env import SIMULATOR, cuda
+from .._typing import ArrayLike
+
+FORMATS = ("int4", "int8", "fp8_e4m3")
+GROUP_SIZES = (32, 64, 128, -1)
+WEIGHT_DTYPES = ("float16", "bfloat16", "float32")
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+KINDS = ("numba", "torch", "cupy")
+#: GGUF's block: 32 values, fp16 scale (and fp16 minimum for Q4_1).
+GGUF_BLOCK = 32
+_GGUF = {  # name: (bits, zero point (None: affine), bytes per block)
+    "Q4_0": (4, 8, 18),
+    "Q4_1": (4, None, 20),
+    "Q8_0": (8, 128, 34),
+}
+
+
+def chunk_k(bits):
+    """k per 16-byte chunk of one row: 32 for int4, 16 for int8."""
+    return 4 * (32 // bits)
+
+
+# ---- host conversions --------------------------------------------------------------------------
+
+def _host(x, name):
+    """Host NumPy copy (or view) of a NumPy array, a torch tensor (any device), a CuPy array or a
+    numba device array (``_arrays.to_host``); ``TypeError`` naming ``name`` otherwise."""
+    try:
+        return to_host(x)
+    except TypeError:
+        raise TypeError(f"{name}: expected a NumPy array, torch tensor, CuPy array or numba "
+                        f"device array, got {type(x).__name__}") from None
+
+
+def _kind_of(x):
+    """The device kind an input's packed copy takes: torch for torch tensors, CuPy for CuPy
+    arrays, numba otherwise."""
+    module = type(x).__module__
+    if module.startswith("torch"):
+        return "torch"
+    if module.startswith("cupy"):
+        return "cupy"
+    return "numba"
+
+
+def _device_of(x):
+    if type(x).__module__.startswith("torch") and x.is_cuda:
+        return x.device
+    return None
+
+
+def _place(host, kind, device):
+    """A device copy of a host array: NumPy under the simulator; torch (on ``device``, default
+    the current CUDA device), CuPy or numba on a GPU. uint32 travels as int32 in torch (the
+    kernels read the bits)."""
+    host = np.ascontiguousarray(host)
+    if SIMULATOR:
+        return host.copy()
+    if kind == "torch":
+        import torch
+
+        if host.dtype == np.uint32:
+            host = host.view(np.int32)
+        if host.dtype.name == "bfloat16":
+            t = torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
+        else:
+            t = torch.from_numpy(host)
+        return t.to(device or "cuda")
+    if kind == "cupy":
+        import cupy
+
+        return cupy.asarray(host)
+    if host.dtype == np.float16 or host.dtype.name == "bfloat16":
+        host = host.view(np.uint16)  # numba arrays hold no bfloat16: the bits (scale_dtype says)
+    return cuda.to_device(host)
+
+
+def _check_kind(kind):
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
+
+
+# ---- the private layout ----------------------------------------------------------------------
+
+def pack_codes(q, bits):
+    """(N, K) codes (0 .. 2^bits - 1) -> the private chunk-major uint32 layout (flat), K padded
+    to a whole chunk with zero codes."""
+    n, k = q.shape
+    ck = chunk_k(bits)
+    per_word = 32 // bits
+    kp = -(-k // ck) * ck
+    padded = np.zeros((n, kp), np.uint32)
+    padded[:, :k] = q
+    parts = padded.reshape(n, kp // ck, 4, per_word)
+    words = np.zeros((n, kp // ck, 4), np.uint32)
+    for i in range(per_word):
+        words |= parts[..., i] << np.uint32(bits * i)
+    return np.ascontiguousarray(words.transpose(1, 0, 2)).reshape(-1)
+
+
+def unpack_codes(words, bits, n, k):
+    """Inverse of ``pack_codes``: (N, K) uint8 codes."""
+    ck = chunk_k(bits)
+    per_word = 32 // bits
+    kp = -(-k // ck) * ck
+    w = np.asarray(words).view(np.uint32).reshape(kp // ck, n, 4).transpose(1, 0, 2)
+    mask = np.uint32((1 << bits) - 1)
+    parts = np.stack([(w >> np.uint32(bits * i)) & mask for i in range(per_word)], axis=-1)
+    return parts.reshape(n, kp)[:, :k].astype(np.uint8)
+
+
+# ---- the weight ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class QuantizedWeight:
+    """An (N, K) weight in a quantized format (see the module docstring); build it with
+    ``quantize_weight``, ``QuantizedWeight.from_gguf`` or ``QuantizedWeight.from_gptq``, use it
+    with ``quant_gemm``. Fields after ``scales`` are private layout details."""
+
+    format: str            # "int4", "int8", "Q4_0", "Q4_1", "Q8_0", "gptq"
+    shape: tuple           # (N, K)
+    group_size: int        # k per group (K itself for one group per row)
+    bits: int              # 4 or 8
+    scales: object         # (groups, N) device array, the scale dtype
+    qweight: object        # flat uint32 (int32 in torch) device array, the private layout
+    zero_point: int | None  # the one zero point of every group, or None
+    zeros: object          # (groups, N) uint8 device array of zero points, or None
+    mins: object           # (groups, N) device array of affine minimums, or None
+    scale_dtype: str
+
+    @property
+    def N(self) -> int:
+        return self.shape[0]
+
+    @property
+    def K(self) -> int:
+        return self.shape[1]
+
+    @property
+    def K_padded(self) -> int:
+        """K rounded up to a whole 16-byte chunk of codes."""
+        ck = chunk_k(self.bits)
+        return -(-self.K // ck) * ck
+
+    @property
+    def groups(self) -> int:
+        return -(-self.K // self.group_size)
+
+    @property
+    def mode(self) -> str:
+        """"const" (one zero point), "zeros" (a zero point per group) or "affine"."""
+        if self.mins is not None:
+            return "affine"
+        return "const" if self.zeros is None else "zeros"
+
+    @property
+    def key(self) -> tuple:
+        """Everything about the weight a kernel is specialised or planned on (no data)."""
+        return (self.format, self.shape, self.group_size, self.bits, self.zero_point,
+                self.mode, self.scale_dtype)
+
+    @property
+    def aux(self):
+        """The per-group array beside the scales: zero points, minimums, or None."""
+        return self.zeros if self.zeros is not None else self.mins
+
+    def nbytes(self) -> int:
+        """Device bytes of the packed weight (codes, scales, zero points / minimums)."""
+        n, groups = self.N, self.groups
+        aux = 0 if self.aux is None else groups * n * (1 if self.zeros is not None else
+                                                       np.dtype(numpy_dtype(self.scale_dtype))
+                                                       .itemsize)
+        return (self.K_padded * n * self.bits // 8 + aux
+                + groups * n * np.dtype(numpy_dtype(self.scale_dtype)).itemsize)
+
+    def codes(self) -> np.ndarray:
+        """The (N, K) unsigned codes on the host (uint8)."""
+        return unpack_codes(_host(self.qweight, "qweight"), self.bits, self.N, self.K)
+
+    def dequantize(self) -> np.ndarray:
+        """The (N, K) float32 matrix this weight represents, on the host (NumPy), computed in
+        float32 exactly as the module docstring's formulas are written."""
+        q = self.codes().astype(np.float32)
+        groups = np.arange(self.K) // self.group_size
+        s = self._values(self.scales).T[:, groups]                            # (N, K)
+        if self.mode == "affine":
+            m = self._values(self.mins).T[:, groups]
+            return s * q + m
+        if self.mode == "zeros":
+            z = _host(self.zeros, "zeros").astype(np.float32).T[:, groups]
+        else:
+            z = np.float32(self.zero_point)
+        return (q - z) * s
+
+    def _values(self, a):
+        """A scale-dtype device array on the host as float32 (numba arrays hold half-precision
+        values as their uint16 bits)."""
+        host = np.ascontiguousarray(_host(a, "scales"))
+        dtype = np.dtype(numpy_dtype(self.scale_dtype))
+        if host.dtype != dtype:
+            host = host.view(dtype)
+        return host.astype(np.float32)
+
+    # -- other sources ------------------------------------------------------------------------
+    @classmethod
+    def from_gguf(cls, data: Any, ggml_type: Any, shape: tuple[int, int], *,
+                  kind: str = "numba", device: Any = None) -> "QuantizedWeight":
+        """A GGUF tensor's raw blocks, kept 4 / 8-bit (repacked, not re-quantized).
+
+        data: uint8, the blocks as ``gguf.GGUFReader`` gives them ((N, row bytes), or flat;
+        NumPy, torch or any host-readable array). ggml_type: Q4_0, Q4_1 or Q8_0, as a
+        ``gguf.GGMLQuantizationType`` or its name. shape: (N, K), K a multiple of 32.
+        kind / device: where the packed copy goes ("numba", "torch" on ``device``, "cupy").
+        Raises ValueError for another type, a bad shape, or data of the wrong size; TypeError
+        for data that is not uint8."""
+        _check_kind(kind)
+        name = getattr(ggml_type, "name", ggml_type)
+        if not isinstance(name, str) or name.upper() not in _GGUF:
+            raise ValueError(f"ggml_type: expected one of {GGUF_TYPES}, got {ggml_type!r}")
+        name = name.upper()
+        bits, zero_point, block_bytes = _GGUF[name]
+        n, k = _shape(shape)
+        if k % GGUF_BLOCK:
+            raise ValueError(f"shape: expected K a multiple of the GGUF block ({GGUF_BLOCK}), "
+                             f"got {tuple(shape)}")
+        raw = _host(data, "data")
+        if raw.dtype != np.uint8:
+            raise TypeError(f"data: expected dtype uint8 (raw GGUF blocks), got {raw.dtype}")
+        blocks_per_row = k // GGUF_BLOCK
+        if raw.size != n * blocks_per_row * block_bytes:
+            raise ValueError(f"data: expected {n * blocks_per_row * block_bytes} bytes ({n} rows "
+                             f"of {blocks_per_row} {name} blocks of {block_bytes} bytes) for "
+                             f"shape {(n, k)}, got {raw.size} (shape {raw.shape})")
+        blocks = np.ascontiguousarray(raw).reshape(n, blocks_per_row, block_bytes)
+        d = blocks[..., 0:2].copy().view(np.float16)[..., 0]                   # (N, blocks)
+        mins = None
+        if bits == 4:
+            body = blocks[..., 4:] if zero_point is None else blocks[..., 2:]
+            if zero_point is None:
+                mins = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+            # byte j of a block: value j in the low nibble, value j + 16 in the high one
+            q = np.concatenate([body & np.uint8(0x0F), body >> np.uint8(4)], axis=-1)
+        else:
+            q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        q = q.reshape(n, k)
+        place = lambda a: None if a is None else _place(np.ascontiguousarray(a.T), kind, device)
+        return cls(name, (n, k), GGUF_BLOCK, bits, place(d),
+                   _place(pack_codes(q, bits), kind, device), zero_point, None, place(mins),
+                   "float16")
+
+    @classmethod
+    def from_gptq(cls, qweight: Any, scales: Any, qzeros: Any, g_idx: Any = None,
+                  group_size: int = 128, *, kind: str | None = None,
+                  device: Any = None) -> "QuantizedWeight":
+        """A GPTQ checkpoint's 4-bit tensors (the packing AutoGPTQ / transformers write, "v1"
+        zero points: the stored zero point is one less than the one used).
+
+        qweight: int32 (K / 8, N), 8 codes along K a word (code i at bits 4i). scales: (K / G, N)
+        fp16 / bf16 / fp32. qzeros: int32 (K / G, N / 8), 8 zero points along N a word. g_idx:
+        None or the trivial (K,) ``k // group_size`` (act-order checkpoints, whose g_idx
+        permutes K, raise NotImplementedError). kind / device: where the packed copy goes
+        (default: torch for torch inputs, else numba)."""
+        kind = kind or _kind_of(qweight)
+        _check_kind(kind)
+        device = device or _device_of(qweight)
+        qw = _host(qweight, "qweight")
+        sc = _host(scales, "scales")
+        qz = _host(qzeros, "qzeros")
+        for name, a in (("qweight", qw), ("qzeros", qz)):
+            if a.dtype not in (np.int32, np.uint32):
+                raise TypeError(f"{name}: expected dtype int32, got {a.dtype}")
+            if a.ndim != 2:
+                raise ValueError(f"{name}: expected 2 dimensions, got shape {a.shape}")
+        if sc.dtype.name not in WEIGHT_DTYPES:
+            raise TypeError(f"scales: expected dtype in {WEIGHT_DTYPES}, got {sc.dtype}")
+        k8, n = qw.shape
+        k = 8 * k8
+        group = _group_size(group_size, k)
+        groups = k // group
+        if sc.shape != (groups, n):
+            raise ValueError(f"scales: expected shape {(groups, n)} (K / group_size, N), got "
+                             f"{sc.shape}")
+        if n % 8 or qz.shape != (groups, n // 8):
+            raise ValueError(f"qzeros: expected shape {(groups, n // 8)} (K / group_size, "
+                             f"N / 8), got {qz.shape}")
+        if g_idx is not None:
+            gi = _host(g_idx, "g_idx")
+            if gi.shape != (k,):
+                raise ValueError(f"g_idx: expected shape {(k,)}, got {gi.shape}")
+            if not np.array_equal(gi, np.arange(k) // group):
+                raise NotImplementedError(
+                    "g_idx: act-order checkpoints (g_idx not k // group_size) need K "
+                    "permuted at load and x gathered in the kernel, not implemented yet")
+        shifts = np.arange(8, dtype=np.uint32) * np.uint32(4)
+        words = qw.view(np.uint32)
+        q = ((words[:, None, :] >> shifts[None, :, None]) & np.uint32(15))   # (K/8, 8, N)
+        q = q.reshape(k, n).T.astype(np.uint8)
+        zw = qz.view(np.uint32)
+        z = ((zw[:, :, None] >> shifts[None, None, :]) & np.uint32(15)).reshape(groups, n)
+        z = (z + 1).astype(np.uint8)            # "v1": stored zero points are one less
+        if np.any(z > 15):
+            raise ValueError("qzeros: a stored zero point of 15 (16 after GPTQ's +1) does not "
+                             "fit 4 bits; is this a 'v2' checkpoint?")
+        return cls("gptq", (n, k), group, 4, _place(sc, kind, device),
+                   _place(pack_codes(q, 4), kind, device), None, _place(z, kind, device),
+                   None, sc.dtype.name)
+
+
+def _shape(shape):
+    try:
+        n, k = (int(v) for v in shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"shape: expected (N, K), got {shape!r}") from None
+    if n < 1 or k < 1:
+        raise ValueError(f"shape: expected N, K >= 1, got {(n, k)}")
+    return n, k
+
+
+def _group_size(group_size, k):
+    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
+        raise TypeError(f"group_size: expected an int, got {type(group_size).__name__}")
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"group_size: expected one of {GROUP_SIZES}, got {group_size}")
+    if group_size == -1:
+        return k
+    if k % group_size:
+        raise ValueError(f"group_size: expected K (w's shape[1], {k}) to be a multiple of the "
+                         f"group size, got group_size={group_size}")
+    return int(group_size)
+
+
+def _round_to(x32, dtype):
+    """float32 values rounded to ``dtype`` (the scale's storage)."""
+    return x32.astype(numpy_dtype(dtype))
+
+
+def quantize_weight(w: ArrayLike, format: str, *, group_size: int = 128,
+                    symmetric: bool = True, kind: str | None = None,
+                    device: Any = None) -> QuantizedWeight:
+    """Quantize an (N, K) weight (torch.nn.Linear's layout) once, at load, on the host.
+
+    w: fp16 / bf16 / fp32; a NumPy array, a torch tensor (any device), a CuPy or numba array.
+    format: "int4": groups of ``group_size`` along K (32, 64, 128, or -1: one group a row),
+    scales in w's dtype; symmetric: ``q = round(w / s) + 8``, s = max|w| / 7; else (AWQ style)
+    a zero point per group, s = (max - min) / 15, z = round(-min / s). "int8": one scale a row
+    (``group_size`` ignored), s = max|w| / 127. Every value is within s / 2 of w, plus what
+    rounding s to w's dtype moves the clamp (a few units of that dtype's epsilon times s).
+    "fp8_e4m3": not implemented yet (NotImplementedError).
+    kind / device: where the packed copy goes ("numba", "torch" on ``device``, "cupy";
+    default: w's kind and device).
+
+    Raises TypeError for a non-array or an unsupported dtype, ValueError for an unknown format,
+    a rank other than 2, a group size not listed, or K not a multiple of the group size."""
+    if format not in FORMATS:
+        raise ValueError(f"format: expected one of {FORMATS}, got {format!r}")
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"symmetric: expected a bool, got {type(symmetric).__name__}")
+    kind = kind or _kind_of(w)
+    _check_kind(kind)
+    device = device or _device_of(w)
+    host = _host(w, "w")
+    if host.ndim != 2:
+        raise ValueError(f"w: expected 2 dimensions (N, K), got shape {host.shape}")
+    dtype = host.dtype.name
+    if dtype not in WEIGHT_DTYPES:
+        raise TypeError(f"w: expected dtype in {WEIGHT_DTYPES}, got {dtype}")
+    n, k = host.shape
+    if n == 0 or k == 0:
+        raise ValueError(f"w: expected a non-empty matrix, got shape {host.shape}")
+    if format == "fp8_e4m3":
+        raise NotImplementedError(
+            "format='fp8_e4m3': needs the W8A8 path (per-token activation quantization and "
+            "Hopper wgmma with e4m3 operands), not written yet; use 'int8' or 'int4'")
+    w32 = host.astype(np.float32)
+    if format == "int8":
+        return _quantize(w32, k, 8, 128, True, dtype, "int8", kind, device)
+    group = _group_size(group_size, k)
+    return _quantize(w32, group, 4, 8, bool(symmetric), dtype, "int4", kind, device)
+
+
+def _quantize(w32, group, bits, zero_point, symmetric, dtype, name, kind, device):
+    n, k = w32.shape
+    qmax = (1 << bits) - 1
+    g = w32.reshape(n, k // group, group)
+    if symmetric:
+        amax = np.abs(g).max(axis=-1)
+        s = _round_to(amax / np.float32(zero_point - 1), dtype)     # 7 (int4) or 127 (int8)
+        s32 = s.astype(np.float32)
+        safe = np.where(s32 == 0, np.float32(1), s32)
+        q = np.clip(np.rint(g / safe[..., None]) + zero_point, 0, qmax)
+        z = None
+    else:
+        lo, hi = g.min(axis=-1), g.max(axis=-1)
+        s = _round_to((hi - lo) / np.float32(qmax), dtype)
+        s32 = s.astype(np.float32)
+        safe = np.where(s32 == 0, np.float32(1), s32)
+        z = np.clip(np.rint(-lo / safe), 0, qmax).astype(np.uint8)
+        q = np.clip(np.rint(g / safe[..., None]) + z[..., None], 0, qmax)
+        zero_point = None
+    q = q.reshape(n, k).astype(np.uint8)
+    return QuantizedWeight(
+        name, (n, k), group, bits, _place(s.T, kind, device),
+        _place(pack_codes(q, bits), kind, device), zero_point,
+        None if z is None else _place(z.T, kind, device), None, dtype)

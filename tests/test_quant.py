@@ -1,0 +1,378 @@
+"""quantize_weight / QuantizedWeight / quant_gemm: dequantize() against the original weight within
+each format's rounding bound, GGUF blocks bit for bit against the ``gguf`` package, GPTQ's packing,
+quant_gemm against float64 ``x @ qw.dequantize().T`` (both paths: the decode kernel, M <= 16, and
+the interim dequantize + gemm path), and every documented error.
+
+Tolerances are derived (``testing.derived_check``): the plain model sums in float32 with the
+dequantized weight as the path uses it (exact on the decode kernel; rounded to x's dtype on the
+interim path, whose gemm runs on Tensor Cores on a GPU). Under the simulator shapes are one or two
+blocks; the GPU suite (``-m gpu``) adds the issue's sizes.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+from gguf import quants as gguf_quants
+from hypothesis import given
+from hypothesis import strategies as st
+
+import llmspeed_numba as lsn
+from llmspeed_numba import SIMULATOR
+from llmspeed_numba._arrays import numpy_dtype
+from llmspeed_numba._overrides import overrides
+from llmspeed_numba.ops.quant_gemm import DECODE_MAX_M, decode_plan
+from llmspeed_numba.ops.quant_weight import pack_codes, unpack_codes
+from llmspeed_numba.reference.gemm import gemm_plain, gemm_reference
+from llmspeed_numba.testing import derived_check, f64, poison, random_array, to_device
+
+X_DTYPES = ("float16", "bfloat16")
+_EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23}
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+def device(host):
+    """The array an op receives: NumPy under the simulator, torch on a GPU."""
+    return to_device(host, "torch")
+
+
+def _empty(shape, dtype):
+    if SIMULATOR:
+        return np.empty(shape, numpy_dtype(dtype))
+    import torch
+
+    return torch.empty(shape, dtype=getattr(torch, dtype), device="cuda")
+
+
+def weight(rng, N, K, dtype, scale=0.05):
+    return random_array((N, K), dtype, rng, scale=scale)
+
+
+def check(got, x, qw, *, out_dtype, bias=None, activation=None, interim=False):
+    """quant_gemm's result against float64 ``x @ qw.dequantize().T`` (+ bias, activation)."""
+    w = qw.dequantize()
+    bias_h = None if bias is None else np.asarray(bias)
+    reference = gemm_reference(np.asarray(x, np.float64), w.astype(np.float64).T,
+                               bias=None if bias_h is None else bias_h.astype(np.float64),
+                               activation=activation)
+    w_plain = w.astype(np.asarray(x).dtype) if interim else w
+    plain = gemm_plain(x, np.asarray(w_plain, np.float32).T, bias=bias_h, activation=activation,
+                       out_dtype=numpy_dtype(out_dtype), mma=interim and not SIMULATOR)
+    derived_check(f64(got), reference, np.asarray(plain, np.float64))
+
+
+def run(rng, qw, M, x_dtype, *, out_dtype=None, bias_dtype=None, activation=None,
+        interim=False, x_pad=0):
+    """quant_gemm on random x (rows padded by ``x_pad``: a row stride that is not K) into a
+    poisoned ``out``, checked."""
+    N, K = qw.shape
+    x_full = random_array((M, K + x_pad), x_dtype, rng)
+    x = x_full[:, :K]
+    bias = None if bias_dtype is None else random_array((N,), bias_dtype, rng)
+    out_dtype = out_dtype or x_dtype
+    out = poison(_empty((M, N), out_dtype))
+    dx = device(x_full)[:, :K]
+    got = lsn.quant_gemm(dx, qw, bias=None if bias is None else device(bias),
+                         activation=activation, out=out)
+    assert got is out
+    check(got, x, qw, out_dtype=out_dtype, bias=bias, activation=activation, interim=interim)
+
+
+def rounding_bound(qw, w):
+    """Per-element bound of |dequantize() - w|: half a step, plus what rounding the scale to its
+    dtype moves the clamp (16 units of its epsilon times the step)."""
+    s = qw._values(qw.scales).T[:, np.arange(qw.K) // qw.group_size]
+    return s * (0.5 + 16 * _EPS[qw.scale_dtype]) + 1e-30
+
+
+def gguf_blocks(rng, N, K, ggml_type):
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    return gguf_quants.quantize(w, ggml_type)
+
+
+# ---- quantize_weight / dequantize (host only) ------------------------------------------------
+
+@given(st.data())
+def test_int4_dequantize_within_rounding_bound(data):
+    group = data.draw(st.sampled_from((32, 64, 128, -1)), "group_size")
+    groups = data.draw(st.integers(1, 3), "groups")
+    K = groups * (group if group > 0 else 32) + (data.draw(st.sampled_from((0, 8)), "k_tail")
+                                                  if group < 0 else 0)
+    N = data.draw(st.integers(1, 12), "N")
+    dtype = data.draw(st.sampled_from(("float16", "bfloat16", "float32")), "dtype")
+    symmetric = data.draw(st.booleans(), "symmetric")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), "seed"))
+    w = weight(rng, N, K, dtype)
+    if not symmetric:  # an offset range, where a zero point matters
+        w = (w.astype(np.float32) + np.float32(0.03)).astype(w.dtype)
+    qw = lsn.quantize_weight(w, "int4", group_size=group, symmetric=symmetric)
+    assert qw.shape == (N, K) and qw.bits == 4 and qw.scale_dtype == dtype
+    assert qw.group_size == (K if group == -1 else group)
+    assert qw.mode == ("const" if symmetric else "zeros")
+    got = qw.dequantize()
+    assert got.dtype == np.float32 and got.shape == (N, K)
+    err = np.abs(got.astype(np.float64) - w.astype(np.float64))
+    assert np.all(err <= rounding_bound(qw, w)), err.max()
+    assert qw.codes().max() <= 15
+
+
+@given(N=st.integers(1, 9), K=st.sampled_from((16, 40, 96)),
+       dtype=st.sampled_from(("float16", "bfloat16", "float32")), seed=st.integers(0, 2**32 - 1))
+def test_int8_dequantize_within_rounding_bound(N, K, dtype, seed):
+    w = weight(np.random.default_rng(seed), N, K, dtype)
+    qw = lsn.quantize_weight(w, "int8")
+    assert qw.group_size == K and qw.bits == 8 and qw.zero_point == 128
+    err = np.abs(qw.dequantize().astype(np.float64) - w.astype(np.float64))
+    assert np.all(err <= rounding_bound(qw, w)), err.max()
+
+
+@pytest.mark.parametrize("bits,K", [(4, 32), (4, 72), (8, 16), (8, 40)])
+def test_private_layout_round_trip(bits, K, rng):
+    q = rng.integers(0, 1 << bits, size=(5, K)).astype(np.uint8)
+    packed = pack_codes(q, bits)
+    assert packed.dtype == np.uint32
+    np.testing.assert_array_equal(unpack_codes(packed, bits, 5, K), q)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+@given(N=st.integers(1, 6), blocks=st.integers(1, 4), seed=st.integers(0, 2**32 - 1))
+def test_gguf_dequantize_bit_exact(name, N, blocks, seed):
+    K = 32 * blocks
+    data = gguf_blocks(np.random.default_rng(seed), N, K, GT[name])
+    expected = gguf_quants.dequantize(data, GT[name])
+    for qtype in (GT[name], name, name.lower()):
+        got = lsn.QuantizedWeight.from_gguf(data, qtype, (N, K)).dequantize()
+        np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+    # any leading slice of rows, and the flat byte stream
+    got = lsn.QuantizedWeight.from_gguf(data[:1], name, (1, K)).dequantize()
+    np.testing.assert_array_equal(got.view(np.uint32), expected[:1].view(np.uint32))
+    got = lsn.QuantizedWeight.from_gguf(data.reshape(-1), name, (N, K)).dequantize()
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+def gptq_tensors(rng, N, K, group):
+    """Random GPTQ ("v1") tensors and the float32 weight they encode."""
+    groups = K // group
+    q = rng.integers(0, 16, size=(K, N)).astype(np.uint32)
+    z = rng.integers(1, 16, size=(groups, N)).astype(np.uint32)   # the zero points in use
+    s = (rng.random((groups, N)) * 0.02 + 0.001).astype(np.float16)
+    shifts = (np.arange(8, dtype=np.uint32) * 4)
+    qweight = (q.reshape(K // 8, 8, N) << shifts[None, :, None]).sum(axis=1, dtype=np.uint32)
+    qzeros = ((z - 1).reshape(groups, N // 8, 8) << shifts).sum(axis=2, dtype=np.uint32)
+    g = np.arange(K) // group
+    w = (q.astype(np.float32) - z[g].astype(np.float32)) * s[g].astype(np.float32)  # (K, N)
+    return qweight.view(np.int32), s, qzeros.view(np.int32), w.T
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_gptq_dequantize(group, rng):
+    qweight, scales, qzeros, w = gptq_tensors(rng, 16, 256, group)
+    qw = lsn.QuantizedWeight.from_gptq(qweight, scales, qzeros, group_size=group)
+    np.testing.assert_array_equal(qw.dequantize(), w)
+    trivial = np.arange(256, dtype=np.int32) // group
+    qw = lsn.QuantizedWeight.from_gptq(qweight, scales, qzeros, trivial, group_size=group)
+    np.testing.assert_array_equal(qw.dequantize(), w)
+
+
+# ---- quant_gemm: the decode kernel ---------------------------------------------------------
+
+@given(st.data())
+def test_quant_gemm(data):
+    """Both paths on a GPU (M up to 300: the interim one above 16); the decode kernel (and its
+    split-K) under the simulator."""
+    fmt = data.draw(st.sampled_from(("int4", "int8")), "format")
+    group = data.draw(st.sampled_from((32, 64, 128, -1)), "group_size") if fmt == "int4" else -1
+    K = data.draw(st.sampled_from((128, 256)), "K")
+    N = data.draw(st.integers(1, 40), "N")
+    M = data.draw(st.integers(1, 300) if not SIMULATOR else st.sampled_from((1, 2, 3, 5)), "M")
+    dtype = data.draw(st.sampled_from(X_DTYPES), "dtype")
+    out_dtype = data.draw(st.sampled_from((None, "float32")), "out_dtype")
+    bias_dtype = data.draw(st.sampled_from((None, "float32", dtype)), "bias_dtype")
+    activation = data.draw(st.sampled_from((None, "silu", "gelu", "relu")), "activation")
+    symmetric = data.draw(st.booleans(), "symmetric")
+    splits = data.draw(st.sampled_from((None, 2)), "splits")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), "seed"))
+    qw = lsn.quantize_weight(device(weight(rng, N, K, dtype)), fmt, group_size=group,
+                             symmetric=symmetric)
+    with overrides(quant_gemm={"splits": splits}):
+        run(rng, qw, M, dtype, out_dtype=out_dtype, bias_dtype=bias_dtype,
+            activation=activation, interim=M > DECODE_MAX_M, x_pad=8)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_quant_gemm_gguf(name, rng):
+    N, K = 24, 96
+    qw = lsn.QuantizedWeight.from_gguf(gguf_blocks(rng, N, K, GT[name]), name, (N, K),
+                                       kind="torch")
+    run(rng, qw, 3, "float16", out_dtype="float32")
+
+
+@pytest.mark.parametrize("fmt,K", [("int8", 40), ("int4", 72)])
+def test_quant_gemm_k_not_a_whole_chunk(fmt, K, rng):
+    """One group a row and K not a multiple of the 16-byte chunk: padded codes, x read as zero
+    past K."""
+    qw = lsn.quantize_weight(device(weight(rng, 20, K, "bfloat16")), fmt, group_size=-1)
+    assert qw.K_padded > K
+    run(rng, qw, 2, "bfloat16")
+
+
+def test_quant_gemm_gptq_strided_out(rng):
+    """A GPTQ weight (zero points per group) into a column slice of a larger output: only the
+    slice is written."""
+    qweight, scales, qzeros, _ = gptq_tensors(rng, 16, 128, 64)
+    qw = lsn.QuantizedWeight.from_gptq(device(qweight), device(scales), device(qzeros),
+                                       group_size=64, kind="torch")
+    x = random_array((2, 128), "float16", rng)
+    big = poison(_empty((2, 40), "float32"))
+    got = lsn.quant_gemm(device(x), qw, out=big[:, 8:24])
+    check(got, x, qw, out_dtype="float32")
+    rest = f64(big)[:, np.r_[0:8, 24:40]]
+    assert np.isnan(rest).all(), "quant_gemm wrote outside out"
+
+
+def test_decode_plan_splits_k_for_few_column_blocks():
+    qw = lsn.quantize_weight(np.ones((8, 4096), np.float16), "int4")
+    with overrides(device={"sm_count": 132}, quant_gemm={"block_n": 128}):
+        _, splits, k_split = decode_plan(qw, 1)
+        assert splits > 1 and k_split % 128 == 0 and splits * k_split >= 4096
+        _, splits16, _ = decode_plan(qw, 16)
+        assert splits16 <= splits   # partial sums capped against the codes' bytes
+
+
+# ---- quant_gemm: the interim path (M > DECODE_MAX_M) -----------------------------------------
+
+@pytest.mark.parametrize("fmt,dtype,group,symmetric", [
+    ("int4", "float16", 32, False), ("int8", "bfloat16", -1, True)])
+def test_quant_gemm_interim_path(fmt, dtype, group, symmetric, rng):
+    """The dequantize + gemm path, forced at a small M under the simulator (at M > 16 on a
+    GPU)."""
+    M = 3 if SIMULATOR else DECODE_MAX_M + 1
+    qw = lsn.quantize_weight(device(weight(rng, 24, 64, dtype)), fmt, group_size=group,
+                             symmetric=symmetric)
+    with overrides(quant_gemm={"decode_max_m": 2 if SIMULATOR else DECODE_MAX_M}):
+        run(rng, qw, M, dtype, bias_dtype="float32", activation="silu", interim=True)
+
+
+def test_quant_gemm_interim_gguf_q4_1(rng):
+    qw = lsn.QuantizedWeight.from_gguf(gguf_blocks(rng, 16, 64, GT.Q4_1), "Q4_1", (16, 64),
+                                       kind="torch")
+    with overrides(quant_gemm={"decode_max_m": 1}):
+        run(rng, qw, 2, "bfloat16", out_dtype="float32", interim=True)
+
+
+def test_check_rejects_a_wrong_zero_point(rng):
+    """The derived check catches a kernel that used zero point 7 instead of 8."""
+    w = weight(rng, 16, 128, "float16")
+    qw = lsn.quantize_weight(w, "int4", group_size=32)
+    x = random_array((2, 128), "float16", rng)
+    s = qw._values(qw.scales).T[:, np.arange(128) // 32]
+    wrong = (qw.codes().astype(np.float64) - 7) * s
+    with pytest.raises(AssertionError):
+        check(x.astype(np.float64) @ wrong.T, x, qw, out_dtype="float32")
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+def test_quantize_weight_errors():
+    w = np.ones((4, 64), np.float16)
+    with pytest.raises(ValueError, match="format: expected one of"):
+        lsn.quantize_weight(w, "int3")
+    with pytest.raises(ValueError, match="group_size: expected K .* multiple"):
+        lsn.quantize_weight(np.ones((4, 96), np.float16), "int4", group_size=64)
+    with pytest.raises(ValueError, match="group_size: expected one of"):
+        lsn.quantize_weight(w, "int4", group_size=48)
+    with pytest.raises(TypeError, match="group_size: expected an int"):
+        lsn.quantize_weight(w, "int4", group_size=32.0)
+    with pytest.raises(TypeError, match="w: expected dtype"):
+        lsn.quantize_weight(np.ones((4, 64), np.int32), "int8")
+    with pytest.raises(ValueError, match="w: expected 2 dimensions"):
+        lsn.quantize_weight(np.ones(64, np.float16), "int8")
+    with pytest.raises(TypeError, match="w: expected a NumPy array"):
+        lsn.quantize_weight([[1.0]], "int8")
+    with pytest.raises(TypeError, match="symmetric: expected a bool"):
+        lsn.quantize_weight(w, "int4", symmetric=1)
+    with pytest.raises(ValueError, match="kind: expected one of"):
+        lsn.quantize_weight(w, "int4", kind="jax")
+    with pytest.raises(NotImplementedError, match="fp8_e4m3"):
+        lsn.quantize_weight(w, "fp8_e4m3")
+
+
+def test_from_gguf_errors(rng):
+    data = gguf_blocks(rng, 2, 64, GT.Q4_0)
+    with pytest.raises(ValueError, match=r"ggml_type: expected one of \('Q4_0'"):
+        lsn.QuantizedWeight.from_gguf(data, GT.Q6_K, (2, 64))
+    with pytest.raises(ValueError, match="ggml_type"):
+        lsn.QuantizedWeight.from_gguf(data, 3.5, (2, 64))
+    with pytest.raises(ValueError, match="data: expected 108 bytes"):
+        lsn.QuantizedWeight.from_gguf(data, "Q4_0", (3, 64))
+    with pytest.raises(ValueError, match="shape: expected K a multiple of the GGUF block"):
+        lsn.QuantizedWeight.from_gguf(data, "Q4_0", (2, 48))
+    with pytest.raises(TypeError, match="data: expected dtype uint8"):
+        lsn.QuantizedWeight.from_gguf(data.view(np.int8), "Q4_0", (2, 64))
+    with pytest.raises(TypeError, match="shape: expected"):
+        lsn.QuantizedWeight.from_gguf(data, "Q4_0", 64)
+
+
+def test_from_gptq_errors(rng):
+    qweight, scales, qzeros, _ = gptq_tensors(rng, 16, 128, 64)
+    with pytest.raises(ValueError, match="scales: expected shape"):
+        lsn.QuantizedWeight.from_gptq(qweight, scales, qzeros, group_size=32)
+    with pytest.raises(TypeError, match="qweight: expected dtype int32"):
+        lsn.QuantizedWeight.from_gptq(qweight.astype(np.int64), scales, qzeros, group_size=64)
+    act_order = rng.permutation(np.arange(128) // 64).astype(np.int32)
+    with pytest.raises(NotImplementedError, match="act-order"):
+        lsn.QuantizedWeight.from_gptq(qweight, scales, qzeros, act_order, group_size=64)
+
+
+def test_quant_gemm_errors(rng):
+    qw = lsn.quantize_weight(device(weight(rng, 8, 64, "float16")), "int4", group_size=32)
+    x = device(random_array((2, 64), "float16", rng))
+    with pytest.raises(TypeError, match="qw: expected a QuantizedWeight"):
+        lsn.quant_gemm(x, np.ones((8, 64), np.float16))
+    with pytest.raises(ValueError, match=r"x: expected shape \(\*, 64\) to match qw's K"):
+        lsn.quant_gemm(device(random_array((2, 32), "float16", rng)), qw)
+    with pytest.raises(TypeError, match="x: expected dtype in"):
+        lsn.quant_gemm(device(random_array((2, 64), "float32", rng)), qw)
+    with pytest.raises(ValueError, match="x: expected 2 dimensions"):
+        lsn.quant_gemm(device(random_array((64,), "float16", rng)), qw)
+    with pytest.raises(ValueError, match=r"bias: expected shape \(8,\)"):
+        lsn.quant_gemm(x, qw, bias=device(random_array((4,), "float16", rng)))
+    with pytest.raises(ValueError, match="activation: expected one of"):
+        lsn.quant_gemm(x, qw, activation="silu_and_mul")
+    with pytest.raises(TypeError, match="out_dtype: expected one of"):
+        lsn.quant_gemm(x, qw, out_dtype="int8")
+    with pytest.raises(TypeError, match="out: expected dtype float16"):
+        lsn.quant_gemm(x, qw, out=_empty((2, 8), "float32"), out_dtype="float16")
+    with pytest.raises(ValueError, match=r"out: expected shape \(2, 8\)"):
+        lsn.quant_gemm(x, qw, out=_empty((2, 9), "float16"))
+
+
+# ---- GPU only: the issue's sizes, torch in / torch out, repeated calls -----------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 4, 16, 17, 64, 300])
+@pytest.mark.parametrize("fmt,group", [("int4", 128), ("int4", 32), ("int8", -1)])
+def test_quant_gemm_gpu_sizes(M, fmt, group, rng):
+    N, K = 1024, 4096
+    qw = lsn.quantize_weight(device(weight(rng, N, K, "bfloat16", scale=0.02)), fmt,
+                             group_size=group, symmetric=fmt == "int8" or group == 128)
+    run(rng, qw, M, "bfloat16", bias_dtype="bfloat16", interim=M > DECODE_MAX_M)
+
+
+@pytest.mark.gpu
+def test_quant_gemm_gpu_replay_and_kinds(rng):
+    """Torch in, torch out; a second call with the same signature (the replay path) gives the
+    same bits; numba device arrays work as well."""
+    import torch
+    from numba import cuda
+
+    qw = lsn.quantize_weight(device(weight(rng, 512, 1024, "float16")), "int4")
+    x = device(random_array((4, 1024), "float16", rng))
+    first = lsn.quant_gemm(x, qw)
+    assert isinstance(first, torch.Tensor) and first.dtype == torch.float16
+    again = lsn.quant_gemm(x, qw)
+    assert torch.equal(first, again)
+    qn = lsn.quantize_weight(weight(rng, 64, 256, "float16"), "int8", kind="numba")
+    xn = cuda.to_device(random_array((2, 256), "float16", rng).view(np.uint16)).view(np.float16)
+    got = lsn.quant_gemm(xn, qn, out_dtype="float32")
+    check(got, xn.view(np.uint16).copy_to_host().view(np.float16), qn, out_dtype="float32")
