@@ -61,6 +61,7 @@ BLOCK_OVERHEAD_KEYS = 128
 FOLDED_MERGE_KEYS = 256
 FOLDED_MERGE_KEYS_PER_SPLIT = 1
 
+#: Per-SM limits of sm_90 (Hopper), from which ``resident_blocks_per_sm`` counts.
 _SM_REGISTERS = 65536
 _SM_SHARED = 233472      # bytes per SM on sm_90 (228 KB)
 _SM_THREADS = 2048

@@ -19,7 +19,9 @@ rows that share a KV head are the rows of one Tensor Core tile, so each K/V page
 GQA group; keys stream through per-warp rings of ``cp.async`` copies; with several splits of a
 sequence, the last block to finish merges their partials (flash-decoding with the merge folded
 into the kernel). Plan (``_paged_decode_plan.py``): the block configuration and the split count
-(``num_splits=None``), from the shapes alone (no device-to-host read). Repeated call signatures
+(``num_splits=None``), from the shapes alone (no device-to-host read): the longest possible
+sequence is ``max_blocks_per_seq * block_size``, so pass a trimmed block_table
+(``PagedKVCache.tables`` does) whose width tracks the real lengths. Repeated call signatures
 with torch tensors launch through a recorded fast path, split partials live in per-stream
 workspaces (``_paged_decode_fast.py``).
 
@@ -184,7 +186,7 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
     Returns ``out`` shaped like q (q's dtype, in q's array kind), and with ``return_lse`` also
     ``lse`` float32 (batch, nheads) for 3-D q or (batch, nheads, q_len) for 4-D q (natural log;
     ``-inf`` for a query with nothing to attend). ``num_splits``: split-K count (None: chosen
-    from the shapes, see the module docstring). ``check_bounds``: see the module docstring.
+    from the shapes, see ``_paged_decode_plan``). ``check_bounds``: see the module docstring.
 
     Errors: ``TypeError`` (not an array, dtype, options of the wrong type), ``ValueError``
     (shapes, strides, alignment, option values; with checks on, seq_lens / block_table
