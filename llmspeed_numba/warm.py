@@ -60,7 +60,7 @@ def op_of(kernel):
         fn = getattr(kernel.dispatcher, "py_func", None) or getattr(kernel.dispatcher, "fn", None)
         module = getattr(fn, "__module__", "") or ""
     name = module.rsplit(".", 1)[-1].lstrip("_")
-    for prefix in ("gemm", "flash_attn", "softmax"):
+    for prefix in ("gemm", "flash_attn", "softmax", "paged_decode", "sample"):
         if name.startswith(prefix):
             return prefix
     return name

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from llmspeed_numba._overrides import overrides
-from llmspeed_numba.ops import paged_decode as pd
-from llmspeed_numba.ops.paged_decode import choose_num_splits, paged_decode_attention
+from llmspeed_numba.ops import _paged_decode_fast as fast, _paged_decode_kernel as kernel
+from llmspeed_numba.ops import _paged_decode_plan as plan_mod
+from llmspeed_numba.ops.paged_decode import paged_decode_attention
 from llmspeed_numba.ops.paged_kv_append import paged_kv_append
 from llmspeed_numba.reference import paged_decode as ref
 from llmspeed_numba.testing import (assert_close, derived_check, f64, random_array, to_device,
@@ -120,7 +121,7 @@ def test_matches_reference(case, window):
 
 def _tickets_zero():
     return all(ws.tickets is None or not np.asarray(to_host(ws.tickets)).any()
-               for ws in pd._WORKSPACES.values())
+               for ws in fast._WORKSPACES.values())
 
 
 @settings(max_examples=2)
@@ -201,7 +202,7 @@ def test_swizzled_rings(rng):
     """Head dims in ``SWIZZLE_DIMS`` keep their K/V rows unpadded and XOR-swizzled in shared
     memory (the cp.async destinations and the ldmatrix rows must agree): the smallest such dim,
     a ragged last tile and 8-key pages (a tile from two pages)."""
-    assert 64 in pd.SWIZZLE_DIMS
+    assert 64 in kernel.SWIZZLE_DIMS
     case = Case(rng, batch=1, seq_lens=[27], block_size=8, nheads=2, nheads_k=1,
                 headdim=64, dtype="bfloat16")
     case.check(num_splits=1)
@@ -278,28 +279,28 @@ def test_derived_check_rejects_wrong_results(rng):
 
 def test_choose_num_splits():
     # batch 32 x 8 kv heads fills 132 SMs x 2 blocks in one wave: no split
-    assert choose_num_splits(256, 8192, 4, 264) == 1
-    assert choose_num_splits(1024, 8192, 4, 264) == 1
+    assert plan_mod.choose_num_splits(256, 8192, 4, 264) == 1
+    assert plan_mod.choose_num_splits(1024, 8192, 4, 264) == 1
     # batch 1 at 32k: enough splits for every resident slot, in one wave
-    s = choose_num_splits(8, 32768, 4, 264)
+    s = plan_mod.choose_num_splits(8, 32768, 4, 264)
     assert 16 <= s and 8 * s <= 264
-    s = choose_num_splits(32, 32768, 4, 264)
+    s = plan_mod.choose_num_splits(32, 32768, 4, 264)
     assert 4 <= s and 32 * s <= 264
     # short sequences are not split below MIN_TILES_PER_WARP tiles a warp
-    assert choose_num_splits(8, 64, 4, 264) == 1
+    assert plan_mod.choose_num_splits(8, 64, 4, 264) == 1
     # batch 8 x 8 kv heads at 512 keys (one 8-warp block an SM): halving 512 keys saves less
     # than the folded merge costs (measured 13.2 us whole vs 15.2 split in two)
-    assert choose_num_splits(64, 512, 8, 132) == 1
-    assert choose_num_splits(1, 10**6, 4, 10**6) == pd.MAX_SPLITS
+    assert plan_mod.choose_num_splits(64, 512, 8, 132) == 1
+    assert plan_mod.choose_num_splits(1, 10**6, 4, 10**6) == plan_mod.MAX_SPLITS
 
 
 def test_short_jobs_take_small_blocks():
     # B128 / B32 x 8 / 32 KV heads of 512 keys: 1024 jobs on 264 slots (3.9 waves) -> 2 warps
-    assert pd.short_jobs_take_small_blocks(1024, 512, 264)
+    assert plan_mod.short_jobs_take_small_blocks(1024, 512, 264)
     # one wave, 15.5 waves, or 4096 keys: the 4-warp blocks stay
-    assert not pd.short_jobs_take_small_blocks(256, 512, 264)
-    assert not pd.short_jobs_take_small_blocks(4096, 512, 264)
-    assert not pd.short_jobs_take_small_blocks(1024, 4096, 264)
+    assert not plan_mod.short_jobs_take_small_blocks(256, 512, 264)
+    assert not plan_mod.short_jobs_take_small_blocks(4096, 512, 264)
+    assert not plan_mod.short_jobs_take_small_blocks(1024, 4096, 264)
 
 
 def test_lse_natural_log_scale(rng):
@@ -511,16 +512,16 @@ def test_gpu_every_output_written_large_batch():
     batch = 72
     case = Case(rng, batch=batch, seq_lens=rng.integers(1, 600, batch), block_size=32,
                 nheads=16, nheads_k=2, headdim=128, dtype="float16")
-    plan = pd.launch_plan(batch, 1, 16, 2, 128, 32, case.block_table.shape[1], "float16")
-    assert plan["config"][4:6] == pd.BATCH_CONFIGS[128]
+    plan = plan_mod.launch_plan(batch, 1, 16, 2, 128, 32, case.block_table.shape[1], "float16")
+    assert plan["config"][4:6] == plan_mod.BATCH_CONFIGS[128]
     case.check()
     case.check(num_splits=5)
     # 100 x 8 = 800 jobs of at most 512 keys (3 waves of 4-warp blocks): 2-warp blocks
     batch = 100
     case = Case(rng, batch=batch, seq_lens=rng.integers(1, 481, batch), block_size=32,
                 nheads=32, nheads_k=8, headdim=128, dtype="bfloat16", spare_slots=0)
-    plan = pd.launch_plan(batch, 1, 32, 8, 128, 32, case.block_table.shape[1], "bfloat16")
-    assert plan["config"][4:6] == pd.SHORT_JOB_CONFIGS[128]
+    plan = plan_mod.launch_plan(batch, 1, 32, 8, 128, 32, case.block_table.shape[1], "bfloat16")
+    assert plan["config"][4:6] == plan_mod.SHORT_JOB_CONFIGS[128]
     case.check()
 
 

@@ -54,7 +54,7 @@ def _kernel(pattern, level="copy", stages=STAGES, grid=None, lock=4):
     from llmspeed_numba import ptx
     from llmspeed_numba._env import cuda
     from llmspeed_numba._launch import Kernel, array1d, jit
-    from llmspeed_numba.ops.paged_decode import _softmax_step
+    from llmspeed_numba.ops._attention_common import softmax_step as _softmax_step
 
     mode = PATTERNS.index(pattern)
     lvl = WORK_LEVELS.index(level)

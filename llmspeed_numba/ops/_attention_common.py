@@ -6,11 +6,16 @@ query row ``i`` attends key ``j < seqlen_k`` iff
 ``j <= i + offset + window_right`` (skipped when ``window_right < 0``); causal is
 ``window_right = 0``. ``llmspeed_numba.reference.attention`` is the float64 statement of it.
 
-Online softmax convention: scores ``s`` are kept unscaled; a row keeps its running maximum ``m``
-(unscaled) and its running sum ``l`` of ``exp2(s * scale_log2 - m * scale_log2)``, where
-``scale_log2 = softmax_scale * log2(e)``, so each probability is one FMA and one ``ex2``.
-A row with no attended key so far has ``m = -inf``; ``scaled_max`` maps it to 0 so that every
-``exp2`` sees ``-inf`` (giving 0), never ``-inf - -inf`` (NaN).
+Online softmax convention (FlashAttention forward): scores ``s`` are kept unscaled; a row keeps
+its running maximum ``m`` (unscaled) and its running sum ``l`` of
+``exp2(s * scale_log2 - m * scale_log2)``, where ``scale_log2 = softmax_scale * log2(e)``, so each
+probability is one FMA and one ``ex2``. A row with no attended key so far has ``m = -inf``;
+``scaled_max`` maps it to 0 so that every ``exp2`` sees ``-inf`` (giving 0), never
+``-inf - -inf`` (NaN).
+
+Paged decode keeps its state in log2 units instead: scores are multiplied by ``scale_log2`` as
+soon as they are made, a row's maximum is of those scaled scores, and ``exp2_base`` plays the part
+of ``scaled_max`` (``softmax_step``, ``merge_state``, ``row_lse2``).
 
 Every helper is an ``inline="always"`` device function (compiles offline, and runs as plain
 Python under the simulator).
@@ -107,3 +112,52 @@ def finish_row(row_max, row_sum, softmax_scale):
         return (np.float32(1.0) / row_sum,
                 row_max * softmax_scale + np.float32(math.log(row_sum)))
     return np.float32(0.0), NEG_INF
+
+
+# ---- online softmax in log2 units (paged decode) --------------------------------------------
+
+@_device
+def exp2_base(m):
+    """What scores are measured from: the row's max ``m``, or 0 while nothing is attended
+    (``m = -inf``), so that ``exp2`` sees ``-inf`` (giving 0), never ``-inf - -inf`` (NaN)."""
+    if m == NEG_INF:
+        return np.float32(0.0)
+    return m
+
+
+@_device
+def softmax_step(m, l, x0, x1, x2, x3):
+    """One key tile of a row's online softmax: the row's four scores in this lane (log2 units),
+    its running max ``m`` and sum ``l`` across the lane's quad -> ``(m, l, alpha, p0..p3)``,
+    ``alpha`` rescaling the row's earlier output and ``p`` the tile's probabilities."""
+    mx = max(max(x0, x1), max(x2, x3))
+    mx = max(mx, ptx.shfl_xor_f32(mx, 1))
+    mx = max(mx, ptx.shfl_xor_f32(mx, 2))
+    m_new = max(m, mx)
+    base = exp2_base(m_new)
+    alpha = ptx.ex2_approx(m - base)
+    p0 = ptx.ex2_approx(x0 - base)
+    p1 = ptx.ex2_approx(x1 - base)
+    p2 = ptx.ex2_approx(x2 - base)
+    p3 = ptx.ex2_approx(x3 - base)
+    return m_new, l * alpha + ((p0 + p1) + (p2 + p3)), alpha, p0, p1, p2, p3
+
+
+@_device
+def row_lse2(big, total):
+    """A row's log2-sum-exp from its max (log2 units) and the sum of 2^(x - max)."""
+    if total > np.float32(0.0):
+        return big + math.log2(total)
+    return NEG_INF
+
+
+@_device
+def merge_state(m, l, a0, a1, a2, a3, m2, l2, b0, b1, b2, b3):
+    """Two partial softmax states of one row (log2 max, sum, four unnormalised outputs) as one;
+    a state with ``m = -inf`` (nothing attended) adds nothing."""
+    big = max(m, m2)
+    base = exp2_base(big)
+    f = ptx.ex2_approx(m - base)
+    f2 = ptx.ex2_approx(m2 - base)
+    return (big, l * f + l2 * f2, a0 * f + b0 * f2, a1 * f + b1 * f2, a2 * f + b2 * f2,
+            a3 * f + b3 * f2)
