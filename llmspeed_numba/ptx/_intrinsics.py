@@ -16,7 +16,13 @@ Conventions shared by both backends:
 from llvmlite import ir
 from numba import types
 from numba.core.errors import TypingError
-from numba.cuda.extending import intrinsic
+from numba.cuda.extending import _intrinsic, intrinsic
+
+#: ``intrinsic`` whose typing sees literal arguments first (numba's ``prefer_literal``), for ops
+#: that range-check a literal operand but also take run-time values (see ``_unless``).
+#: numba-cuda's public ``intrinsic`` is this module function with ``target="cuda"`` and takes no
+#: other option.
+_literal_first_intrinsic = _intrinsic(target="cuda", prefer_literal=True)
 
 _I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
@@ -644,6 +650,346 @@ def wgmma_wait(typingctx, acc, n_regs, pending):
 
 __all__ += ["wgmma_fence", "wgmma_commit", "fence_proxy_async", "shared_address", "smem_desc",
             "wgmma_m64k16", "wgmma_wait"]
+
+
+# --------------------------------------------------------------------------------------------
+# Hopper asynchronous copies and barriers (sm_90): mbarrier objects in shared memory, 1-D bulk
+# copies global -> shared that complete on an mbarrier, warpgroup register reallocation, named
+# barriers and warp leader election.
+#
+# An mbarrier is one 8-byte word of shared memory: ``(array, element_offset)`` with an array of
+# an 8-byte dtype (uint64 / int64), so it is 8-byte aligned. A phase completes when its pending
+# arrivals (``count`` from ``mbarrier_init``) reach zero and its transaction count (bytes
+# announced by ``*_expect_tx``, less bytes delivered by ``cp_async_bulk_g2s``) is zero; then the
+# phase parity flips and the next phase starts with ``count`` arrivals pending. Waits name the
+# phase by its parity: ``mbarrier_wait_parity(bar, i, p)`` returns once the phase of parity p
+# has completed (a fresh barrier is in phase 0, so waiting on parity 1 passes at once).
+# --------------------------------------------------------------------------------------------
+
+#: Largest arrival count of an mbarrier and largest transaction count of one phase (PTX ISA).
+MBARRIER_MAX_COUNT = (1 << 20) - 1
+#: ``setmaxnreg``'s register counts: multiples of 8 in this range.
+SETMAXNREG_RANGE = (24, 256)
+
+
+def _check_mbarrier(bar, offset, name):
+    _check_memory_operand(bar, offset, f"{name} mbarrier")
+    if not (isinstance(bar.dtype, types.Integer) and bar.dtype.bitwidth == 64):
+        raise TypingError(f"{name}: the mbarrier must be an element of an 8-byte integer array "
+                          f"in shared memory (uint64 or int64), got {bar}")
+
+
+def _mbarrier_address(context, builder, signature, args, first=0):
+    ptr = _element_pointer(context, builder, signature.args[first], args[first],
+                           signature.args[first + 1], args[first + 1])
+    return _shared_address(builder, ptr)
+
+
+def _unless(problem, codegen):
+    """``codegen``, or, when a literal operand is out of range (``problem``), one that fails the
+    compile with that message. Ops with such checks type literal arguments first
+    (``prefer_literal``); an error raised at typing would be lost, as numba then retries the call
+    with the operand's non-literal type, which passes, and the bad value would compile."""
+    if problem is None:
+        return codegen
+
+    def fail(context, builder, signature, args):
+        raise TypingError(problem)
+
+    return fail
+
+
+def _check_count(value, name, what, low, high):
+    """An integer operand (else TypingError); for a literal out of [low, high], the problem."""
+    if not isinstance(value, types.Integer):
+        raise TypingError(f"{name}: {what} must be an integer, got {value}")
+    if isinstance(value, types.IntegerLiteral) and not low <= value.literal_value <= high:
+        return f"{name}: {what} must be in [{low}, {high}], got {value.literal_value}"
+    return None
+
+
+@_literal_first_intrinsic
+def mbarrier_init(typingctx, bar, offset, count):
+    """``mbarrier.init.shared::cta.b64``: phase 0, ``count`` (1..2**20 - 1) arrivals per phase,
+    no transactions pending. One thread initialises; then ``fence_mbarrier_init`` and a
+    ``cuda.syncthreads()`` before any thread (or bulk copy) uses the barrier."""
+    _check_mbarrier(bar, offset, "mbarrier_init")
+    problem = _check_count(count, "mbarrier_init", "count", 1, MBARRIER_MAX_COUNT)
+
+    def codegen(context, builder, signature, args):
+        n = context.cast(builder, args[2], signature.args[2], types.uint32)
+        _asm(builder, ir.VoidType(), [_I32, _I32], "mbarrier.init.shared::cta.b64 [$0], $1;",
+             "r,r,~{memory}", [_mbarrier_address(context, builder, signature, args), n],
+             side_effect=True)
+        return context.get_dummy_value()
+
+    return types.void(bar, offset, count), _unless(problem, codegen)
+
+
+fence_mbarrier_init = _make_plain(
+    "fence.mbarrier_init.release.cluster;", "fence_mbarrier_init",
+    "Releases this thread's earlier ``mbarrier_init``s so that other threads and the async "
+    "proxy (bulk copies completing on the barrier) see them initialised; follow it with "
+    "``cuda.syncthreads()``.")
+
+
+@intrinsic
+def mbarrier_arrive(typingctx, bar, offset):
+    """``mbarrier.arrive.shared::cta.b64`` (release, CTA scope): one arrival; returns the state
+    token (uint64) of the phase arrived on, for ``mbarrier_try_wait``."""
+    _check_mbarrier(bar, offset, "mbarrier_arrive")
+
+    def codegen(context, builder, signature, args):
+        return _asm(builder, _I64, [_I32], "mbarrier.arrive.shared::cta.b64 $0, [$1];",
+                    "=l,r,~{memory}", [_mbarrier_address(context, builder, signature, args)],
+                    side_effect=True)
+
+    return types.uint64(bar, offset), codegen
+
+
+@_literal_first_intrinsic
+def mbarrier_arrive_expect_tx(typingctx, bar, offset, nbytes):
+    """``mbarrier.arrive.expect_tx.shared::cta.b64``: add ``nbytes`` (0..2**20 - 1) to the
+    current phase's transaction count, then arrive once; returns the state token. The producer
+    calls it once per stage with the bytes of every bulk copy it issues on that stage."""
+    _check_mbarrier(bar, offset, "mbarrier_arrive_expect_tx")
+    problem = _check_count(nbytes, "mbarrier_arrive_expect_tx", "nbytes", 0,
+                           MBARRIER_MAX_COUNT)
+
+    def codegen(context, builder, signature, args):
+        n = context.cast(builder, args[2], signature.args[2], types.uint32)
+        return _asm(builder, _I64, [_I32, _I32],
+                    "mbarrier.arrive.expect_tx.shared::cta.b64 $0, [$1], $2;", "=l,r,r,~{memory}",
+                    [_mbarrier_address(context, builder, signature, args), n], side_effect=True)
+
+    return types.uint64(bar, offset, nbytes), _unless(problem, codegen)
+
+
+@_literal_first_intrinsic
+def mbarrier_expect_tx(typingctx, bar, offset, nbytes):
+    """``mbarrier.expect_tx.relaxed.cta.shared::cta.b64``: add ``nbytes`` to the current phase's
+    transaction count without arriving (more copies on a phase already announced)."""
+    _check_mbarrier(bar, offset, "mbarrier_expect_tx")
+    problem = _check_count(nbytes, "mbarrier_expect_tx", "nbytes", 0, MBARRIER_MAX_COUNT)
+
+    def codegen(context, builder, signature, args):
+        n = context.cast(builder, args[2], signature.args[2], types.uint32)
+        _asm(builder, ir.VoidType(), [_I32, _I32],
+             "mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [$0], $1;", "r,r,~{memory}",
+             [_mbarrier_address(context, builder, signature, args), n], side_effect=True)
+        return context.get_dummy_value()
+
+    return types.void(bar, offset, nbytes), _unless(problem, codegen)
+
+
+def _check_parity(parity, name):
+    if not isinstance(parity, types.Integer):
+        raise TypingError(f"{name}: parity must be an integer (0 or 1), got {parity}")
+    if isinstance(parity, types.IntegerLiteral) and parity.literal_value not in (0, 1):
+        return f"{name}: parity must be 0 or 1, got {parity.literal_value}"
+    return None
+
+
+@_literal_first_intrinsic
+def mbarrier_try_wait_parity(typingctx, bar, offset, parity):
+    """``mbarrier.try_wait.parity.shared::cta.b64`` (acquire, CTA scope): True once the phase
+    of parity ``parity`` (0 or 1) has completed. The thread may be suspended for a while (a
+    hardware time limit) before it answers False; loop on it, or use ``mbarrier_wait_parity``."""
+    _check_mbarrier(bar, offset, "mbarrier_try_wait_parity")
+    problem = _check_parity(parity, "mbarrier_try_wait_parity")
+
+    def codegen(context, builder, signature, args):
+        p = context.cast(builder, args[2], signature.args[2], types.uint32)
+        done = _asm(builder, _I32, [_I32, _I32],
+                    "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; "
+                    "selp.u32 $0, 1, 0, p; }", "=r,r,r,~{memory}",
+                    [_mbarrier_address(context, builder, signature, args), p], side_effect=True)
+        return builder.icmp_unsigned("!=", done, ir.Constant(_I32, 0))
+
+    return types.boolean(bar, offset, parity), _unless(problem, codegen)
+
+
+@_literal_first_intrinsic
+def mbarrier_wait_parity(typingctx, bar, offset, parity):
+    """Wait until the phase of parity ``parity`` (0 or 1) has completed: a ``try_wait.parity``
+    loop inside one asm block (acquire, CTA scope), so the data the phase guarded (bulk-copied
+    tiles, a consumer's release of a stage) is visible after it."""
+    _check_mbarrier(bar, offset, "mbarrier_wait_parity")
+    problem = _check_parity(parity, "mbarrier_wait_parity")
+
+    def codegen(context, builder, signature, args):
+        p = context.cast(builder, args[2], signature.args[2], types.uint32)
+        # ${:uid}: a label unique to each inlined copy of the asm
+        _asm(builder, ir.VoidType(), [_I32, _I32],
+             "{ .reg .pred p; LLM_MBAR_WAIT_${:uid}: "
+             "mbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1; "
+             "@!p bra LLM_MBAR_WAIT_${:uid}; }", "r,r,~{memory}",
+             [_mbarrier_address(context, builder, signature, args), p], side_effect=True)
+        return context.get_dummy_value()
+
+    return types.void(bar, offset, parity), _unless(problem, codegen)
+
+
+@intrinsic
+def mbarrier_try_wait(typingctx, bar, offset, token):
+    """``mbarrier.try_wait.shared::cta.b64`` with a state token from ``mbarrier_arrive`` /
+    ``mbarrier_arrive_expect_tx``: True once the phase that token was taken in has completed."""
+    _check_mbarrier(bar, offset, "mbarrier_try_wait")
+    if not isinstance(token, types.Integer):
+        raise TypingError(f"mbarrier_try_wait: token must be the uint64 state returned by an "
+                          f"arrive, got {token}")
+
+    def codegen(context, builder, signature, args):
+        t = context.cast(builder, args[2], signature.args[2], types.uint64)
+        done = _asm(builder, _I32, [_I32, _I64],
+                    "{ .reg .pred p; mbarrier.try_wait.shared::cta.b64 p, [$1], $2; "
+                    "selp.u32 $0, 1, 0, p; }", "=r,r,l,~{memory}",
+                    [_mbarrier_address(context, builder, signature, args), t], side_effect=True)
+        return builder.icmp_unsigned("!=", done, ir.Constant(_I32, 0))
+
+    return types.boolean(bar, offset, token), codegen
+
+
+@_literal_first_intrinsic
+def cp_async_bulk_g2s(typingctx, smem, smem_offset, gmem, gmem_offset, nbytes, bar, bar_offset):
+    """``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes``: copy ``nbytes``
+    contiguous bytes from ``gmem[gmem_offset:]`` to ``smem[smem_offset:]`` in the background;
+    on arrival they count against the transaction count of the mbarrier ``bar[bar_offset]``'s
+    current phase (announce them first with ``mbarrier_arrive_expect_tx``).
+
+    Both addresses must be 16-byte aligned and ``nbytes`` a positive multiple of 16 (a literal
+    ``nbytes`` is checked here; the simulator twin checks every copy). The destination is this
+    CTA's shared memory (a ``shared::cta`` address is a valid ``shared::cluster`` one)."""
+    name = "cp_async_bulk_g2s"
+    _check_memory_operand(smem, smem_offset, f"{name} smem")
+    _check_memory_operand(gmem, gmem_offset, f"{name} gmem")
+    _check_mbarrier(bar, bar_offset, name)
+    if not isinstance(nbytes, types.Integer):
+        raise TypingError(f"{name}: nbytes must be an integer, got {nbytes}")
+    problem = None
+    if isinstance(nbytes, types.IntegerLiteral):
+        n = nbytes.literal_value
+        if n <= 0 or n % 16 or n > MBARRIER_MAX_COUNT:
+            problem = (f"{name}: nbytes must be a positive multiple of 16 of at most "
+                       f"{MBARRIER_MAX_COUNT} (one phase's transaction count), got {n}")
+    for what, array in (("smem", smem), ("gmem", gmem)):
+        if array.layout not in ("C", "F"):
+            raise TypingError(f"{name}: {what} must be a contiguous array (the copy is one "
+                              f"run of bytes from an element offset), got {array}")
+
+    def codegen(context, builder, signature, args):
+        s_ptr = _element_pointer(context, builder, signature.args[0], args[0],
+                                 signature.args[1], args[1])
+        g_ptr = _element_pointer(context, builder, signature.args[2], args[2],
+                                 signature.args[3], args[3])
+        size = context.cast(builder, args[4], signature.args[4], types.uint32)
+        _asm(builder, ir.VoidType(), [_I32, _I64, _I32, _I32],
+             "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+             "[$0], [$1], $2, [$3];", "r,l,r,r,~{memory}",
+             [_shared_address(builder, s_ptr), builder.ptrtoint(g_ptr, _I64), size,
+              _mbarrier_address(context, builder, signature, args, first=5)],
+             side_effect=True)
+        return context.get_dummy_value()
+
+    return (types.void(smem, smem_offset, gmem, gmem_offset, nbytes, bar, bar_offset),
+            _unless(problem, codegen))
+
+
+def _make_setmaxnreg(action):
+    name = f"setmaxnreg_{action}"
+
+    @intrinsic
+    def setmaxnreg(typingctx, count):
+        regs = _literal_int(count, f"{name} count")
+        low, high = SETMAXNREG_RANGE
+        if regs % 8 or not low <= regs <= high:
+            raise TypingError(f"{name}: count must be a multiple of 8 in [{low}, {high}], got "
+                              f"{regs}")
+
+        def codegen(context, builder, signature, args):
+            _asm(builder, ir.VoidType(), [], f"setmaxnreg.{action}.sync.aligned.u32 {regs};",
+                 "~{memory}", [], side_effect=True)
+            return context.get_dummy_value()
+
+        return types.void(count), codegen
+
+    setmaxnreg.__name__ = name
+    return setmaxnreg
+
+
+#: ``setmaxnreg.inc`` / ``.dec.sync.aligned.u32 count`` (sm_90a): every thread of a warpgroup
+#: executes the same one, with ``count`` a compile-time multiple of 8 in [24, 256]: the
+#: warpgroup's registers per thread grow to (``inc``, waiting for registers freed by a ``dec``)
+#: or shrink to ``count``. ptxas honours it only in a kernel with both a max-threads and a
+#: min-blocks bound (``launch_bounds=(threads, 1)``) that it compiles as a whole program, as
+#: numba's default LTO link does; otherwise it drops it with an info line (C7508 without the
+#: bounds, C7504 for relocatable PTX), which the compile check reports (benchmarks/NOTES.md).
+setmaxnreg_inc = _make_setmaxnreg("inc")
+setmaxnreg_dec = _make_setmaxnreg("dec")
+
+
+def _check_named_barrier(barrier_id, count, name):
+    if not isinstance(barrier_id, types.Integer):
+        raise TypingError(f"{name}: barrier_id must be an integer (0..15), got {barrier_id}")
+    if not isinstance(count, types.Integer):
+        raise TypingError(f"{name}: count must be an integer (threads, a multiple of 32), got "
+                          f"{count}")
+    if isinstance(barrier_id, types.IntegerLiteral) and not 0 <= barrier_id.literal_value < 16:
+        return f"{name}: barrier_id must be in [0, 15], got {barrier_id.literal_value}"
+    if isinstance(count, types.IntegerLiteral) and (count.literal_value % 32
+                                                    or count.literal_value <= 0):
+        return (f"{name}: count must be a positive multiple of 32 (whole warps), got "
+                f"{count.literal_value}")
+    return None
+
+
+def _make_named_barrier(kind):
+    name = f"named_barrier_{kind}"
+
+    @_literal_first_intrinsic
+    def named_barrier(typingctx, barrier_id, count):
+        problem = _check_named_barrier(barrier_id, count, name)
+
+        def codegen(context, builder, signature, args):
+            i = context.cast(builder, args[0], signature.args[0], types.uint32)
+            n = context.cast(builder, args[1], signature.args[1], types.uint32)
+            _asm(builder, ir.VoidType(), [_I32, _I32], f"bar.{kind} $0, $1;", "r,r,~{memory}",
+                 [i, n], side_effect=True)
+            return context.get_dummy_value()
+
+        return types.void(barrier_id, count), _unless(problem, codegen)
+
+    named_barrier.__name__ = name
+    return named_barrier
+
+
+#: ``bar.sync id, count`` / ``bar.arrive id, count``: hardware barrier ``id`` (1..15; 0 is
+#: ``cuda.syncthreads``'s) completes when ``count`` threads (whole warps) have reached it;
+#: ``sync`` waits for that, ``arrive`` does not (a producer signalling consumers). Lets a
+#: subset of warps (one warpgroup, the consumers) synchronise without the others.
+named_barrier_sync = _make_named_barrier("sync")
+named_barrier_arrive = _make_named_barrier("arrive")
+
+
+@intrinsic
+def elect_sync(typingctx):
+    """``elect.sync`` over the full warp: True in exactly one lane (the leader), False in the
+    other 31; every lane of the warp must execute it (a converged warp). Picks the lane that
+    issues a warp's bulk copies and expect_tx (one ``ELECT`` instruction)."""
+    def codegen(context, builder, signature, args):
+        elected = _asm(builder, _I32, [],
+                       "{ .reg .pred p; .reg .b32 r; elect.sync r|p, 0xffffffff; "
+                       "selp.u32 $0, 1, 0, p; }", "=r", [], side_effect=True)
+        return builder.icmp_unsigned("!=", elected, ir.Constant(_I32, 0))
+
+    return types.boolean(), codegen
+
+
+__all__ += ["mbarrier_init", "fence_mbarrier_init", "mbarrier_arrive",
+            "mbarrier_arrive_expect_tx", "mbarrier_expect_tx", "mbarrier_try_wait_parity",
+            "mbarrier_wait_parity", "mbarrier_try_wait", "cp_async_bulk_g2s",
+            "setmaxnreg_inc", "setmaxnreg_dec", "named_barrier_sync", "named_barrier_arrive",
+            "elect_sync"]
 
 
 def _pin_identities():
