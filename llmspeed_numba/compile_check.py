@@ -29,7 +29,9 @@ _TARGET_ARCH = "sm_90a"
 class KernelCheck:
     """One kernel to compile: ``build()`` returns ``(python_function, signature)`` of a kernel, or
     ``(python_function, signature, options)`` with ``cuda.compile_ptx`` options such as
-    ``launch_bounds`` (so the check sees the register cap the kernel runs with)."""
+    ``launch_bounds`` (so the check sees the register cap the kernel runs with), plus
+    ``lto=True`` to link the kernel as LTO-IR, whole-program, as numba does on a GPU with
+    nvJitLink, instead of as relocatable PTX (ptxas drops ``setmaxnreg`` from the latter)."""
     name: str
     build: object
     ptx_must_have: tuple = ()
@@ -99,14 +101,13 @@ def _nvdisasm():
     raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
 
 
-def ptx_to_cubin(ptx_text, arch=_TARGET_ARCH):
-    """Link PTX to a cubin with nvJitLink; returns (cubin bytes, ptxas info log)."""
+def _link(data, input_type, options):
+    """nvJitLink one input with ``options``; returns (cubin bytes, ptxas info log)."""
     from cuda.bindings import nvjitlink
 
-    handle = nvjitlink.create(3, [f"-arch={arch}", "-O3", "-Xptxas=-v"])
+    handle = nvjitlink.create(len(options), options)
     try:
-        data = ptx_text.encode()
-        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
+        nvjitlink.add_data(handle, input_type, data, len(data), "kernel")
         nvjitlink.complete(handle)
         cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
         nvjitlink.get_linked_cubin(handle, cubin)
@@ -115,6 +116,23 @@ def ptx_to_cubin(ptx_text, arch=_TARGET_ARCH):
     finally:
         nvjitlink.destroy(handle)
     return bytes(cubin), log.decode(errors="replace")
+
+
+def ptx_to_cubin(ptx_text, arch=_TARGET_ARCH):
+    """Link PTX to a cubin with nvJitLink (compiled as relocatable code); returns (cubin bytes,
+    ptxas info log)."""
+    from cuda.bindings import nvjitlink
+
+    return _link(ptx_text.encode(), nvjitlink.InputType.PTX,
+                 [f"-arch={arch}", "-O3", "-Xptxas=-v"])
+
+
+def ltoir_to_cubin(ltoir, arch=_TARGET_ARCH):
+    """Link LTO-IR to a cubin with nvJitLink ``-lto`` (optimised and compiled as one whole
+    program, as numba links kernels on a GPU with nvJitLink); returns (cubin bytes, log)."""
+    from cuda.bindings import nvjitlink
+
+    return _link(ltoir, nvjitlink.InputType.LTOIR, [f"-arch={arch}", "-lto", "-O3", "-Xptxas=-v"])
 
 
 def disassemble(cubin):
@@ -134,9 +152,15 @@ def compile_kernel(check: KernelCheck) -> CompileReport:
     from numba import cuda
 
     pyfunc, sig, *rest = check.build()
-    options = rest[0] if rest else {}
+    options = dict(rest[0]) if rest else {}
+    lto = options.pop("lto", False)
     ptx, _ = cuda.compile_ptx(pyfunc, sig, cc=TARGET_CC, **options)
-    cubin, log = ptx_to_cubin(ptx)
+    if lto:
+        ltoir, _ = cuda.compile(pyfunc, sig, cc=TARGET_CC, output="ltoir", device=False,
+                                abi="numba", **options)
+        cubin, log = ltoir_to_cubin(ltoir)
+    else:
+        cubin, log = ptx_to_cubin(ptx)
     sass = disassemble(cubin)
     opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
     ptx_found = {s: ptx.count(s) for s in check.ptx_must_have}
@@ -157,8 +181,9 @@ def compile_kernel(check: KernelCheck) -> CompileReport:
         if n == 0:
             report.problems.append(f"SASS lacks {s}")
     # e.g. C7515 "wgmma ... serialized": the kernel would run, several times slower
+    # ... and C7504 / C7508 (info lines): setmaxnreg dropped, the register split silently lost
     for line in log.splitlines():
-        if "warning" in line.lower():
+        if "warning" in line.lower() or "'setmaxnreg' ignored" in line:
             report.problems.append(f"ptxas: {line.strip()}")
     worst = max(report.spill_store_bytes, report.spill_load_bytes, report.stack_frame_bytes)
     tolerated = 0 < check.allowed_local_bytes and worst <= check.allowed_local_bytes
