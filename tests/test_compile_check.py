@@ -98,6 +98,14 @@ def test_warp_tile_kernel_is_registered(reports):
     assert reports["warp_tile_f16"]["sass_found"]["HMMA"] > 0
 
 
+def test_setmaxnreg_kernel_keeps_its_register_split(reports):
+    """The warp-specialised staging kernel, linked as numba links on a GPU (LTO), keeps both
+    setmaxnreg instructions (ptxas drops them silently otherwise: benchmarks/NOTES.md)."""
+    found = reports["bulk_stage_setmaxnreg"]["sass_found"]
+    assert found["USETMAXREG.DEALLOC"] > 0 and found["USETMAXREG.TRY_ALLOC"] > 0, found
+    assert reports["bulk_stage"]["sass_found"]["UBLKCP"] > 0
+
+
 def test_each_op_registers_its_kernels(reports):
     prefixes = ("gemm_tc", "gemm_simt", "flash_attn_tc", "paged_decode", "paged_prefill",
                 "rms_norm", "layer_norm", "softmax", "argmax", "rotary", "silu_and_mul",
