@@ -144,19 +144,24 @@ ldmatrix_x4_trans = _make_ldmatrix(4, True)
 # cp.async (16 bytes, .cg: L2 only) with zero fill, commit / wait
 # --------------------------------------------------------------------------------------------
 
+def _copy_operands(context, builder, signature, args):
+    """Asm operands of a copy op called as ``(smem, smem_offset, gmem, gmem_offset, size, ...)``:
+    the 32-bit shared address, the 64-bit global address and the size as uint32."""
+    s_ptr = _element_pointer(context, builder, signature.args[0], args[0],
+                             signature.args[1], args[1])
+    g_ptr = _element_pointer(context, builder, signature.args[2], args[2],
+                             signature.args[3], args[3])
+    size = context.cast(builder, args[4], signature.args[4], types.uint32)
+    return [_shared_address(builder, s_ptr), builder.ptrtoint(g_ptr, _I64), size]
+
+
 def _cp_async_16_codegen(hint):
     """Codegen of a 16-byte cp.async (.cg) with src-size; ``hint`` an L2 prefetch-size suffix."""
 
     def codegen(context, builder, signature, args):
-        s_ptr = _element_pointer(context, builder, signature.args[0], args[0],
-                                 signature.args[1], args[1])
-        g_ptr = _element_pointer(context, builder, signature.args[2], args[2],
-                                 signature.args[3], args[3])
-        size = context.cast(builder, args[4], signature.args[4], types.uint32)
         _asm(builder, ir.VoidType(), [_I32, _I64, _I32],
              f"cp.async.cg.shared.global{hint} [$0], [$1], 16, $2;", "r,l,r,~{memory}",
-             [_shared_address(builder, s_ptr), builder.ptrtoint(g_ptr, _I64), size],
-             side_effect=True)
+             _copy_operands(context, builder, signature, args), side_effect=True)
         return context.get_dummy_value()
 
     return codegen
@@ -782,6 +787,22 @@ def mbarrier_expect_tx(typingctx, bar, offset, nbytes):
     return types.void(bar, offset, nbytes), _unless(problem, codegen)
 
 
+def _try_wait_codegen(kind, operand_type, llvm_type, constraint):
+    """Codegen of a ``mbarrier.try_wait{kind}`` returning a boolean, on the 8-byte-word operand
+    (the parity, or an arrive's state token) given as ``operand_type``."""
+    text = (f"{{ .reg .pred p; mbarrier.try_wait{kind}.shared::cta.b64 p, [$1], $2; "
+            "selp.u32 $0, 1, 0, p; }")
+
+    def codegen(context, builder, signature, args):
+        value = context.cast(builder, args[2], signature.args[2], operand_type)
+        done = _asm(builder, _I32, [_I32, llvm_type], text, f"=r,r,{constraint},~{{memory}}",
+                    [_mbarrier_address(context, builder, signature, args), value],
+                    side_effect=True)
+        return builder.icmp_unsigned("!=", done, ir.Constant(_I32, 0))
+
+    return codegen
+
+
 def _check_parity(parity, name):
     if not isinstance(parity, types.Integer):
         raise TypingError(f"{name}: parity must be an integer (0 or 1), got {parity}")
@@ -797,15 +818,7 @@ def mbarrier_try_wait_parity(typingctx, bar, offset, parity):
     hardware time limit) before it answers False; loop on it, or use ``mbarrier_wait_parity``."""
     _check_mbarrier(bar, offset, "mbarrier_try_wait_parity")
     problem = _check_parity(parity, "mbarrier_try_wait_parity")
-
-    def codegen(context, builder, signature, args):
-        p = context.cast(builder, args[2], signature.args[2], types.uint32)
-        done = _asm(builder, _I32, [_I32, _I32],
-                    "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; "
-                    "selp.u32 $0, 1, 0, p; }", "=r,r,r,~{memory}",
-                    [_mbarrier_address(context, builder, signature, args), p], side_effect=True)
-        return builder.icmp_unsigned("!=", done, ir.Constant(_I32, 0))
-
+    codegen = _try_wait_codegen(".parity", types.uint32, _I32, "r")
     return types.boolean(bar, offset, parity), _unless(problem, codegen)
 
 
@@ -838,16 +851,7 @@ def mbarrier_try_wait(typingctx, bar, offset, token):
     if not isinstance(token, types.Integer):
         raise TypingError(f"mbarrier_try_wait: token must be the uint64 state returned by an "
                           f"arrive, got {token}")
-
-    def codegen(context, builder, signature, args):
-        t = context.cast(builder, args[2], signature.args[2], types.uint64)
-        done = _asm(builder, _I32, [_I32, _I64],
-                    "{ .reg .pred p; mbarrier.try_wait.shared::cta.b64 p, [$1], $2; "
-                    "selp.u32 $0, 1, 0, p; }", "=r,r,l,~{memory}",
-                    [_mbarrier_address(context, builder, signature, args), t], side_effect=True)
-        return builder.icmp_unsigned("!=", done, ir.Constant(_I32, 0))
-
-    return types.boolean(bar, offset, token), codegen
+    return types.boolean(bar, offset, token), _try_wait_codegen("", types.uint64, _I64, "l")
 
 
 @_literal_first_intrinsic
@@ -878,16 +882,11 @@ def cp_async_bulk_g2s(typingctx, smem, smem_offset, gmem, gmem_offset, nbytes, b
                               f"run of bytes from an element offset), got {array}")
 
     def codegen(context, builder, signature, args):
-        s_ptr = _element_pointer(context, builder, signature.args[0], args[0],
-                                 signature.args[1], args[1])
-        g_ptr = _element_pointer(context, builder, signature.args[2], args[2],
-                                 signature.args[3], args[3])
-        size = context.cast(builder, args[4], signature.args[4], types.uint32)
         _asm(builder, ir.VoidType(), [_I32, _I64, _I32, _I32],
              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
              "[$0], [$1], $2, [$3];", "r,l,r,r,~{memory}",
-             [_shared_address(builder, s_ptr), builder.ptrtoint(g_ptr, _I64), size,
-              _mbarrier_address(context, builder, signature, args, first=5)],
+             _copy_operands(context, builder, signature, args)
+             + [_mbarrier_address(context, builder, signature, args, first=5)],
              side_effect=True)
         return context.get_dummy_value()
 
