@@ -84,8 +84,8 @@ def staging_kernel_fn(tile, stages, chunks, consumer_warps, maxnreg=None):
             if split:
                 ptx.setmaxnreg_dec(producer_regs)
             if tid < 32 and ptx.elect_sync():
+                j = 0   # this block's tile count (a division of t costs 8 registers more)
                 for t in range(first, tiles, step):
-                    j = (t - first) // step     # this block's tile count so far
                     s = j % stages
                     ptx.mbarrier_wait_parity(bars, stages + s, ((j // stages) & 1) ^ 1)
                     count = min(tile, n - t * tile)
@@ -96,18 +96,20 @@ def staging_kernel_fn(tile, stages, chunks, consumer_warps, maxnreg=None):
                             ptx.cp_async_bulk_g2s(ring, s * tile + begin, src, t * tile + begin,
                                                   min(chunk, count - begin) * ELEMENT_BYTES,
                                                   bars, s)
+                    j += 1
         else:
             if split:
                 ptx.setmaxnreg_inc(consumer_regs)
             ctid = tid - producer_threads
+            j = 0
             for t in range(first, tiles, step):
-                j = (t - first) // step
                 s = j % stages
                 ptx.mbarrier_wait_parity(bars, s, (j // stages) & 1)
                 count = min(tile, n - t * tile)
                 for i in range(ctid, count, consumer_threads):
                     out[t * tile + i] = ring[s * tile + i]
                 ptx.mbarrier_arrive(bars, stages + s)
+                j += 1
 
     return staging_kernel
 
