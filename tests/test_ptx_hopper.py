@@ -82,9 +82,9 @@ def _bulk_kernel(src, out):
     if tid == 0:
         ptx.mbarrier_init(bar, 1, 1)
         ptx.fence_mbarrier_init()
+    ptx.fence_proxy_async()  # each thread's poison (generic writes) before the async copies
     cuda.syncthreads()
     if tid == 0:
-        ptx.fence_proxy_async()  # the poison (generic writes) before the async-proxy copies
         ptx.mbarrier_expect_tx(bar, 1, 4 * COPIES[0][2])     # announced without arriving ...
         ptx.mbarrier_arrive_expect_tx(bar, 1, 4 * (COPIES[1][2] + COPIES[2][2]))  # ... the rest
         for c in range(len(COPIES)):
