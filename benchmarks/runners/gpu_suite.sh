@@ -58,6 +58,7 @@ MEASURED = {
     "tests/test_gemm.py::test_gpu_simt_layouts": 55,
     "tests/test_gemm.py::test_layouts_simt": 28,
     "tests/test_gemm.py::test_epilogue_simt": 27,
+    "tests/test_gemm_gated.py::test_hypothesis_gated": 360,  # > 250 s at 5a80462 (unfinished)
     "tests/test_models_gpu.py::test_smollm2_gguf_matches_transformers": 130,
     "tests/test_models_gpu.py::test_llama3_shapes_safetensors_matches_transformers": 130,
     "tests/test_models_gpu.py::test_cuda_graph_decode_equals_eager": 95,
