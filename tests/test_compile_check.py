@@ -109,7 +109,7 @@ def test_setmaxnreg_kernel_keeps_its_register_split(reports):
 def test_each_op_registers_its_kernels(reports):
     prefixes = ("gemm_tc", "gemm_simt", "flash_attn_tc", "paged_decode", "paged_prefill",
                 "rms_norm", "layer_norm", "softmax", "argmax", "rotary", "silu_and_mul",
-                "quant_decode", "quant_dequant")
+                "quant_decode", "quant_tc")
     missing = [p for p in prefixes if not any(name.startswith(p) for name in reports)]
     assert not missing, f"no compile-check registered for {missing}; have {sorted(reports)}"
 

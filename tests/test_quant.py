@@ -1,12 +1,12 @@
 """quantize_weight / QuantizedWeight / quant_gemm: dequantize() against the original weight within
 each format's rounding bound, GGUF blocks bit for bit against the ``gguf`` package, GPTQ's packing,
 quant_gemm against float64 ``x @ qw.dequantize().T`` (both paths: the decode kernel, M <= 16, and
-the interim dequantize + gemm path), and every documented error.
+the Tensor Core kernel, forced at small M under the simulator), and every documented error.
 
 Tolerances are derived (``testing.derived_check``): the plain model sums in float32 with the
 dequantized weight as the path uses it (exact on the decode kernel; rounded to x's dtype on the
-interim path, whose gemm runs on Tensor Cores on a GPU). Under the simulator shapes are one or two
-blocks; the GPU suite (``-m gpu``) adds the issue's sizes.
+Tensor Core kernel, with its accumulator model on a GPU). Under the simulator shapes are one or
+two blocks of the 16 x 16 simulator tile; the GPU suite (``-m gpu``) adds the issue's sizes.
 """
 
 import numpy as np
@@ -20,7 +20,7 @@ import llmspeed_numba as lsn
 from llmspeed_numba import SIMULATOR
 from llmspeed_numba._arrays import numpy_dtype
 from llmspeed_numba._overrides import overrides
-from llmspeed_numba.ops.quant_gemm import DECODE_MAX_M, decode_plan
+from llmspeed_numba.ops.quant_gemm import DECODE_MAX_M, decode_plan, tc_plan
 from llmspeed_numba.ops.quant_weight import pack_codes, unpack_codes
 from llmspeed_numba.reference.gemm import gemm_plain, gemm_reference
 from llmspeed_numba.testing import derived_check, f64, poison, random_array, to_device
@@ -48,21 +48,21 @@ def weight(rng, N, K, dtype, scale=0.05):
     return random_array((N, K), dtype, rng, scale=scale)
 
 
-def check(got, x, qw, *, out_dtype, bias=None, activation=None, interim=False):
+def check(got, x, qw, *, out_dtype, bias=None, activation=None, tensor_core=False):
     """quant_gemm's result against float64 ``x @ qw.dequantize().T`` (+ bias, activation)."""
     w = qw.dequantize()
     bias_h = None if bias is None else np.asarray(bias)
     reference = gemm_reference(np.asarray(x, np.float64), w.astype(np.float64).T,
                                bias=None if bias_h is None else bias_h.astype(np.float64),
                                activation=activation)
-    w_plain = w.astype(np.asarray(x).dtype) if interim else w
+    w_plain = w.astype(np.asarray(x).dtype) if tensor_core else w
     plain = gemm_plain(x, np.asarray(w_plain, np.float32).T, bias=bias_h, activation=activation,
-                       out_dtype=numpy_dtype(out_dtype), mma=interim and not SIMULATOR)
+                       out_dtype=numpy_dtype(out_dtype), mma=tensor_core and not SIMULATOR)
     derived_check(f64(got), reference, np.asarray(plain, np.float64))
 
 
 def run(rng, qw, M, x_dtype, *, out_dtype=None, bias_dtype=None, activation=None,
-        interim=False, x_pad=0):
+        tensor_core=False, x_pad=0):
     """quant_gemm on random x (rows padded by ``x_pad``: a row stride that is not K) into a
     poisoned ``out``, checked."""
     N, K = qw.shape
@@ -75,7 +75,7 @@ def run(rng, qw, M, x_dtype, *, out_dtype=None, bias_dtype=None, activation=None
     got = lsn.quant_gemm(dx, qw, bias=None if bias is None else device(bias),
                          activation=activation, out=out)
     assert got is out
-    check(got, x, qw, out_dtype=out_dtype, bias=bias, activation=activation, interim=interim)
+    check(got, x, qw, out_dtype=out_dtype, bias=bias, activation=activation, tensor_core=tensor_core)
 
 
 def rounding_bound(qw, w):
@@ -178,13 +178,16 @@ def test_gptq_dequantize(group, rng):
 
 @given(st.data())
 def test_quant_gemm(data):
-    """Both paths on a GPU (M up to 300: the interim one above 16); the decode kernel (and its
-    split-K) under the simulator."""
+    """Both paths: on a GPU by M (up to 300: the Tensor Core kernel above 16); under the
+    simulator the decode kernel at M <= 5, or the Tensor Core kernel forced (M up to 17: two
+    tile rows)."""
     fmt = data.draw(st.sampled_from(("int4", "int8")), "format")
     group = data.draw(st.sampled_from((32, 64, 128, -1)), "group_size") if fmt == "int4" else -1
     K = data.draw(st.sampled_from((128, 256)), "K")
     N = data.draw(st.integers(1, 40), "N")
-    M = data.draw(st.integers(1, 300) if not SIMULATOR else st.sampled_from((1, 2, 3, 5)), "M")
+    forced_tc = SIMULATOR and data.draw(st.booleans(), "tensor_core")
+    M = data.draw(st.integers(1, 300) if not SIMULATOR else
+                  st.sampled_from((1, 2, 3, 5, 17) if forced_tc else (1, 2, 3, 5)), "M")
     dtype = data.draw(st.sampled_from(X_DTYPES), "dtype")
     out_dtype = data.draw(st.sampled_from((None, "float32")), "out_dtype")
     bias_dtype = data.draw(st.sampled_from((None, "float32", dtype)), "bias_dtype")
@@ -194,9 +197,10 @@ def test_quant_gemm(data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), "seed"))
     qw = lsn.quantize_weight(device(weight(rng, N, K, dtype)), fmt, group_size=group,
                              symmetric=symmetric)
-    with overrides(quant_gemm={"splits": splits}):
+    decode_max_m = 0 if forced_tc else DECODE_MAX_M
+    with overrides(quant_gemm={"splits": splits, "decode_max_m": decode_max_m}):
         run(rng, qw, M, dtype, out_dtype=out_dtype, bias_dtype=bias_dtype,
-            activation=activation, interim=M > DECODE_MAX_M, x_pad=8)
+            activation=activation, tensor_core=M > decode_max_m, x_pad=8)
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
@@ -216,16 +220,18 @@ def test_quant_gemm_k_not_a_whole_chunk(fmt, K, rng):
     run(rng, qw, 2, "bfloat16")
 
 
-def test_quant_gemm_gptq_strided_out(rng):
-    """A GPTQ weight (zero points per group) into a column slice of a larger output: only the
-    slice is written."""
+@pytest.mark.parametrize("tensor_core", [False, True])
+def test_quant_gemm_gptq_strided_out(tensor_core, rng):
+    """A GPTQ weight (zero points per group) into a column slice of a larger output (element-wise
+    stores), on either kernel: only the slice is written."""
     qweight, scales, qzeros, _ = gptq_tensors(rng, 16, 128, 64)
     qw = lsn.QuantizedWeight.from_gptq(device(qweight), device(scales), device(qzeros),
                                        group_size=64, kind="torch")
     x = random_array((2, 128), "float16", rng)
     big = poison(_empty((2, 40), "float32"))
-    got = lsn.quant_gemm(device(x), qw, out=big[:, 8:24])
-    check(got, x, qw, out_dtype="float32")
+    with overrides(quant_gemm={"decode_max_m": 0 if tensor_core else DECODE_MAX_M}):
+        got = lsn.quant_gemm(device(x), qw, out=big[:, 8:24])
+    check(got, x, qw, out_dtype="float32", tensor_core=tensor_core)
     rest = f64(big)[:, np.r_[0:8, 24:40]]
     assert np.isnan(rest).all(), "quant_gemm wrote outside out"
 
@@ -239,25 +245,65 @@ def test_decode_plan_splits_k_for_few_column_blocks():
         assert splits16 <= splits   # partial sums capped against the codes' bytes
 
 
-# ---- quant_gemm: the interim path (M > DECODE_MAX_M) -----------------------------------------
+# ---- quant_gemm: the Tensor Core kernel (M > DECODE_MAX_M; forced at small M) ---------------
+
+def _tensor_core(**knobs):
+    """The Tensor Core kernel at every M (under the simulator: its 16 x 16 x 32 tile)."""
+    return overrides(quant_gemm={"decode_max_m": 0, **knobs})
+
 
 @pytest.mark.parametrize("fmt,dtype,group,symmetric", [
-    ("int4", "float16", 32, False), ("int8", "bfloat16", -1, True)])
-def test_quant_gemm_interim_path(fmt, dtype, group, symmetric, rng):
-    """The dequantize + gemm path, forced at a small M under the simulator (at M > 16 on a
-    GPU)."""
-    M = 3 if SIMULATOR else DECODE_MAX_M + 1
-    qw = lsn.quantize_weight(device(weight(rng, 24, 64, dtype)), fmt, group_size=group,
+    ("int4", "float16", 32, False), ("int4", "bfloat16", 64, True),
+    ("int4", "float16", 128, True), ("int4", "bfloat16", -1, False),
+    ("int8", "bfloat16", -1, True), ("int8", "float16", -1, True)])
+def test_quant_gemm_tensor_core(fmt, dtype, group, symmetric, rng):
+    """Each int4 group size, symmetric or with zero points, and int8, with bias and activation;
+    M and N not multiples of the tile, three K tiles (two stages: the ring wraps)."""
+    M = 19 if SIMULATOR else DECODE_MAX_M + 3
+    qw = lsn.quantize_weight(device(weight(rng, 21, 128, dtype)), fmt, group_size=group,
                              symmetric=symmetric)
-    with overrides(quant_gemm={"decode_max_m": 2 if SIMULATOR else DECODE_MAX_M}):
-        run(rng, qw, M, dtype, bias_dtype="float32", activation="silu", interim=True)
+    with _tensor_core():
+        run(rng, qw, M, dtype, bias_dtype="float32", activation="silu", tensor_core=True,
+            x_pad=8)
 
 
-def test_quant_gemm_interim_gguf_q4_1(rng):
-    qw = lsn.QuantizedWeight.from_gguf(gguf_blocks(rng, 16, 64, GT.Q4_1), "Q4_1", (16, 64),
+@pytest.mark.parametrize("name,x_dtype", [("Q4_0", "float16"), ("Q4_1", "bfloat16"),
+                                          ("Q8_0", "float16")])
+def test_quant_gemm_tensor_core_gguf(name, x_dtype, rng):
+    """GGUF blocks (fp16 scales; Q4_1 affine) with fp16 and bf16 x."""
+    qw = lsn.QuantizedWeight.from_gguf(gguf_blocks(rng, 16, 64, GT[name]), name, (16, 64),
                                        kind="torch")
-    with overrides(quant_gemm={"decode_max_m": 1}):
-        run(rng, qw, 2, "bfloat16", out_dtype="float32", interim=True)
+    with _tensor_core():
+        run(rng, qw, 5, x_dtype, out_dtype="float32", tensor_core=True)
+
+
+@pytest.mark.parametrize("fmt,K", [("int8", 40), ("int4", 72)])
+def test_quant_gemm_tensor_core_k_not_a_whole_chunk(fmt, K, rng):
+    """K_padded > K: padded codes and x zero-filled past K; a row stride of K + 3 (x not 16-byte
+    aligned: the predicated scalar copies)."""
+    qw = lsn.quantize_weight(device(weight(rng, 9, K, "bfloat16")), fmt, group_size=-1)
+    with _tensor_core():
+        run(rng, qw, 3, "bfloat16", tensor_core=True, x_pad=3)
+
+
+@pytest.mark.parametrize("splits", [2, 3])
+def test_quant_gemm_tensor_core_split_k(splits, rng):
+    """Split K (fp32 partial sums, gemm's reduce applies bias and activation); 3 splits of 4
+    K tiles leave a short last split."""
+    qw = lsn.quantize_weight(device(weight(rng, 12, 128, "float16")), "int4", group_size=32,
+                             symmetric=False)
+    with _tensor_core(splits=splits):
+        run(rng, qw, 4, "float16", bias_dtype="float16", activation="gelu", tensor_core=True)
+
+
+def test_tc_plan_splits_k_for_few_tiles():
+    qw = lsn.quantize_weight(np.ones((256, 4096), np.float16), "int4")
+    with overrides(device={"sm_count": 132}, quant_gemm={"tc_tile": None}):
+        tile, splits, k_split = tc_plan(qw, 64)
+        assert tile[0] == 64 and splits > 1 and k_split % tile[2] == 0
+        assert splits * k_split >= 4096 > (splits - 1) * k_split
+        big = lsn.quantize_weight(np.ones((4096, 256), np.float16), "int4")
+        assert tc_plan(big, 300)[1] == 1   # K too short to split
 
 
 def test_check_rejects_a_wrong_zero_point(rng):
@@ -356,7 +402,19 @@ def test_quant_gemm_gpu_sizes(M, fmt, group, rng):
     N, K = 1024, 4096
     qw = lsn.quantize_weight(device(weight(rng, N, K, "bfloat16", scale=0.02)), fmt,
                              group_size=group, symmetric=fmt == "int8" or group == 128)
-    run(rng, qw, M, "bfloat16", bias_dtype="bfloat16", interim=M > DECODE_MAX_M)
+    run(rng, qw, M, "bfloat16", bias_dtype="bfloat16", tensor_core=M > DECODE_MAX_M)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [17, 31, 64, 100, 256, 300])
+@pytest.mark.parametrize("fmt,group,symmetric", [("int4", 128, True), ("int4", 32, False),
+                                                 ("int8", -1, True)])
+def test_quant_gemm_gpu_tensor_core_4096(M, fmt, group, symmetric, rng):
+    """The Tensor Core kernel at the issue's N x K = 4096 x 4096, M from 17 to 300 (every tile
+    size, split K at the smaller M)."""
+    qw = lsn.quantize_weight(device(weight(rng, 4096, 4096, "bfloat16", scale=0.02)), fmt,
+                             group_size=group, symmetric=symmetric)
+    run(rng, qw, M, "bfloat16", bias_dtype="bfloat16", activation="silu", tensor_core=True)
 
 
 @pytest.mark.gpu

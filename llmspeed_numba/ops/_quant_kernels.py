@@ -17,9 +17,7 @@ compile-time constant, so the accumulators stay in registers. One split: the epi
 activation, rounding) is applied in the kernel; several: fp32 partial sums (splits, M, N) go to
 gemm's split-K reduce.
 
-``dequant_kernel_fn``: the interim large-M path: the codes to an (N, K_padded) fp16 / bf16 matrix
-(x's dtype, rounded once from the exact float32 value), one 16-byte chunk a thread, written with
-16-byte stores, which ``gemm`` then multiplies on Tensor Cores.
+The Tensor Core kernel of larger M (``_quant_tc``) converts codes with the same ``_code``.
 """
 
 import functools
@@ -31,7 +29,7 @@ from .. import ptx
 from .._arrays import STORAGE
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
-from ._epilogue import epilogue, loader, packer
+from ._epilogue import epilogue, loader
 
 #: 2^23 as float bits: OR-ing a code into the mantissa makes the float 2^23 + code.
 _MAGIC = np.uint32(0x4B000000)
@@ -246,59 +244,3 @@ def decode_kernel(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype
                   decode_signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype),
                   "quant_decode_kernel")
 
-
-def dequant_kernel_fn(bits, mode, zero_point, scale_dtype, out_dtype):
-    """Kernel ``(qw, scales, aux, out, N, n0, rows, kp, group)``: ``out[r, k]`` (rows, kp)
-    row-major in ``out_dtype`` (fp16 / bf16) = the weight's value at (n0 + r, k), rounded once;
-    one 16-byte chunk of codes a thread (grid-stride), 16-byte stores."""
-    per_word = 32 // bits
-    ck = 4 * per_word
-    half_pairs = per_word // 2
-    affine = mode == "affine"
-    load_s = loader(scale_dtype)
-    offset = _group_offset(mode, zero_point)
-    codes = tuple(_code(bits, bits * i) for i in range(per_word))
-    pack = packer(out_dtype)
-    c0, c1, c2, c3 = codes[:4]
-    c4, c5, c6, c7 = codes[4:] if per_word == 8 else codes[:4]
-    packed_size = 2 * per_word
-
-    def quant_dequant_kernel(qw, scales, aux, out, N, n0, rows, kp, group):
-        packed = cuda.local.array(packed_size, np.uint32)
-        total = (kp // ck) * rows
-        i = cuda.grid(1)
-        while i < total:
-            c = i // rows
-            r = i - c * rows
-            n = n0 + r
-            g = ((c * ck) // group) * N + n
-            s = load_s(scales, g)
-            mn = load_s(aux, g) if affine else _F0
-            off = offset(aux, g)
-            w0, w1, w2, w3 = ptx.load_u32x4(qw, (c * N + n) * 4)
-            for j in range(4):
-                w = w0 if j == 0 else (w1 if j == 1 else (w2 if j == 2 else w3))
-                packed[j * half_pairs] = pack(c0(w, off) * s + mn, c1(w, off) * s + mn)
-                packed[j * half_pairs + 1] = pack(c2(w, off) * s + mn, c3(w, off) * s + mn)
-                if per_word == 8:
-                    packed[j * half_pairs + 2] = pack(c4(w, off) * s + mn, c5(w, off) * s + mn)
-                    packed[j * half_pairs + 3] = pack(c6(w, off) * s + mn, c7(w, off) * s + mn)
-            base = np.int64(r) * kp + c * ck
-            for v in range(ck // 8):
-                ptx.store_u32x4(out, base + 8 * v, packed[4 * v], packed[4 * v + 1],
-                                packed[4 * v + 2], packed[4 * v + 3])
-            i += cuda.gridsize(1)
-
-    return quant_dequant_kernel
-
-
-def dequant_signature(mode, scale_dtype, out_dtype):
-    i32, i64 = types.int32, types.int64
-    return (array1d(np.uint32), _storage(scale_dtype), _aux_storage(mode, scale_dtype),
-            _storage(out_dtype), i32, i32, i32, i64, i32)
-
-
-@functools.cache
-def dequant_kernel(bits, mode, zero_point, scale_dtype, out_dtype):
-    return Kernel(jit(dequant_kernel_fn(bits, mode, zero_point, scale_dtype, out_dtype)),
-                  dequant_signature(mode, scale_dtype, out_dtype), "quant_dequant_kernel")

@@ -12,15 +12,18 @@ Paths (kernels in ``_quant_kernels``):
   and row), products summed in fp32, the epilogue in fp32 with one rounding. Blocks of
   ``BLOCK_N`` output columns, K split over enough blocks to keep every SM's loads in flight
   (``BLOCKS_PER_SM``); with more than one split, fp32 partial sums and gemm's split-K reduce.
-- M > 16: **interim path**: the weight is dequantized to x's dtype (one rounding of the exact
-  value) into a scratch (N, K) matrix, in slabs of at most ``DEQUANT_SLAB_ELEMENTS``, and
-  multiplied by ``gemm`` on Tensor Cores. Correct, but it reads and writes the full-precision
-  weight once per call: at prefill sizes (M in the thousands) that is a small share of the
-  GEMM; at M = 17..256 it is slower than a bf16 GEMM. The fused Tensor Core kernel (dequantize
-  in registers before mma / wgmma) is not written yet.
+- M > 16: the Tensor Core kernel (``_quant_tc``): x tiles and the packed codes staged in shared
+  memory by 16-byte ``cp.async``, the codes dequantized in registers right before ``mma.sync``
+  m16n8k16 (bit operations, one FADD and one FMUL an element, a pair rounded to x's dtype with
+  one conversion; the group's scale / zero point / minimum per chunk), fp32 accumulation, gemm's
+  staged epilogue. Every format (int4 symmetric, zero points, GGUF Q4_0 / Q4_1 / Q8_0, GPTQ,
+  int8) and fp16 / bf16 x. Tiles by M (``tc_tile``); with few output tiles, K split over
+  ``blockIdx.y`` (fp32 partial sums and gemm's split-K reduce, as gemm plans it).
 
-Not yet: FP8 (W8A8), act-order GPTQ, AWQ's packing, a Tensor Core decode kernel (the SIMT one is
-compute bound above M ~ 4 on an H200, below the memory speed the codes could stream at).
+Not yet: FP8 (W8A8), act-order GPTQ, AWQ's packing, wgmma for large M, Marlin's half2
+dequantization (``lop3`` into an fp16 / bf16 mantissa, one HFMA2 a pair: needs the scales in x's
+dtype), a fragment-ordered packed layout (one shared load per lane for several fragments); the
+Tensor Core kernel is untimed (no GPU run yet), its tiles untuned.
 """
 
 
@@ -33,9 +36,11 @@ from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
 from . import _quant_kernels as qk
+from . import _quant_tc
 from ._activations_device import ACTIVATIONS
-from .gemm import gemm, launch_splitk_reduce, splitk_partials
-from .quant_weight import QuantizedWeight, chunk_k
+from ._epilogue import vector_width
+from .gemm import _address, _vector_ok, launch_splitk_reduce, splitk_partials
+from .quant_weight import QuantizedWeight
 
 X_DTYPES = ("float16", "bfloat16")
 OUT_DTYPES = ("float16", "bfloat16", "float32")
@@ -46,13 +51,21 @@ DECODE_MAX_M = 16
 BLOCK_N = 128
 #: Target decode blocks per SM when choosing the split of K (untuned).
 BLOCKS_PER_SM = 8
-#: Scratch elements of the interim large-M path's dequantized weight per slab (128 MB in fp16).
-DEQUANT_SLAB_ELEMENTS = 1 << 26
-DEQUANT_THREADS = 256
-#: ``splits``: None (planned) or a forced split count; ``block_n``: decode block width;
-#: ``decode_max_m``: the largest M on the decode kernel (tests force either path with it).
+#: Tensor Core tiles (block_m, block_n, block_k, warps_m, warps_n, stages, group_m) by the
+#: largest M they take (untuned: no GPU run yet). One warp row (``warps_m`` 1) up to M = 64: each
+#: warp dequantizes its own B fragments, so warps stacked along M repeat that work; block_k 64:
+#: two int4 / four int8 chunks of a row per stage; 64 x 32 warp tiles (64 fp32 accumulators).
+TC_TILES = ((32, (32, 128, 64, 1, 4, 4, 8)),
+            (64, (64, 128, 64, 1, 4, 4, 8)),
+            (None, (128, 128, 64, 2, 4, 3, 8)))
+#: The simulator's tile: one warp, two n8 fragments, one int4 / two int8 chunks a stage.
+SIM_TC_TILE = (16, 16, 32, 1, 1, 2, 8)
+#: ``splits``: None (planned) or a forced split count (both kernels); ``block_n``: decode block
+#: width; ``decode_max_m``: the largest M on the decode kernel (tests force either path with
+#: it); ``tc_tile``: None (``TC_TILES`` by M) or a forced Tensor Core tile.
 TUNING = Knobs("quant_gemm", decode_max_m=DECODE_MAX_M, block_n=32 if SIMULATOR else BLOCK_N,
-               splits=None, blocks_per_sm=BLOCKS_PER_SM)
+               splits=None, blocks_per_sm=BLOCKS_PER_SM,
+               tc_tile=SIM_TC_TILE if SIMULATOR else None)
 
 
 def _cdiv(a, b):
@@ -112,35 +125,67 @@ def _decode(tx, qw, tbias, to, out_dtype, activation, stream):
                              1.0, 0.0, stream)
 
 
-def dequantize_rows(qw, tx, n0, rows, dtype, stream):
-    """Rows ``n0 .. n0 + rows`` of the weight, dequantized on the device to ``dtype`` (fp16 /
-    bf16): a new (rows, K_padded) array in ``tx``'s kind (the interim large-M path)."""
+def tc_tile(M):
+    """The Tensor Core kernel's tile for M rows."""
+    if TUNING.tc_tile is not None:
+        return TUNING.tc_tile
+    for max_m, tile in TC_TILES:
+        if max_m is None or M <= max_m:
+            return tile
+
+
+def tc_plan(qw, M):
+    """(tile, splits, k_split) of the Tensor Core kernel: K split (as ``gemm_configs.
+    split_count``) for about two waves of blocks, each split at least two K tiles, the fp32
+    partial sums' traffic bounded by the codes'."""
+    tile = tc_tile(M)
+    block_m, block_n, block_k = tile[:3]
     kp = qw.K_padded
-    buf = empty(tx, (rows, kp), dtype)
+    k_tiles = _cdiv(kp, block_k)
+    if TUNING.splits is not None:
+        splits = TUNING.splits
+    else:
+        tiles = _cdiv(M, block_m) * _cdiv(qw.N, block_n)
+        want = (2 * sm_count()) // tiles
+        # partial sums: 8 bytes an output (written and read) against N * K * bits / 8 of codes
+        cap = min(k_tiles // 2, max(1, kp * qw.bits // (64 * M)), 32)
+        splits = min(want, cap)
+    splits = max(1, min(splits, k_tiles))
+    k_split = _cdiv(k_tiles, splits) * block_k
+    return tile, _cdiv(kp, k_split), k_split
+
+
+def _tensor_core(tx, qw, tbias, to, out_dtype, activation, stream):
+    M, K = tx.shape
+    N = qw.N
+    tile, splits, k_split = tc_plan(qw, M)
+    block_m, block_n, block_k, warps_m, warps_n, stages, _ = tile
+    partial = splits > 1
+    bias_dtype = tbias.dtype if tbias is not None and not partial else None
+    kernel_out = "float32" if partial else out_dtype
+    x_sm = tx.strides[0]
+    a_vec = _vector_ok(tx, x_sm)
+    kernel = _quant_tc.tc_kernel(qw.bits, tile, a_vec, qw.mode, qw.zero_point, qw.scale_dtype,
+                                 tx.dtype, kernel_out, bias_dtype,
+                                 None if partial else activation, qw.groups == 1)
     codes, scales, aux = _buffers(qw)
-    total = kp // chunk_k(qw.bits) * rows
-    blocks = max(1, min(_cdiv(total, DEQUANT_THREADS), 16 * sm_count()))
-    qk.dequant_kernel(qw.bits, qw.mode, qw.zero_point, qw.scale_dtype, dtype)(
-        blocks, DEQUANT_THREADS,
-        (codes, scales, aux, kernel_buffer(tensor(buf, "scratch")), qw.N, n0, rows, kp,
-         qw.group_size), stream)
-    return buf
-
-
-def _dequant_gemm(x, tx, qw, bias, activation, out, out_dtype, stream, handle):
-    """The interim large-M path: dequantized slabs of the weight through ``gemm``."""
-    N, K = qw.shape
-    slab = N if N * qw.K_padded <= DEQUANT_SLAB_ELEMENTS else max(
-        128, DEQUANT_SLAB_ELEMENTS // qw.K_padded // 128 * 128)
-    for n0 in range(0, N, slab):
-        rows = min(slab, N - n0)
-        w = dequantize_rows(qw, tx, n0, rows, tx.dtype, handle)
-        if qw.K_padded != K:
-            w = w[:, :K]
-        whole = rows == N
-        gemm(x, w.T, bias=bias if whole or bias is None else bias[n0:n0 + rows],
-             activation=activation, out=out if whole else out[:, n0:n0 + rows],
-             out_dtype=out_dtype, stream=stream)
+    if partial:
+        out_buf = bias_buf = splitk_partials(tx, stream, splits * M * N)
+        so_m, so_n = N, 1
+    else:
+        out_buf = kernel_buffer(to)
+        bias_buf = kernel_buffer(tbias) if tbias is not None else out_buf
+        so_m, so_n = to.strides
+    out_vec = int(so_n == 1 and so_m % vector_width(kernel_out) == 0
+                  and _address(out_buf) % 16 == 0)
+    tiles_m, tiles_n = _cdiv(M, block_m), _cdiv(N, block_n)
+    kernel((tiles_m * tiles_n, splits), 32 * warps_m * warps_n,
+           (kernel_buffer(tx), codes, scales, aux, out_buf, bias_buf, M, N, K, x_sm,
+            qw.group_size, k_split, tiles_m, tiles_n, so_m, so_n, M * N, out_vec), stream,
+           _quant_tc.shared_bytes(qw.bits, block_m, block_n, block_k, stages))
+    if partial:
+        launch_splitk_reduce(out_buf, to, None, tbias, M, N, N, splits, out_dtype, activation,
+                             1.0, 0.0, stream)
 
 
 _QUANT_GEMM_CALLS = OpCalls("quant_gemm")
@@ -162,8 +207,8 @@ def quant_gemm(x: ArrayLike, qw: QuantizedWeight, *, bias: ArrayLike | None = No
         stream: CUDA stream (default: the caller's framework's current stream).
 
     Returns ``out`` (allocated in x's kind when not given). Arithmetic: products summed in fp32
-    (M <= 16: the weight exact in fp32; larger M: the weight rounded to x's dtype, then gemm's
-    Tensor Cores), the epilogue in fp32, one rounding to ``out_dtype``.
+    (M <= 16: the weight exact in fp32; larger M: each weight element rounded once to x's
+    dtype, Tensor Cores), the epilogue in fp32, one rounding to ``out_dtype``.
 
     Raises:
         TypeError: qw not a QuantizedWeight, a non-array, x not fp16 / bf16, bias / out /
@@ -204,7 +249,7 @@ def _quant_gemm_checked(x, qw, bias, activation, out, out_dtype, stream):
     if M <= TUNING.decode_max_m:
         _decode(tx, qw, tbias, to, out_dtype, activation, handle)
     else:
-        _dequant_gemm(x, tx, qw, bias, activation, out, out_dtype, stream, handle)
+        _tensor_core(tx, qw, tbias, to, out_dtype, activation, handle)
     return out
 
 
@@ -234,11 +279,32 @@ def _register():
                                                                                       mb)
 
         compile_check.register(name, build, sass_must_have=("LDG.E.128", "LDS.128"))
-    compile_check.register(
-        "quant_dequant_int4_bf16",
-        lambda: (qk.dequant_kernel_fn(4, "const", 8, "bfloat16", "bfloat16"),
-                 qk.dequant_signature("const", "bfloat16", "bfloat16")),
-        sass_must_have=("LDG.E.128", "STG.E.128"))
+    tc_variants = {
+        # name: (bits, tile, mode, zero point, scale dtype, x dtype, out dtype, bias, act,
+        #        one group)
+        "quant_tc_int4_g128_bf16_m64": (4, TC_TILES[1][1], "const", 8, "bfloat16", "bfloat16",
+                                        "bfloat16", "bfloat16", None, False),
+        "quant_tc_int4_awq_f16_m32_silu": (4, TC_TILES[0][1], "zeros", None, "float16",
+                                           "float16", "float16", None, "silu", False),
+        "quant_tc_q4_1_f16_m256_splitk": (4, TC_TILES[2][1], "affine", None, "float16",
+                                          "float16", "float32", None, None, False),
+        "quant_tc_int8_bf16_m256": (8, TC_TILES[2][1], "const", 128, "bfloat16", "bfloat16",
+                                    "bfloat16", None, None, True),
+    }
+    for name, (bits, tile, mode, zp, sd, xd, od, bd, act, one) in tc_variants.items():
+        def build_tc(bits=bits, tile=tile, mode=mode, zp=zp, sd=sd, xd=xd, od=od, bd=bd,
+                     act=act, one=one):
+            bm, bn, bk, wm, wn, st, gm = tile
+            return (_quant_tc.make_kernel(bits, bm, bn, bk, wm, wn, st, gm, True, mode, zp, sd,
+                                          xd, od, bd, act, one),
+                    _quant_tc.signature(mode, sd, xd, od, bd))
+
+        compile_check.register(name, build_tc,
+                               ptx_must_have=("mma.sync.aligned.m16n8k16",
+                                              "ldmatrix.sync.aligned.m8n8.x4",
+                                              "cp.async.cg.shared"),
+                               sass_must_have=("HMMA", "LDSM", "LDGSTS.E.BYPASS.128",
+                                               "LDS.128"))
 
 
 _register()

@@ -164,6 +164,15 @@ ldmatrix_x4_trans = _make_ldmatrix(4, True)
 def cp_async_16(smem, smem_offset, gmem, gmem_offset, src_bytes):
     itemsize = smem.dtype.itemsize
     count = 16 // itemsize
+    if gmem.dtype.itemsize != itemsize:  # the bytes, as the hardware copies them
+        data = np.zeros(16, np.uint8)
+        valid = int(src_bytes)
+        if valid:
+            src = [gmem[gmem_offset + i] for i in range(valid // gmem.dtype.itemsize)]
+            data[:valid] = np.array(src, dtype=gmem.dtype).view(np.uint8)
+        for i, v in enumerate(data.view(smem.dtype)):
+            smem[smem_offset + i] = v
+        return
     valid = int(src_bytes) // gmem.dtype.itemsize
     for i in range(count):
         smem[smem_offset + i] = gmem[gmem_offset + i] if i < valid else 0
