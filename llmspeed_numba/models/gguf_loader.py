@@ -11,12 +11,18 @@ Tensors come back under their Hugging Face names (``model.layers.{i}.self_attn.q
   convention: ``w.reshape(n_head, 2, d // 2, ...).swapaxes(1, 2)``. We undo it
   (``unpermute_qk``), with ``n_head`` for Q and ``n_head_kv`` for K, so the forward uses HF's
   rotate-half rotary.
+
+With ``keep_blocks`` (``quantization="gguf"``), the projection weights stored as Q4_0 / Q4_1 /
+Q8_0 come back packed, as ``GGUFBlocks``: their raw block rows (a row of blocks per output
+feature, independent of the others), un-permuted as whole rows the same way, so row ``n`` of the
+packed tensor is row ``n`` of the dequantized one.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,6 +44,11 @@ _GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
+#: HF module names of the projection weights ``keep_blocks`` may keep packed.
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+#: Block types ``QuantizedWeight.from_gguf`` keeps packed.
+BLOCK_TYPES = ("Q4_0", "Q4_1", "Q8_0")
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias)$")
 
@@ -128,6 +139,40 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
+@dataclass(frozen=True, eq=False)
+class GGUFBlocks:
+    """A projection weight kept in its GGUF blocks: ``data`` (N, row bytes) uint8 on the host,
+    rows in Hugging Face order; ``ggml_type`` "Q4_0", "Q4_1" or "Q8_0"; ``shape`` (N, K), the
+    matrix it stands for. Rows of blocks concatenate (``concat``) into a fused weight."""
+
+    data: np.ndarray
+    ggml_type: str
+    shape: tuple
+
+    def dequantize(self) -> np.ndarray:
+        """The (N, K) float32 values (the ``gguf`` package's dequantization)."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        return dequantize(self.data, GGMLQuantizationType[self.ggml_type]).reshape(self.shape)
+
+    @staticmethod
+    def concat(parts: list[GGUFBlocks]) -> GGUFBlocks:
+        """The row concatenation of ``parts`` (one block type, one K): q, k, v or gate, up
+        fused into one weight. Raises ValueError for mixed types or K."""
+        types = {p.ggml_type for p in parts}
+        ks = {p.shape[1] for p in parts}
+        if len(types) != 1 or len(ks) != 1:
+            raise ValueError(f"GGUFBlocks.concat: expected one block type and one K, got types "
+                             f"{sorted(types)} and K {sorted(ks)}")
+        return GGUFBlocks(np.concatenate([p.data for p in parts]), parts[0].ggml_type,
+                          (sum(p.shape[0] for p in parts), parts[0].shape[1]))
+
+
+def _is_projection(name: str) -> bool:
+    return name.endswith(".weight") and any(f".{p}." in name for p in PROJECTIONS)
+
+
 def dequantize_tensor(tensor, where: str = "GGUF") -> np.ndarray:
     """A ``ReaderTensor``'s values as a float32 array of shape (rows, cols) (or (n,) for 1-D).
 
@@ -146,11 +191,13 @@ def dequantize_tensor(tensor, where: str = "GGUF") -> np.ndarray:
     return values
 
 
-def load_gguf_weights(path, dtype="bfloat16", config=None) -> dict:
+def load_gguf_weights(path, dtype="bfloat16", config=None, *, keep_blocks=False) -> dict:
     """Every weight of a llama GGUF, dequantized to ``dtype`` on the CPU, under Hugging Face
     names and in Hugging Face's layout (Q/K rows un-permuted; ``lm_head.weight`` absent when tied).
 
     ``path``: a .gguf path or a ``GGUFReader``; ``config``: its ModelConfig (read when None).
+    ``keep_blocks``: projection weights of a block type in ``BLOCK_TYPES`` come back as
+    ``GGUFBlocks`` instead (raises ValueError when there is none: the file is not quantized so).
     Raises FileNotFoundError / ValueError naming the file (unreadable, unknown tensor name, wrong
     shape, missing tensor), NotImplementedError naming a tensor of an unsupported type."""
     import torch
@@ -173,6 +220,9 @@ def load_gguf_weights(path, dtype="bfloat16", config=None) -> dict:
                 continue
             raise ValueError(f"{where}: tensor {tensor.name!r} ({name}) is not part of a model "
                              f"with this config")
+        if keep_blocks and _is_projection(name) and tensor.tensor_type.name in BLOCK_TYPES:
+            weights[name] = _blocks(tensor, name, shapes[name], config, where)
+            continue
         values = dequantize_tensor(tensor, where)
         if values.shape != shapes[name]:
             raise ValueError(f"{where}: tensor {tensor.name!r} ({name}): expected shape "
@@ -184,9 +234,31 @@ def load_gguf_weights(path, dtype="bfloat16", config=None) -> dict:
         if not values.flags.writeable:  # F32 comes back as a view of the read-only memory map
             values = values.copy()
         weights[name] = torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
+    if keep_blocks and not any(isinstance(w, GGUFBlocks) for w in weights.values()):
+        types = sorted({t.tensor_type.name for t in reader.tensors
+                        if _is_projection(hf_name(t.name) or "")})
+        raise ValueError(f"{where}: quantization='gguf' runs the projection weights from their "
+                         f"{'/'.join(BLOCK_TYPES)} blocks, but this file stores them as "
+                         f"{'/'.join(types) or 'nothing'}; use quantization='int4' or 'int8' to "
+                         f"quantize at load")
     missing = [n for n in shapes if n not in weights]
     if missing:
         names = ", ".join(gguf_name(n) for n in missing[:5])
         raise ValueError(f"{where}: missing tensor(s) {names}"
                          f"{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)")
     return weights
+
+
+def _blocks(tensor, name, shape, config, where) -> GGUFBlocks:
+    """A block-type projection tensor's raw rows, Q / K rows un-permuted as whole rows."""
+    n, k = shape
+    header = tuple(int(v) for v in reversed(tensor.shape))
+    if header != (n, k):
+        raise ValueError(f"{where}: tensor {tensor.name!r} ({name}): expected shape {shape}, "
+                         f"got {header}")
+    data = np.asarray(tensor.data).reshape(n, -1)
+    if ".self_attn.q_proj." in name:
+        data = unpermute_qk(data, config.num_attention_heads)
+    elif ".self_attn.k_proj." in name:
+        data = unpermute_qk(data, config.num_key_value_heads)
+    return GGUFBlocks(np.array(data, np.uint8, order="C"), tensor.tensor_type.name, (n, k))
