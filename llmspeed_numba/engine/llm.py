@@ -60,9 +60,10 @@ class RequestOutput:
     error: str | None = None
 
 
-def _load(model, dtype, load_format, seed):
+def _load(model, dtype, load_format, seed, quantization=None):
     """``(config, weights, tokenizer)``: a checkpoint, or random weights (``dummy``) of a
-    preset name or of a checkpoint's config."""
+    preset name or of a checkpoint's config; ``quantization="gguf"`` keeps a GGUF's projection
+    blocks packed (ValueError for anything else)."""
     from ..models.checkpoint import load_checkpoint
     from ..models.config import ModelConfig, load_config
     from ..models.random_model import PRESETS, ByteTokenizer, preset_config, random_weights
@@ -70,7 +71,13 @@ def _load(model, dtype, load_format, seed):
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format: expected one of {LOAD_FORMATS}, got {load_format!r}")
     if load_format == "auto":
+        if quantization == "gguf":
+            return load_checkpoint(model, dtype, keep_blocks=True)
         return load_checkpoint(model, dtype)
+    if quantization == "gguf":
+        raise ValueError("quantization='gguf': load_format='dummy' draws unquantized random "
+                         "weights; use 'int4' or 'int8', or load a .gguf with Q4_0 / Q4_1 / "
+                         "Q8_0 blocks")
     if isinstance(model, ModelConfig):
         config, tokenizer = model, None
     elif isinstance(model, str) and model in PRESETS:
@@ -92,12 +99,15 @@ class LLM:
     given to the paged KV cache. ``max_model_len``: prompt + output tokens at most (default: the
     model's context, capped by the cache). ``max_num_batched_tokens``: tokens per step (default
     8192, at least ``max_num_seqs``). ``seed`` draws the seeds of requests that set none.
+    ``quantization``: None (the model dtype), "int4" / "int8" (the projection weights quantized
+    at load, run by ``quant_gemm``) or "gguf" (a GGUF's Q4_0 / Q4_1 / Q8_0 projection blocks
+    kept packed); see ``models.llama``.
     """
 
     def __init__(self, model=None, *, dtype="bfloat16", max_num_seqs=256, max_model_len=None,
                  kv_cache_memory=0.9, load_format="auto", cuda_graphs=True, seed=0,
-                 max_num_batched_tokens=None):
-        from ..models.llama import LlamaModel
+                 max_num_batched_tokens=None, quantization=None):
+        from ..models.llama import LlamaModel, check_quantization
         from ..models.model import model_dtype
 
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or not (
@@ -105,9 +115,10 @@ class LLM:
             raise ValueError(f"max_num_seqs: expected an int in [1, {BATCH_BUCKETS[-1]}], got "
                              f"{max_num_seqs!r}")
         dt = model_dtype(dtype)
-        config, weights, self.tokenizer = _load(model, dt, load_format, seed)
+        quantization = check_quantization(quantization)
+        config, weights, self.tokenizer = _load(model, dt, load_format, seed, quantization)
         self.config = config
-        self.llama = LlamaModel(config, weights, dt)
+        self.llama = LlamaModel(config, weights, dt, quantization)
         del weights
         pages = self._cache_pages(kv_cache_memory, dt)
         context = config.max_position_embeddings

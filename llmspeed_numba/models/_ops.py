@@ -18,6 +18,7 @@ from ..ops.gemm import gemm
 from ..ops.paged_decode import paged_decode_attention
 from ..ops.paged_kv_append import paged_kv_append
 from ..ops.paged_prefill import paged_prefill_attention
+from ..ops.quant_gemm import quant_gemm
 from ..ops.rms_norm import rms_norm
 from ..ops.rotary import rotary_embedding
 from ..ops.sample import sample
@@ -27,7 +28,7 @@ _OPS = {
     "argmax": argmax, "embedding": embedding, "flash_attn_varlen": flash_attn_varlen,
     "gemm": gemm, "paged_decode_attention": paged_decode_attention,
     "paged_kv_append": paged_kv_append, "paged_prefill_attention": paged_prefill_attention,
-    "rms_norm": rms_norm,
+    "quant_gemm": quant_gemm, "rms_norm": rms_norm,
     "rotary_embedding": rotary_embedding, "sample": sample, "silu_and_mul": silu_and_mul,
 }
 

@@ -19,17 +19,51 @@ differs:
 
 Both write the new keys and values into the paged cache first (``paged_kv_append``, one launch
 for the whole batch: token ``t`` is a one-token "sequence" at its own position and page row).
+
+Weight-only quantization (``quantization``): the four projections of every layer (fused qkv, o,
+fused gate_up, down) become ``QuantizedWeight``s (N, K) run by ``quant_gemm`` (same bias and
+epilogue); embeddings, norms and the LM head stay in the model dtype.
+
+- "int8": one scale per output channel; "int4": symmetric, groups of ``INT4_GROUP_SIZE`` (128)
+  along K, or of the largest of 64 / 32 that divides K, else one group a row
+  (``int4_group_size``; SmolLM2's K = 576 takes 64). Quantized from the model-dtype weights,
+  fused first (the scales are per row and group, so fusing commutes with quantizing).
+- "gguf": a GGUF's Q4_0 / Q4_1 / Q8_0 projection blocks, kept packed
+  (``gguf_loader.GGUFBlocks`` -> ``QuantizedWeight.from_gguf``; q, k, v and gate, up fused by
+  concatenating their block rows). A fused group whose parts are not all blocks of one type is
+  dequantized to the model dtype and runs as a plain GEMM.
+- None: every weight in the model dtype, plain ``gemm`` (the path without any of this).
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..ops.quant_weight import QuantizedWeight, quantize_weight
 from . import _ops
 from .rope import cos_sin_cache
 
 #: tokens per page of the KV cache.
 BLOCK_SIZE = 16
+#: ``quantization`` values: None (the model dtype), int4 / int8 at load, a GGUF's own blocks.
+QUANTIZATIONS = (None, "int4", "int8", "gguf")
+#: int4's group along K where K allows (``int4_group_size``).
+INT4_GROUP_SIZE = 128
+
+
+def check_quantization(quantization):
+    """``quantization`` itself, or ValueError naming the allowed values."""
+    if not isinstance(quantization, (str, type(None))) or quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization: expected one of {QUANTIZATIONS}, got {quantization!r}")
+    return quantization
+
+
+def int4_group_size(k):
+    """int4's group along a K: 128, else the largest of 64 / 32 dividing K, else -1 (a row)."""
+    for group in (INT4_GROUP_SIZE, 64, 32):
+        if k % group == 0:
+            return group
+    return -1
 
 
 @dataclass
@@ -89,6 +123,19 @@ class _Layer:
                  "down_t")
 
 
+def _is_blocks(w):
+    from .gguf_loader import GGUFBlocks
+
+    return isinstance(w, GGUFBlocks)
+
+
+def _dense(w):
+    """A projection part as a CPU tensor (``GGUFBlocks`` dequantized to float32)."""
+    import torch
+
+    return torch.from_numpy(w.dequantize()) if _is_blocks(w) else w
+
+
 def _expect(weights, name, shape):
     w = weights.get(name)
     if w is None:
@@ -102,11 +149,14 @@ def _expect(weights, name, shape):
 class LlamaModel:
     """The weights of a Llama-family model on the device, fused, and its forward step."""
 
-    def __init__(self, config, weights, dtype):
-        """``weights``: transformers' names to CPU tensors (``models.checkpoint``); every
-        tensor's shape is checked against ``config`` before anything is moved to the device."""
+    def __init__(self, config, weights, dtype, quantization=None):
+        """``weights``: transformers' names to CPU tensors (``models.checkpoint``; with
+        ``quantization="gguf"`` projections may be ``GGUFBlocks``); every tensor's shape is
+        checked against ``config`` before anything is moved to the device. ``quantization``:
+        see the module docstring; "gguf" without any ``GGUFBlocks`` raises ValueError."""
         import torch
 
+        self.quantization = check_quantization(quantization)
         c = config
         self.config = c
         self.dtype = dtype
@@ -145,6 +195,19 @@ class LlamaModel:
         def put(t):
             return t.to(dtype=dtype).to(self.device).contiguous()
 
+        if quantization is None:
+            self.linear = self.ops.gemm
+        else:
+            self.linear = self._linear
+            if quantization == "gguf" and not any(
+                    _is_blocks(w) for h in host_layers
+                    for key in ("qkv", "o", "gate_up", "down")
+                    for w in (h[key] if isinstance(h[key], list) else [h[key]])):
+                raise ValueError("quantization='gguf': the weights hold no GGUF Q4_0 / Q4_1 / "
+                                 "Q8_0 blocks (load a .gguf with keep_blocks=True, or use "
+                                 "'int4' / 'int8')")
+        project = self._projection if quantization is not None else None
+
         try:
             self.embed = put(embed)
             self.lm_head_t = self.embed.T if head is embed else put(head).T
@@ -153,19 +216,54 @@ class LlamaModel:
             for h in host_layers:
                 layer = _Layer()
                 layer.input_norm = put(h["input_norm"])
-                layer.qkv_t = put(torch.cat(h["qkv"])).T
+                if project is not None:
+                    layer.qkv_t = project(h["qkv"], put)
+                else:
+                    layer.qkv_t = put(torch.cat(h["qkv"])).T
                 layer.qkv_bias = None if h["qkv_bias"] is None else put(torch.cat(h["qkv_bias"]))
-                layer.o_t = put(h["o"]).T
+                layer.o_t = put(h["o"]).T if project is None else project([h["o"]], put)
                 layer.o_bias = None if h["o_bias"] is None else put(h["o_bias"])
                 layer.post_norm = put(h["post_norm"])
-                layer.gate_up_t = put(torch.cat(h["gate_up"])).T
-                layer.down_t = put(h["down"]).T
+                if project is not None:
+                    layer.gate_up_t = project(h["gate_up"], put)
+                    layer.down_t = project([h["down"]], put)
+                else:
+                    layer.gate_up_t = put(torch.cat(h["gate_up"])).T
+                    layer.down_t = put(h["down"]).T
                 self.layers.append(layer)
             self.max_position = c.max_position_embeddings
             self.cos_sin = cos_sin_cache(c, self.max_position, dtype, self.device)
         except BaseException:
             self.release()
             raise
+
+    def _projection(self, parts, put):
+        """One (fused) projection of a quantized model: ``parts`` (each (N_i, K), CPU tensors or
+        ``GGUFBlocks``) as one ``QuantizedWeight`` (N, K), or as a dense transposed weight where
+        a "gguf" group is not all blocks of one type."""
+        import torch
+
+        kind = "numba" if self.device == "cpu" else "torch"
+        if self.quantization == "gguf":
+            from .gguf_loader import GGUFBlocks
+
+            if all(_is_blocks(p) for p in parts) and len({p.ggml_type for p in parts}) == 1:
+                blocks = GGUFBlocks.concat(parts)
+                return QuantizedWeight.from_gguf(blocks.data, blocks.ggml_type, blocks.shape,
+                                                 kind=kind, device=self.device)
+            return put(torch.cat([_dense(p) for p in parts])).T
+        w = torch.cat([_dense(p).to(self.dtype) for p in parts])
+        if self.quantization == "int8":
+            return quantize_weight(w, "int8", kind=kind, device=self.device)
+        return quantize_weight(w, "int4", group_size=int4_group_size(w.shape[1]), kind=kind,
+                               device=self.device)
+
+    def _linear(self, x, w, bias=None):
+        """``x @ W^T + bias`` for a projection of a quantized model (``quant_gemm``, or ``gemm``
+        for a projection left dense)."""
+        if isinstance(w, QuantizedWeight):
+            return self.ops.quant_gemm(x, w, bias=bias)
+        return self.ops.gemm(x, w, bias=bias)
 
     def release(self):
         """Drop every device tensor (after a failed load, or to free the GPU)."""
@@ -201,10 +299,10 @@ class LlamaModel:
             else:
                 h = ops.rms_norm(x, layer.input_norm, eps, residual=residual, out=x)
             attn = self._attention(index, layer, h, step, cache)
-            o = ops.gemm(attn, layer.o_t, bias=layer.o_bias)
+            o = self.linear(attn, layer.o_t, bias=layer.o_bias)
             h = ops.rms_norm(o, layer.post_norm, eps, residual=residual, out=o)
-            gate_up = ops.gemm(h, layer.gate_up_t)
-            x = ops.gemm(ops.silu_and_mul(gate_up), layer.down_t)
+            gate_up = self.linear(h, layer.gate_up_t)
+            x = self.linear(ops.silu_and_mul(gate_up), layer.down_t)
         if not all_logits:
             x = ops.embedding(step.last_rows, x)
             residual = ops.embedding(step.last_rows, residual)
@@ -216,7 +314,7 @@ class LlamaModel:
         ops, c = self.ops, self.config
         tokens, d = h.shape[0], c.head_dim
         nq, nk = c.num_attention_heads, c.num_key_value_heads
-        qkv = ops.gemm(h, layer.qkv_t, bias=layer.qkv_bias)
+        qkv = self.linear(h, layer.qkv_t, bias=layer.qkv_bias)
         q = qkv[:, :self.q_size].view(tokens, nq, d)
         k = qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, nk, d)
         v = qkv[:, self.q_size + self.kv_size:].view(tokens, nk, d)

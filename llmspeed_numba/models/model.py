@@ -13,7 +13,7 @@ import numpy as np
 from .._arrays import dtype_name
 from ._dtypes import torch_dtype
 from .decode_graph import DecodeGraph
-from .llama import BLOCK_SIZE, LlamaModel, Step, decode_step, to_device
+from .llama import BLOCK_SIZE, LlamaModel, Step, check_quantization, decode_step, to_device
 
 #: Model dtypes (the attention kernels take half precision only).
 DTYPES = ("bfloat16", "float16")
@@ -45,13 +45,14 @@ class Model:
 
     ``generate_greedy(prompt_token_ids, max_new_tokens)`` decodes a batch greedily;
     ``prefill_logits(prompt_token_ids)`` returns every position's logits (for checks).
+    ``quantization``: None, "int4", "int8" or "gguf" (``llama``'s module docstring).
     """
 
-    def __init__(self, config, tokenizer, weights, dtype="bfloat16"):
+    def __init__(self, config, tokenizer, weights, dtype="bfloat16", quantization=None):
         self.config = config
         self.tokenizer = tokenizer
         self.dtype = model_dtype(dtype)
-        self.llama = LlamaModel(config, weights, self.dtype)
+        self.llama = LlamaModel(config, weights, self.dtype, quantization)
         self.timings = Timings()
 
     # ---- checks ----------------------------------------------------------------------------
@@ -193,13 +194,20 @@ class Model:
         self.llama.release()
 
 
-def load_model(model=None, *, dtype="bfloat16"):
+def load_model(model=None, *, dtype="bfloat16", quantization=None):
     """Load a checkpoint onto the device: ``model`` is a Hugging Face directory, a .gguf file,
     or None for the embedded default (SmolLM2-135M-Instruct). GGUF block types are dequantized
-    to ``dtype`` ("bfloat16" or "float16"). Errors name the file, tensor or limit at fault;
-    a failed load leaves nothing on the device."""
+    to ``dtype`` ("bfloat16" or "float16"), except with ``quantization="gguf"``, which keeps a
+    GGUF's Q4_0 / Q4_1 / Q8_0 projection weights packed; "int4" / "int8" quantize the
+    projections at load (``llama``'s module docstring). Errors name the file, tensor or limit
+    at fault (ValueError for "gguf" on a checkpoint without such blocks); a failed load leaves
+    nothing on the device."""
     from .checkpoint import load_checkpoint
 
     dt = model_dtype(dtype)
-    config, weights, tokenizer = load_checkpoint(model, dt)
-    return Model(config, tokenizer, weights, dt)
+    quantization = check_quantization(quantization)
+    if quantization is None:
+        config, weights, tokenizer = load_checkpoint(model, dt)
+        return Model(config, tokenizer, weights, dt)
+    config, weights, tokenizer = load_checkpoint(model, dt, keep_blocks=quantization == "gguf")
+    return Model(config, tokenizer, weights, dt, quantization)
