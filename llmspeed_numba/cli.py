@@ -180,6 +180,10 @@ def _add_generate(subparsers):
                    help="print the text as it is generated (through the engine, LLM.stream)")
     p.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
                    help="the model's dtype (default: %(default)s)")
+    p.add_argument("--quantization", choices=("int4", "int8", "gguf"), default=None,
+                   help="weight-only quantized projections: int4 (groups of 128) or int8 (per "
+                        "channel) quantized at load, or gguf: a .gguf's own Q4_0 / Q4_1 / Q8_0 "
+                        "blocks kept packed (default: none, every weight in --dtype)")
     p.set_defaults(func=_generate)
 
 
@@ -191,12 +195,15 @@ def _generate(args):
     if args.max_new_tokens < 1:
         args.command_parser.error(f"--max-new-tokens: expected at least 1, got "
                                   f"{args.max_new_tokens}")
+    if args.quantization == "gguf" and SIMULATOR:
+        args.command_parser.error("--quantization gguf needs a .gguf model and a GPU (the "
+                                  "simulator runs a tiny random-weight model; try int4 or int8)")
     if args.stream:
         return _generate_stream(args)
     from .models.textgen import generate_text
 
     generate_text(args.prompt, model=args.model, max_new_tokens=args.max_new_tokens,
-                  chat=args.chat, dtype=args.dtype)
+                  chat=args.chat, dtype=args.dtype, quantization=args.quantization)
     return 0
 
 
@@ -206,7 +213,7 @@ def _generate_stream(args):
 
     if SIMULATOR:
         args.command_parser.error("--stream needs a GPU (without one, drop --stream)")
-    llm = LLM(args.model, dtype=args.dtype, max_num_seqs=1)
+    llm = LLM(args.model, dtype=args.dtype, max_num_seqs=1, quantization=args.quantization)
     prompt = args.prompt
     if args.chat:
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])

@@ -75,6 +75,16 @@ def test_usage_errors_exit_2_with_the_usage(argv, complaint, capsys):
         assert err.startswith(f"usage: python -m llmspeed_numba {argv[0]}"), err
 
 
+def test_generate_quantization_option(capsys):
+    status, out, _ = _main(capsys, "generate", "--help")
+    assert status == 0 and "--quantization {int4,int8,gguf}" in out, out
+    status, _, err = _main(capsys, "generate", "Hi", "--quantization", "int3")
+    assert status == 2 and "invalid choice: 'int3'" in err, err
+    if _env.SIMULATOR:
+        status, _, err = _main(capsys, "generate", "Hi", "--quantization", "gguf")
+        assert status == 2 and "--quantization gguf needs a .gguf model and a GPU" in err, err
+
+
 def test_demo_lists_and_filters_cases_without_running_them(capsys):
     status, out, _ = _main(capsys, "demo", "--list")
     assert status == 0

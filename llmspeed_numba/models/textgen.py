@@ -16,7 +16,7 @@ from .. import _env
 SIMULATOR_MAX_TOKENS = 4
 
 
-def _simulator_model(out):
+def _simulator_model(out, quantization=None):
     from .model import Model
     from .random_model import ByteTokenizer, preset_config, random_weights
 
@@ -24,13 +24,15 @@ def _simulator_model(out):
     print(f"No GPU: running a tiny random-weight model ({config.num_hidden_layers} layers, hidden "
           f"{config.hidden_size}, byte tokenizer) in numba's CUDA simulator to exercise the whole "
           f"path; its text is noise and each token takes seconds.", file=out)
-    return Model(config, ByteTokenizer(), random_weights(config, seed=0))
+    return Model(config, ByteTokenizer(), random_weights(config, seed=0),
+                 quantization=quantization)
 
 
 def generate_text(prompt, *, model=None, max_new_tokens=64, chat=False, dtype="bfloat16",
-                  out=sys.stdout, log=sys.stderr):
+                  quantization=None, out=sys.stdout, log=sys.stderr):
     """Generate a continuation of ``prompt`` and print it to ``out`` (timings to ``log``).
-    Returns ``(text, timings)``."""
+    ``quantization``: None, "int4", "int8" or "gguf" (``load_model``). Returns
+    ``(text, timings)``."""
     if not isinstance(prompt, str):
         raise TypeError(f"prompt: expected a str, got {type(prompt).__name__}")
     start = time.perf_counter()
@@ -38,7 +40,7 @@ def generate_text(prompt, *, model=None, max_new_tokens=64, chat=False, dtype="b
         if model is not None:
             raise ValueError("model: real checkpoints need a GPU; the simulator runs only the "
                              "tiny random-weight model")
-        m = _simulator_model(log)
+        m = _simulator_model(log, quantization)
         max_new_tokens = min(max_new_tokens, SIMULATOR_MAX_TOKENS)
     else:
         from .model import load_model
@@ -47,12 +49,14 @@ def generate_text(prompt, *, model=None, max_new_tokens=64, chat=False, dtype="b
               flush=True)
         from ..warm import is_warm, run_with_progress
 
-        m = load_model(model, dtype=dtype)
+        m = load_model(model, dtype=dtype, quantization=quantization)
         print(f"Loaded in {time.perf_counter() - start:.1f} s.", file=log, flush=True)
-        if not is_warm(model, dtype):
+        # a quantized model launches other kernels: its own "warm" marker
+        warm_key = dtype if quantization is None else f"{dtype}+{quantization}"
+        if not is_warm(model, warm_key):
             print("First run of this model on this GPU: compiling its kernels (cached on disk; "
                   "later runs skip this).", file=log, flush=True)
-            run_with_progress(model, dtype=dtype, loaded=m, log=log)
+            run_with_progress(model, dtype=warm_key, loaded=m, log=log)
     tok = m.tokenizer
     text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     ids = tok.encode(text, add_special_tokens=not chat)
