@@ -55,7 +55,7 @@ def versions():
 def gpu_name():
     from numba import cuda
 
-    name = cuda.get_current_device().name
+    name = getattr(cuda.get_current_device(), "name", "CUDA simulator")  # the simulator's has none
     return name.decode() if isinstance(name, bytes) else name
 
 
