@@ -119,6 +119,8 @@ def decode_step(device, tokens, positions, table, seq_lens):
 
 
 class _Layer:
+    # qkv_t, o_t, gate_up_t, down_t: (K, N) transposed views of the weights, or, in a quantized
+    # model, QuantizedWeights (N, K) (``LlamaModel.linear`` picks gemm or quant_gemm)
     __slots__ = ("input_norm", "qkv_t", "qkv_bias", "o_t", "o_bias", "post_norm", "gate_up_t",
                  "down_t")
 
