@@ -288,6 +288,8 @@ def _add_warm(subparsers):
     p.add_argument("--workers", type=int, default=None,
                    help="compile processes (default: the CPU count)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    p.add_argument("--quantization", default=None, choices=("int4", "int8", "gguf"),
+                   help="the weights as `generate --quantization` loads them (default: none)")
     p.set_defaults(func=_warm)
 
 
@@ -303,8 +305,8 @@ def _warm(args):
     from .warm import run_with_progress
 
     ops = None if args.ops is None else {o.strip() for o in args.ops.split(",") if o.strip()}
-    failed = run_with_progress(args.model, dtype=args.dtype, ops=ops, workers=args.workers,
-                               log=sys.stderr)
+    failed = run_with_progress(args.model, dtype=args.dtype, quantization=args.quantization,
+                               ops=ops, workers=args.workers, log=sys.stderr)
     return 1 if failed else 0
 
 

@@ -25,15 +25,17 @@ PREFILL_LENGTHS = (16, 128, 512, 2048)
 DECODE_BATCHES = (1,)
 
 
-def model_kernels(model=None, *, dtype="bfloat16", prefill_lengths=PREFILL_LENGTHS,
-                  decode_batches=DECODE_BATCHES, loaded=None):
+def model_kernels(model=None, *, dtype="bfloat16", quantization=None,
+                  prefill_lengths=PREFILL_LENGTHS, decode_batches=DECODE_BATCHES, loaded=None):
     """The distinct kernels (``Kernel`` objects) the model's prefill and decode launch. Loads the
-    model unless ``loaded`` (a ``models.Model``) is given."""
+    model (``quantization`` as ``load_model``'s) unless ``loaded`` (a ``models.Model``) is
+    given."""
     from . import _replay
     from ._launch import collecting_kernels
     from .models.model import load_model
 
-    m = loaded if loaded is not None else load_model(model, dtype=dtype)
+    m = loaded if loaded is not None else load_model(model, dtype=dtype,
+                                                     quantization=quantization)
     limit = m.config.max_position_embeddings - 2
     enabled = _replay.ENABLED
     _replay.ENABLED = False  # a recorded plan prepares its launches: that compiles
@@ -203,8 +205,8 @@ def warm(model=None, *, dtype="bfloat16", ops=None, workers=None, on_start=None,
     return len(kernels), compiled, time.perf_counter() - start
 
 
-def run_with_progress(model=None, *, dtype="bfloat16", ops=None, workers=None, loaded=None,
-                      log=sys.stderr):
+def run_with_progress(model=None, *, dtype="bfloat16", quantization=None, ops=None,
+                      workers=None, loaded=None, log=sys.stderr):
     """``warm`` with a progress bar on ``log`` and a summary line; returns the kernels that
     failed to compile (they compile at first use instead), and marks the model warm."""
     from ._progress import ProgressBar
@@ -224,7 +226,7 @@ def run_with_progress(model=None, *, dtype="bfloat16", ops=None, workers=None, l
         bar.done(name, ok)
 
     t0 = time.perf_counter()
-    kernels = model_kernels(model, dtype=dtype, loaded=loaded)
+    kernels = model_kernels(model, dtype=dtype, quantization=quantization, loaded=loaded)
     if ops:
         unknown = set(ops) - {op_of(k) for k in kernels}
         if unknown:
@@ -240,13 +242,14 @@ def run_with_progress(model=None, *, dtype="bfloat16", ops=None, workers=None, l
     print(f"warm: {len(kernels) - len(failed)} of {len(kernels)} kernels ready in "
           f"{time.perf_counter() - t0:.1f} s", file=log, flush=True)
     if not failed and not ops:
-        _mark_warm(model, dtype)
+        _mark_warm(model, dtype, quantization)
     return failed
 
 
-def _marker(model, dtype):
+def _marker(model, dtype, quantization=None):
     """The file saying this model's kernels were compiled, keyed by everything a kernel binary
-    depends on: the model, dtype, library, numba-cuda and PTX-backend versions, the GPU."""
+    depends on: the model, dtype, quantization (other kernels), library, numba-cuda and
+    PTX-backend versions, the GPU."""
     import hashlib
 
     import numba
@@ -254,7 +257,7 @@ def _marker(model, dtype):
     from . import __version__, _tuning_cache, ptx
 
     where = "default" if model is None else os.path.abspath(os.fspath(model))
-    key = "|".join(str(p) for p in (where, dtype, __version__, numba.__version__,
+    key = "|".join(str(p) for p in (where, dtype, quantization, __version__, numba.__version__,
                                      _cuda_version(), ptx.BACKEND, _tuning_cache.device_name()))
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
     return os.path.join(_tuning_cache.cache_dir(), "warm", f"{digest}.done")
@@ -269,13 +272,14 @@ def _cuda_version():
         return "?"
 
 
-def _mark_warm(model, dtype):
-    path = _marker(model, dtype)
+def _mark_warm(model, dtype, quantization=None):
+    path = _marker(model, dtype, quantization)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
-        f.write(f"{model or 'default'} {dtype}\n")
+        f.write(f"{model or 'default'} {dtype} {quantization or ''}\n")
 
 
-def is_warm(model, dtype):
-    """True when ``warm`` completed for this model, version and GPU (see ``_marker``)."""
-    return os.path.exists(_marker(model, dtype))
+def is_warm(model, dtype, quantization=None):
+    """True when ``warm`` completed for this model, dtype, quantization, version and GPU (see
+    ``_marker``)."""
+    return os.path.exists(_marker(model, dtype, quantization))

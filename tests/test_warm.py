@@ -82,6 +82,9 @@ def test_marker_is_keyed_by_model_and_dtype(tmp_path, monkeypatch):
     assert warm.is_warm(None, "bfloat16")
     assert not warm.is_warm(None, "float16")
     assert not warm.is_warm(tmp_path / "model.gguf", "bfloat16")
+    assert not warm.is_warm(None, "bfloat16", "int4")  # a quantized model: other kernels
+    warm._mark_warm(None, "bfloat16", "int4")
+    assert warm.is_warm(None, "bfloat16", "int4") and not warm.is_warm(None, "bfloat16", "int8")
 
 
 def test_cli_warm_without_a_gpu_says_so(capsys):

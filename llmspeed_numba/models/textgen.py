@@ -51,12 +51,10 @@ def generate_text(prompt, *, model=None, max_new_tokens=64, chat=False, dtype="b
 
         m = load_model(model, dtype=dtype, quantization=quantization)
         print(f"Loaded in {time.perf_counter() - start:.1f} s.", file=log, flush=True)
-        # a quantized model launches other kernels: its own "warm" marker
-        warm_key = dtype if quantization is None else f"{dtype}+{quantization}"
-        if not is_warm(model, warm_key):
+        if not is_warm(model, dtype, quantization):
             print("First run of this model on this GPU: compiling its kernels (cached on disk; "
                   "later runs skip this).", file=log, flush=True)
-            run_with_progress(model, dtype=warm_key, loaded=m, log=log)
+            run_with_progress(model, dtype=dtype, quantization=quantization, loaded=m, log=log)
     tok = m.tokenizer
     text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     ids = tok.encode(text, add_special_tokens=not chat)
