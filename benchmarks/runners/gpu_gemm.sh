@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GEMM on the GPU machine: the GPU test suite, then the benchmark. Run from anywhere; logs, the
-# CSV, the PNG, the headline table and the autotune cache go to $OUT (default
+# CSV, the PNG, the headline table and the autotune winners (autotune.json) go to $OUT (default
 # benchmarks/results/).
 #   bash benchmarks/runners/gpu_gemm.sh [all|tests|bench|gated] [--quick] [--sweep|--only-sweep] [--autotune] ...
 # (the first argument picks the part, default all; the rest go to the benchmark; ``gated``: the
@@ -13,7 +13,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=.
 export OUT="${OUT:-benchmarks/results}"
-export LLMSPEED_NUMBA_CACHE="${LLMSPEED_NUMBA_CACHE:-$OUT/autotune_cache}"
+# the library's cache (autotune winners, the kernel machine-code store) off $OUT: the store's
+# files would all travel back; the winners are copied to $OUT at the end
+export LLMSPEED_NUMBA_CACHE="${LLMSPEED_NUMBA_CACHE:-/tmp/llmspeed_cache}"
+trap 'cp "$LLMSPEED_NUMBA_CACHE/autotune.json" "$OUT/" 2>/dev/null || true' EXIT
 mkdir -p "$OUT"
 part="${1:-all}"
 case "$part" in all|tests|bench|gated) shift || true ;; *) part=all ;; esac

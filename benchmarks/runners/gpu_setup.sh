@@ -6,6 +6,8 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NUMBA_CACHE_DIR=/tmp/numba_cache
+# the library's cache (autotune winners, the kernel machine-code store) off $OUT
+export LLMSPEED_NUMBA_CACHE=${LLMSPEED_NUMBA_CACHE:-/tmp/llmspeed_cache}
 export LLMSPEED_TEST_GGUF=$PWD/.gpu/smollm2-8l.gguf
 [ -f .gpu/commit ] && export LLMSPEED_COMMIT=$(cat .gpu/commit)
 [ -f .gpu/numba_cache.tgz ] && tar xzf .gpu/numba_cache.tgz -C /tmp
