@@ -4,7 +4,8 @@ Covers Llama 2 / 3 / 3.1, Mistral (sliding window) and Qwen2 (q / k / v biases):
 decoder layers of grouped-query attention with rotary positions and a SiLU-gated MLP.
 
 Weights are fused once at load: q / k / v into one (q + 2 kv heads) x hidden projection, gate and
-up into one 2 x intermediate projection, so a layer is four GEMMs. GEMMs read the weights in
+up into one 2 x intermediate projection (interleaved for the gated GEMM, whose epilogue applies
+``silu(gate) * up``), so a layer is four GEMMs. GEMMs read the weights in
 their checkpoint layout (out_features, in_features) as the transposed B operand; no copy.
 
 One layer function serves prefill and decode. A step is a packed batch of ``T`` new tokens of
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ops.gemm_gated import GATE_BLOCK, interleave_gate_up
 from ..ops.quant_weight import QuantizedWeight, quantize_weight
 from . import _ops
 from .rope import cos_sin_cache
@@ -165,6 +167,9 @@ class LlamaModel:
         self.device = _ops.device()
         self.ops = _ops.Ops()
         hidden, inter, d = c.hidden_size, c.intermediate_size, c.head_dim
+        # the MLP's gate / up GEMM applies silu_and_mul in its epilogue (interleaved weights)
+        # unless the weights are quantized or the width is not whole interleave blocks
+        self.gated_mlp = quantization is None and inter % GATE_BLOCK == 0
         nq, nk = c.num_attention_heads, c.num_key_value_heads
         self.q_size, self.kv_size = nq * d, nk * d
         if nq % nk:
@@ -230,7 +235,10 @@ class LlamaModel:
                     layer.gate_up_t = project(h["gate_up"], put)
                     layer.down_t = project([h["down"]], put)
                 else:
-                    layer.gate_up_t = put(torch.cat(h["gate_up"])).T
+                    # gate and up interleaved for the gated GEMM (silu_and_mul in its epilogue)
+                    gate_up = (interleave_gate_up(*h["gate_up"]) if self.gated_mlp
+                               else torch.cat(h["gate_up"]))
+                    layer.gate_up_t = put(gate_up).T
                     layer.down_t = put(h["down"]).T
                 self.layers.append(layer)
             self.max_position = c.max_position_embeddings
@@ -303,8 +311,12 @@ class LlamaModel:
             attn = self._attention(index, layer, h, step, cache)
             o = self.linear(attn, layer.o_t, bias=layer.o_bias)
             h = ops.rms_norm(o, layer.post_norm, eps, residual=residual, out=o)
-            gate_up = self.linear(h, layer.gate_up_t)
-            x = self.linear(ops.silu_and_mul(gate_up), layer.down_t)
+            if self.gated_mlp:
+                x = ops.gemm(ops.gemm(h, layer.gate_up_t, activation="silu_and_mul"),
+                             layer.down_t)
+            else:
+                gate_up = self.linear(h, layer.gate_up_t)
+                x = self.linear(ops.silu_and_mul(gate_up), layer.down_t)
         if not all_logits:
             x = ops.embedding(step.last_rows, x)
             residual = ops.embedding(step.last_rows, residual)
