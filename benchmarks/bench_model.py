@@ -9,6 +9,11 @@ Cases per model shape (``--models``: presets of ``llmspeed_numba.models.random_m
   graph (the default) and eager (every op called from Python), and the GPU time a token (the sum
   of kernel durations of 16 profiled eager decode steps), so the host's share is visible.
 
+``--quantization int4,int8``: also our model with its projection weights quantized at load
+(``Model(..., quantization=)``), prefill 1 x 2048 and batch-1 graph decode, against our bf16 model
+of the same weights in the same run (issue 21's target: int4 decode at least 2.5x bf16's tokens/s
+on Llama-3-8B shapes).
+
 ``--warm``: run each of our paths once with one layer (compiles every kernel the timed run needs,
 in parallel processes per model) and exit. Rows: ``benchmarks/results/model.csv`` (+ PNG).
 """
@@ -105,24 +110,61 @@ def _decode_gpu_ms(model, prompt):
     return kernel_us / 1e3 / PROFILED_STEPS
 
 
-def bench(name, results, rep, layers=None):
+def _decode_ms(model, prompt, graphs=True):
+    """ms a token of a batch-1 greedy generation (the 1-token run's time subtracted)."""
+    def gen(n):
+        return _wall(lambda: model.generate_greedy([prompt], n, stop_at_eos=False,
+                                                   cuda_graphs=graphs), rep=3)
+
+    long, short = gen(DECODE_TOKENS), gen(1)
+    ms = (long["median"] - short["median"]) / (DECODE_TOKENS - 1)
+    return {"median": ms, "p20": ms, "p80": ms}
+
+
+def bench_quantized(name, config, weights, quantizations, results, rep, shape, base):
+    """Our quantized models against our bf16 one (``base``: its prefill 1x2048 and decode ms)."""
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, config.vocab_size, (2048,), generator=gen).tolist()]
+    prompt = torch.randint(0, config.vocab_size, (DECODE_PROMPT,), generator=gen).tolist()
+    for q in quantizations:
+        model = Model(config, None, weights, quantization=q)
+        t_prefill = _wall(_our_prefill(model, prompts), rep)
+        t_decode = _decode_ms(model, prompt)
+        results.add("model", f"{name} prefill 1x2048 {q}", shape, q, t_prefill,
+                    "ours bf16", base["prefill"], "ms", t_prefill["median"],
+                    base["prefill"]["median"], note="time to last-token logits, host included")
+        results.add("model", f"{name} decode b1 {q}", shape, q, t_decode, "ours bf16",
+                    base["decode"], "ms", t_decode["median"], base["decode"]["median"],
+                    note="ms a token, CUDA-graph decode; ratio = bf16 time / quantized time")
+        print(f"  {name} {q}: prefill 1x2048 {t_prefill['median']:.2f} ms "
+              f"(bf16 {base['prefill']['median']:.2f}), decode {t_decode['median']:.3f} ms a "
+              f"token (bf16 {base['decode']['median']:.3f})", flush=True)
+        model.release()
+        del model
+        torch.cuda.empty_cache()
+
+
+def bench(name, results, rep, layers=None, quantizations=()):
     overrides = {} if layers is None else {"num_hidden_layers": layers}
     config = preset_config(name, **overrides)
     weights = random_weights(config, seed=0, dtype=torch.bfloat16, device="cuda")
     ours = Model(config, None, weights)
     hf = _hf_model(config, weights)
-    del weights
+    if not quantizations:
+        del weights
     torch.cuda.empty_cache()
     gen = torch.Generator().manual_seed(0)
     shape = (f"{config.num_hidden_layers}L h{config.hidden_size} i{config.intermediate_size} "
              f"q{config.num_attention_heads} kv{config.num_key_value_heads} "
              f"v{config.vocab_size}")
 
+    base = {}
     for batch, length in ((1, 2048), (8, 512)):
         prompts = [torch.randint(0, config.vocab_size, (length,), generator=gen).tolist()
                    for _ in range(batch)]
         ids = torch.tensor(prompts, device="cuda")
         t_ours = _wall(_our_prefill(ours, prompts), rep)
+        base.setdefault("prefill", t_ours)
         with torch.no_grad():
             t_hf = _wall(lambda: hf(ids, logits_to_keep=1), rep)
         results.add("model", f"{name} prefill {batch}x{length}", shape, "bfloat16", t_ours,
@@ -132,21 +174,16 @@ def bench(name, results, rep, layers=None):
     prompt = torch.randint(0, config.vocab_size, (DECODE_PROMPT,), generator=gen).tolist()
     ids = torch.tensor([prompt], device="cuda")
 
-    def ours_gen(n, graphs=True):
-        return _wall(lambda: ours.generate_greedy([prompt], n, stop_at_eos=False,
-                                                  cuda_graphs=graphs), rep=3)
-
     def hf_gen(n):
         with torch.no_grad():
             return _wall(lambda: hf.generate(ids, max_new_tokens=n, min_new_tokens=n,
                                              do_sample=False), rep=3)
 
-    per_token = {}
-    for who, fn in (("ours", ours_gen), ("ours eager", lambda n: ours_gen(n, False)),
-                    ("hf", hf_gen)):
-        long, short = fn(DECODE_TOKENS), fn(1)
-        ms = (long["median"] - short["median"]) / (DECODE_TOKENS - 1)
-        per_token[who] = {"median": ms, "p20": ms, "p80": ms}
+    long, short = hf_gen(DECODE_TOKENS), hf_gen(1)
+    hf_ms = (long["median"] - short["median"]) / (DECODE_TOKENS - 1)
+    per_token = {"ours": _decode_ms(ours, prompt), "ours eager": _decode_ms(ours, prompt, False),
+                 "hf": {"median": hf_ms, "p20": hf_ms, "p80": hf_ms}}
+    base["decode"] = per_token["ours"]
     gpu_ms = _decode_gpu_ms(ours, prompt)
     for who, label in (("ours", "decode b1"), ("ours eager", "decode b1 eager")):
         ms = per_token[who]["median"]
@@ -158,24 +195,29 @@ def bench(name, results, rep, layers=None):
           f"{per_token['ours eager']['median']:.3f} ms eager, kernels {gpu_ms:.3f} ms; "
           f"transformers {per_token['hf']['median']:.3f} ms", flush=True)
     ours.release()
-    del hf
+    hf = ours = None
     torch.cuda.empty_cache()
+    if quantizations:
+        bench_quantized(name, config, weights, quantizations, results, rep, shape, base)
 
 
-def warm(name):
+def warm(name, quantizations=()):
     """Compile every kernel the benchmark's paths launch (one layer is enough)."""
     config = preset_config(name, num_hidden_layers=1)
-    ours = Model(config, None, random_weights(config, seed=0, dtype=torch.bfloat16,
-                                              device="cuda"))
+    weights = random_weights(config, seed=0, dtype=torch.bfloat16, device="cuda")
     gen = torch.Generator().manual_seed(0)
-    for batch, length in ((1, 2048), (8, 512)):
-        prompts = [torch.randint(0, config.vocab_size, (length,), generator=gen).tolist()
-                   for _ in range(batch)]
-        _our_prefill(ours, prompts)()
     prompt = torch.randint(0, config.vocab_size, (DECODE_PROMPT,), generator=gen).tolist()
-    for graphs in (False, True):
-        ours.generate_greedy([prompt], 3, stop_at_eos=False, cuda_graphs=graphs)
-    torch.cuda.synchronize()
+    for q in (None, *quantizations):
+        ours = Model(config, None, weights, quantization=q)
+        shapes = ((1, 2048), (8, 512)) if q is None else ((1, 2048),)
+        for batch, length in shapes:
+            prompts = [torch.randint(0, config.vocab_size, (length,), generator=gen).tolist()
+                       for _ in range(batch)]
+            _our_prefill(ours, prompts)()
+        for graphs in ((False, True) if q is None else (True,)):
+            ours.generate_greedy([prompt], 3, stop_at_eos=False, cuda_graphs=graphs)
+        torch.cuda.synchronize()
+        ours.release()
 
 
 def main(argv=None):
@@ -184,19 +226,26 @@ def main(argv=None):
                         help="comma-separated presets (default: %(default)s)")
     parser.add_argument("--warm", action="store_true", help="compile only, time nothing")
     parser.add_argument("--rep", type=int, default=10, help="timed repetitions of a prefill")
+    parser.add_argument("--quantization", default="",
+                        help="comma-separated weight quantizations also timed against our bf16 "
+                             "model (int4, int8; default: none)")
     parser.add_argument("--layers", type=int, default=None,
                         help="override the layer count (quick runs)")
     args = parser.parse_args(argv)
     names = args.models.split(",")
+    quantizations = tuple(q for q in args.quantization.split(",") if q)
+    bad = [q for q in quantizations if q not in ("int4", "int8")]
+    if bad:
+        parser.error(f"--quantization: expected int4 or int8, got {bad}")
     if args.warm:
         for name in names:
             start = time.perf_counter()
-            warm(name)
+            warm(name, quantizations)
             print(f"warm {name}: {time.perf_counter() - start:.1f} s", flush=True)
         return 0
     results = _harness.Results("model")
     for name in names:
-        bench(name, results, args.rep, args.layers)
+        bench(name, results, args.rep, args.layers, quantizations)
     _harness.plot_csv(results.path)
     return 0
 

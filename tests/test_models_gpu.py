@@ -2,7 +2,8 @@
 
 - SmolLM2-135M-Instruct from its Q4_1 GGUF (the embedded default; or the file named by
   ``LLMSPEED_TEST_GGUF``, e.g. its first 8 layers written by ``gguf_fixtures.truncate_gguf`` for
-  machines that cannot receive the whole file), loaded by both from the same file;
+  machines that cannot receive the whole file), loaded by both from the same file, ours both
+  dequantized to bf16 and kept in its packed blocks (``quantization="gguf"``);
 - a random-weight Llama with Llama-3-8B's shapes (4 layers, llama3 rope scaling), saved by
   transformers as safetensors and loaded by us from that directory.
 
@@ -102,11 +103,14 @@ def _hf_pair(load):
     return load(torch.bfloat16).cuda().eval(), load(torch.float32).cuda().eval()
 
 
-def test_smollm2_gguf_matches_transformers():
+@pytest.mark.parametrize("quantization", [None, "gguf"])
+def test_smollm2_gguf_matches_transformers(quantization):
+    """Dequantized to bf16 at load (None) and run from the file's own Q4_1 / Q8_0 blocks
+    ("gguf"): both against transformers' dequantized model."""
     from llmspeed_numba.models import load_model
 
     path = _smollm2_gguf()
-    ours = load_model(path)
+    ours = load_model(path, quantization=quantization)
     folder, name = os.path.split(os.path.abspath(path))
     hf_bf16, hf_f32 = _hf_pair(lambda dt: transformers.AutoModelForCausalLM.from_pretrained(
         folder, gguf_file=name, dtype=dt))
