@@ -70,7 +70,7 @@ def test_quantized_logits_match_float64_forward_of_dequantized_weights(quantizat
     deq = dequantized_weights(model, weights)
     logits = model.prefill_logits(PROMPTS)
     for b, prompt in enumerate(PROMPTS):
-        got = logits[b].numpy()
+        got = logits[b].cpu().numpy()
         _check_logits(got, c, deq, prompt, f"{quantization} prefill of prompt {b}")
         exact = reference_logits(c, weights, prompt)
         cost = np.abs(got - exact).max() / np.abs(exact).max()
@@ -81,7 +81,7 @@ def test_quantized_logits_match_float64_forward_of_dequantized_weights(quantizat
     prompts = [np.array(p) for p in PROMPTS]
     cache, seqs = model._new_cache(prompts, 1)
     model.llama.forward(model._prefill_step(cache, seqs, prompts), cache)
-    got = model.llama.forward(model._decode_step(cache, seqs, [7, 60]), cache).numpy()
+    got = model.llama.forward(model._decode_step(cache, seqs, [7, 60]), cache).cpu().numpy()
     for b, prompt in enumerate(PROMPTS):
         _check_logits(got[b], c, deq, prompt + [[7, 60][b]], f"{quantization} decode of {b}",
                       rows=-1)

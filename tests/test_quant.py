@@ -236,6 +236,17 @@ def test_quant_gemm_gptq_strided_out(tensor_core, rng):
     assert np.isnan(rest).all(), "quant_gemm wrote outside out"
 
 
+@pytest.mark.parametrize("splits", [3, 11])
+def test_decode_split_k_in_one_launch(splits, rng):
+    """K split over blocks whose last finisher sums the partials (11 splits: more than one
+    round of the unrolled loads, a short last split) and applies bias and activation; called
+    twice, so the tickets it draws must be left at zero."""
+    qw = lsn.quantize_weight(device(weight(rng, 40, 1408, "bfloat16")), "int4", group_size=64)
+    for _ in range(2):
+        with overrides(quant_gemm={"splits": splits}):
+            run(rng, qw, 3, "bfloat16", bias_dtype="float32", activation="silu")
+
+
 def test_decode_plan_splits_k_for_few_column_blocks():
     qw = lsn.quantize_weight(np.ones((8, 4096), np.float16), "int4")
     with overrides(device={"sm_count": 132}, quant_gemm={"block_n": 128}):

@@ -11,7 +11,7 @@
 #   whole: the documented command, `python -m pytest -q tests`, in one process, on that cache.
 #   bash benchmarks/runners/gpu_suite.sh [warm|whole|both]       logs under $OUT
 #   TESTS="tests/test_gemm.py tests/test_softmax.py" limits the warm phase to those files (no
-#   compile-check bucket then).
+#   compile-check bucket then); DESELECT=node_id leaves one test out of it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # keeps gpu_setup.sh's wheels
@@ -28,7 +28,7 @@ if [ "$phase" != whole ]; then
     # node ids, and which are hypothesis tests (the hypothesis plugin marks them); the compile
     # check module is left out: importing it starts its child
     collect="python -m pytest --collect-only -q -p no:cacheprovider $tests"
-    collect="$collect --ignore=tests/test_compile_check.py"
+    collect="$collect --ignore=tests/test_compile_check.py${DESELECT:+ --deselect $DESELECT}"
     $collect > "$list/all.txt" 2>&1
     $collect -m hypothesis > "$list/hypothesis.txt" 2>&1
     python - "$list" "${BUCKETS:-14}" <<'EOF'

@@ -9,13 +9,15 @@ its LOP3 (plus a shift), one FADD and one FFMA per row of x. The affine form (GG
 
 ``decode_kernel_fn``: small M (decode). A block owns ``block_n`` consecutive output columns (rows
 n of the weight, one a thread) and a range of K (split-K over ``gridDim.y``). Per tile of
-``tile_k`` k (four 16-byte chunks of codes) it stages x[0:M, tile] in shared memory as fp32 (zeros past M and K), then each
-thread issues every 16-byte load of its row's codes in the tile (chunk-major layout: a warp's
-loads are 512 contiguous bytes) before it unpacks them and reads x with 16-byte shared loads
-(every lane the same address: broadcast). M is padded to ``m_block`` (a power of two up to 16), a
-compile-time constant, so the accumulators stay in registers. One split: the epilogue (bias,
-activation, rounding) is applied in the kernel; several: fp32 partial sums (splits, M, N) go to
-gemm's split-K reduce.
+``tile_k`` k (four 16-byte chunks of codes) x[0:M, tile] is staged in shared memory as fp32
+(zeros past M and K); each thread unpacks its row's codes of the tile and reads x with 16-byte
+shared loads (every lane the same address: broadcast). Loads run one tile ahead: the next tile's
+codes (four 16-byte loads a thread; chunk-major layout, so a warp's loads are 512 contiguous
+bytes) and the thread's share of its x are in flight in registers while the current tile is
+computed. M is padded to ``m_block`` (a power of two up to 16), a
+compile-time constant, so the accumulators stay in registers. The epilogue (bias, activation,
+rounding) is applied in the kernel; with K split, by the last block of each column range to
+finish, over the fp32 partial sums of all splits (one launch, no separate reduce kernel).
 
 The Tensor Core kernel of larger M (``_quant_tc``) converts codes with the same ``_code``.
 """
@@ -78,6 +80,8 @@ def _group_offset(mode, zero_point):
 
 #: 16-byte chunks of codes per thread and staged x tile: four loads in flight before any use.
 CHUNKS_PER_TILE = 4
+#: Partial sums loaded at once by the last block of a split launch.
+REDUCE_UNROLL = 8
 
 
 def tile_k(bits):
@@ -116,9 +120,13 @@ def _word_dot(bits, m_block, tile):
 
 def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype, out_dtype,
                      bias_dtype, act, partial):
-    """Kernel ``(x, qw, scales, aux, out, bias, M, N, K, x_sm, group, k_split, so_m, so_n)``
-    (see the module docstring); ``partial``: write fp32 partial sums (splits, M, N) to ``out``
-    instead of the epilogue. ``k_split`` is a multiple of ``tile_k(bits)``. The tile's four
+    """Kernel ``(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, group, k_split,
+    so_m, so_n)`` (see the module docstring). ``partial`` (K split over ``gridDim.y``): each
+    block writes fp32 partial sums (splits, M, N) to ``work`` and draws a ticket from
+    ``counters[blockIdx.x]`` (int32, zero before the launch and left zero); the last block of a
+    column range sums the partials and applies the epilogue, so a split launch is still one
+    kernel. Without ``partial``, ``work`` and ``counters`` are unused. ``k_split`` is a multiple
+    of ``tile_k(bits)``. The tile's four
     chunks and each chunk's four words are written out (device functions called four times),
     not looped: a rolled loop indexes the loaded words, which puts them in local memory."""
     per_word = 32 // bits
@@ -132,6 +140,7 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
     word_dot = _word_dot(bits, m_block, tile)
     store_out = epilogue(out_dtype, None, bias_dtype, act)
     xs_size = m_block * tile
+    x_per_thread = -(-xs_size // block_n)
     xsum_size = m_block * chunks if affine else 1
 
     @cuda.jit(device=True, inline="always")
@@ -140,6 +149,29 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
             return ptx.load_u32x4(qw, ((k // ck) * N + n) * 4)
         z = np.uint32(0)
         return z, z, z, z
+
+    @cuda.jit(device=True, inline="always")
+    def load_tile(qw, k0, k_end, N, n):
+        """The tile's four chunks of row n (zeros past ``k_end``): 16 words, every load issued
+        before any is used."""
+        a0, a1, a2, a3 = load_chunk(qw, k0, k_end, N, n)
+        b0, b1, b2, b3 = load_chunk(qw, k0 + ck, k_end, N, n)
+        c0, c1, c2, c3 = load_chunk(qw, k0 + 2 * ck, k_end, N, n)
+        d0, d1, d2, d3 = load_chunk(qw, k0 + 3 * ck, k_end, N, n)
+        return a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3
+
+    @cuda.jit(device=True, inline="always")
+    def load_x_tile(x, xr, t, k0, k_end, M, K, x_sm):
+        """This thread's share of the x tile at ``k0`` (fp32, zeros past M and K) into the
+        registers ``xr``: element ``t + j * block_n`` of the (m_block, tile) tile."""
+        for j in range(x_per_thread):
+            i = t + j * block_n
+            m = i // tile
+            k = k0 + i - m * tile
+            v = _F0
+            if i < xs_size and m < M and k < K and k0 < k_end:
+                v = load_x(x, m * x_sm + k)
+            xr[j] = v
 
     @cuda.jit(device=True, inline="always")
     def chunk(w0, w1, w2, w3, c, k0, k_end, N, n, group, scales, aux, xs, xsum, part, acc):
@@ -161,30 +193,33 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
                 for m in range(m_block):
                     acc[m] += s * part[m]
 
-    def quant_decode_kernel(x, qw, scales, aux, out, bias, M, N, K, x_sm, group, k_split, so_m,
-                            so_n):
+    def quant_decode_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, group,
+                            k_split, so_m, so_n):
         xs = cuda.shared.array(xs_size, np.float32, alignment=16)
         xsum = cuda.shared.array(xsum_size, np.float32)
         acc = cuda.local.array(m_block, np.float32)
         part = cuda.local.array(m_block, np.float32)
+        xr = cuda.local.array(x_per_thread, np.float32)
         t = cuda.threadIdx.x
         n = cuda.blockIdx.x * block_n + t
         live = n < N
         kp = (K + ck - 1) // ck * ck
         k_begin = cuda.blockIdx.y * k_split
         k_end = min(kp, k_begin + k_split)
+        k_codes = k_end if live else 0  # a thread past N loads no codes (zeros)
         for m in range(m_block):
             acc[m] = _F0
+        # one tile ahead: the codes and this thread's x of tile k0 + tile are loaded into
+        # registers while tile k0 is computed, so no load's latency is waited for in the loop
         k0 = k_begin
+        cur = load_tile(qw, k0, k_codes, N, n)
+        load_x_tile(x, xr, t, k0, k_end, M, K, x_sm)
         while k0 < k_end:
-            cuda.syncthreads()  # every read of the previous tile is done
-            for i in range(t, xs_size, block_n):
-                m = i // tile
-                k = k0 + i - m * tile
-                v = _F0
-                if m < M and k < K:
-                    v = load_x(x, m * x_sm + k)
-                xs[i] = v
+            cuda.syncthreads()  # every read of the previous tile's x is done
+            for j in range(x_per_thread):
+                i = t + j * block_n
+                if i < xs_size:
+                    xs[i] = xr[j]
             cuda.syncthreads()
             if affine:
                 for i in range(t, m_block * chunks, block_n):
@@ -195,27 +230,56 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
                         s += xs[base + j]
                     xsum[i] = s
                 cuda.syncthreads()
-            if live:  # every load of the tile in flight before any use
-                a0, a1, a2, a3 = load_chunk(qw, k0, k_end, N, n)
-                b0, b1, b2, b3 = load_chunk(qw, k0 + ck, k_end, N, n)
-                c0, c1, c2, c3 = load_chunk(qw, k0 + 2 * ck, k_end, N, n)
-                d0, d1, d2, d3 = load_chunk(qw, k0 + 3 * ck, k_end, N, n)
-                chunk(a0, a1, a2, a3, 0, k0, k_end, N, n, group, scales, aux, xs, xsum, part,
-                      acc)
-                chunk(b0, b1, b2, b3, 1, k0, k_end, N, n, group, scales, aux, xs, xsum, part,
-                      acc)
-                chunk(c0, c1, c2, c3, 2, k0, k_end, N, n, group, scales, aux, xs, xsum, part,
-                      acc)
-                chunk(d0, d1, d2, d3, 3, k0, k_end, N, n, group, scales, aux, xs, xsum, part,
-                      acc)
-            k0 += tile
+            kn = k0 + tile
+            nxt = load_tile(qw, kn, k_codes, N, n)
+            load_x_tile(x, xr, t, kn, k_end, M, K, x_sm)
+            if live:
+                chunk(cur[0], cur[1], cur[2], cur[3], 0, k0, k_end, N, n, group, scales, aux,
+                      xs, xsum, part, acc)
+                chunk(cur[4], cur[5], cur[6], cur[7], 1, k0, k_end, N, n, group, scales, aux,
+                      xs, xsum, part, acc)
+                chunk(cur[8], cur[9], cur[10], cur[11], 2, k0, k_end, N, n, group, scales, aux,
+                      xs, xsum, part, acc)
+                chunk(cur[12], cur[13], cur[14], cur[15], 3, k0, k_end, N, n, group, scales,
+                      aux, xs, xsum, part, acc)
+            cur = nxt
+            k0 = kn
+        if not partial:
+            if live:
+                for m in range(m_block):
+                    if m < M:
+                        store_out(acc[m], n, out, m * so_m + n * so_n, out, 0, bias, _F1, _F0)
+            return
+        # split K: fp32 partial sums to ``work`` (splits, M, N); the block of these columns that
+        # finishes last sums them in split order (deterministic) and applies the epilogue
+        splits = cuda.gridDim.y
         if live:
             for m in range(m_block):
                 if m < M:
-                    if partial:
-                        out[(cuda.blockIdx.y * M + m) * N + n] = acc[m]
-                    else:
-                        store_out(acc[m], n, out, m * so_m + n * so_n, out, 0, bias, _F1, _F0)
+                    work[(cuda.blockIdx.y * M + m) * N + n] = acc[m]
+        cuda.threadfence()  # release: this thread's partials are visible before the ticket
+        cuda.syncthreads()
+        last = 0
+        if t == 0:
+            if cuda.atomic.add(counters, cuda.blockIdx.x, np.int32(1)) == splits - 1:
+                last = 1
+                counters[cuda.blockIdx.x] = 0  # every split has drawn: zero for the next launch
+            cuda.threadfence()  # acquire: the other splits' partials, fenced before their tickets
+        if cuda.syncthreads_or(last) == 0 or not live:
+            return
+        vals = cuda.local.array(REDUCE_UNROLL, np.float32)
+        for m in range(m_block):
+            if m < M:
+                total = _F0
+                for s0 in range(0, splits, REDUCE_UNROLL):
+                    for u in range(REDUCE_UNROLL):  # loads first: their latencies overlap
+                        v = _F0
+                        if s0 + u < splits:
+                            v = work[((s0 + u) * M + m) * N + n]
+                        vals[u] = v
+                    for u in range(REDUCE_UNROLL):
+                        total += vals[u]
+                store_out(total, n, out, m * so_m + n * so_n, out, 0, bias, _F1, _F0)
 
     return quant_decode_kernel
 
@@ -224,7 +288,7 @@ def decode_signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
     i32, i64 = types.int32, types.int64
     return (_storage(x_dtype), array1d(np.uint32), _storage(scale_dtype),
             _aux_storage(mode, scale_dtype), _storage(out_dtype), _storage(bias_dtype or out_dtype),
-            i32, i32, i32, i64, i32, i32, i64, i64)
+            array1d(np.float32), array1d(np.int32), i32, i32, i32, i64, i32, i32, i64, i64)
 
 
 def decode_options(block_n, m_block):
@@ -236,8 +300,6 @@ def decode_options(block_n, m_block):
 @functools.cache
 def decode_kernel(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype, out_dtype,
                   bias_dtype, act, partial):
-    if partial:  # fp32 partial sums, no epilogue (gemm's split-K reduce applies it)
-        out_dtype, bias_dtype, act = "float32", None, None
     fn = decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype,
                           out_dtype, bias_dtype, act, partial)
     return Kernel(jit(fn, **decode_options(block_n, m_block)),

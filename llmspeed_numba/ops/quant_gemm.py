@@ -11,7 +11,8 @@ Paths (kernels in ``_quant_kernels``):
   right before the math (bit operations and one FADD an element, the scale once per 16-byte chunk
   and row), products summed in fp32, the epilogue in fp32 with one rounding. Blocks of
   ``BLOCK_N`` output columns, K split over enough blocks to keep every SM's loads in flight
-  (``BLOCKS_PER_SM``); with more than one split, fp32 partial sums and gemm's split-K reduce.
+  (``BLOCKS_PER_SM``); with more than one split, fp32 partial sums that the last block of each
+  column range sums (one launch).
 - M > 16: the Tensor Core kernel (``_quant_tc``): x tiles and the packed codes staged in shared
   memory by 16-byte ``cp.async``, the codes dequantized in registers right before ``mma.sync``
   m16n8k16 (bit operations, one FADD and one FMUL an element, a pair rounded to x's dtype with
@@ -27,6 +28,8 @@ Tensor Core kernel is untimed (no GPU run yet), its tiles untuned.
 """
 
 
+import numpy as np
+
 from .. import compile_check
 from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import bias_vector, choice, last_dim_contiguous, output, result_dtype, shape, tensor
@@ -35,6 +38,7 @@ from .._launch import sm_count
 from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
+from .._workspace import workspace
 from . import _quant_kernels as qk
 from . import _quant_tc
 from ._activations_device import ACTIVATIONS
@@ -110,19 +114,16 @@ def _decode(tx, qw, tbias, to, out_dtype, activation, stream):
                               qw.scale_dtype, tx.dtype, out_dtype, bias_dtype, activation,
                               partial)
     codes, scales, aux = _buffers(qw)
-    if partial:
-        out_buf = bias_buf = splitk_partials(tx, stream, splits * M * N)
-    else:
-        out_buf = kernel_buffer(to)
-        bias_buf = kernel_buffer(tbias) if tbias is not None else out_buf
+    out_buf = kernel_buffer(to)
+    bias_buf = kernel_buffer(tbias) if tbias is not None else out_buf
+    col_blocks = _cdiv(N, block_n)
+    counters = workspace(tx, stream, "quant_gemm_tickets", col_blocks, np.int32)
+    work = splitk_partials(tx, stream, splits * M * N) if partial else counters
     x_sm = tx.strides[0] if M > 1 else K
     so_m, so_n = to.strides
-    kernel((_cdiv(N, block_n), splits), block_n,
-           (kernel_buffer(tx), codes, scales, aux, out_buf, bias_buf, M, N, K, x_sm,
-            qw.group_size, k_split, so_m, so_n), stream)
-    if partial:
-        launch_splitk_reduce(out_buf, to, None, tbias, M, N, N, splits, out_dtype, activation,
-                             1.0, 0.0, stream)
+    kernel((col_blocks, splits), block_n,
+           (kernel_buffer(tx), codes, scales, aux, out_buf, bias_buf, work, counters, M, N, K,
+            x_sm, qw.group_size, k_split, so_m, so_n), stream)
 
 
 def tc_tile(M):
@@ -271,8 +272,6 @@ def _register():
     }
     for name, (bits, mb, mode, zp, sd, xd, od, partial) in variants.items():
         def build(bits=bits, mb=mb, mode=mode, zp=zp, sd=sd, xd=xd, od=od, partial=partial):
-            if partial:
-                od = "float32"
             fn = qk.decode_kernel_fn(bits, mb, BLOCK_N, mode, zp, sd, xd, od, None, None,
                                      partial)
             return fn, qk.decode_signature(mode, sd, xd, od, None), qk.decode_options(BLOCK_N,
