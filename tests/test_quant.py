@@ -1,7 +1,8 @@
 """quantize_weight / QuantizedWeight / quant_gemm: dequantize() against the original weight within
 each format's rounding bound, GGUF blocks bit for bit against the ``gguf`` package, GPTQ's packing,
-quant_gemm against float64 ``x @ qw.dequantize().T`` (both paths: the decode kernel, M <= 16, and
-the Tensor Core kernel, forced at small M under the simulator), and every documented error.
+quant_gemm against float64 ``x @ qw.dequantize().T`` (both paths: the decode kernel, planned up
+to M = 4 / 2 and forced up to 16, and the Tensor Core kernel, forced at small M under the
+simulator), and every documented error.
 
 Tolerances are derived (``testing.derived_check``): the plain model sums in float32 with the
 dequantized weight as the path uses it (exact on the decode kernel; rounded to x's dtype on the
@@ -20,7 +21,7 @@ import llmspeed_numba as lsn
 from llmspeed_numba import SIMULATOR
 from llmspeed_numba._arrays import numpy_dtype
 from llmspeed_numba._overrides import overrides
-from llmspeed_numba.ops.quant_gemm import DECODE_MAX_M, decode_plan, tc_plan
+from llmspeed_numba.ops.quant_gemm import DECODE_MAX_M, decode_plan, on_decode_kernel, tc_plan
 from llmspeed_numba.ops.quant_weight import pack_codes, unpack_codes
 from llmspeed_numba.reference.gemm import gemm_plain, gemm_reference
 from llmspeed_numba.testing import derived_check, f64, poison, random_array, to_device
@@ -62,10 +63,13 @@ def check(got, x, qw, *, out_dtype, bias=None, activation=None, tensor_core=Fals
 
 
 def run(rng, qw, M, x_dtype, *, out_dtype=None, bias_dtype=None, activation=None,
-        tensor_core=False, x_pad=0):
+        tensor_core=None, x_pad=0):
     """quant_gemm on random x (rows padded by ``x_pad``: a row stride that is not K) into a
-    poisoned ``out``, checked."""
+    poisoned ``out``, checked (``tensor_core``: the path's arithmetic the check assumes;
+    default: the path planned for M under the active overrides)."""
     N, K = qw.shape
+    if tensor_core is None:
+        tensor_core = not on_decode_kernel(qw, M)
     x_full = random_array((M, K + x_pad), x_dtype, rng)
     x = x_full[:, :K]
     bias = None if bias_dtype is None else random_array((N,), bias_dtype, rng)
@@ -413,7 +417,7 @@ def test_quant_gemm_gpu_sizes(M, fmt, group, rng):
     N, K = 1024, 4096
     qw = lsn.quantize_weight(device(weight(rng, N, K, "bfloat16", scale=0.02)), fmt,
                              group_size=group, symmetric=fmt == "int8" or group == 128)
-    run(rng, qw, M, "bfloat16", bias_dtype="bfloat16", tensor_core=M > DECODE_MAX_M)
+    run(rng, qw, M, "bfloat16", bias_dtype="bfloat16")
 
 
 @pytest.mark.gpu

@@ -120,13 +120,14 @@ def _word_dot(bits, m_block, tile):
 
 def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype, out_dtype,
                      bias_dtype, act, partial):
-    """Kernel ``(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, group, k_split,
-    so_m, so_n)`` (see the module docstring). ``partial`` (K split over ``gridDim.y``): each
-    block writes fp32 partial sums (splits, M, N) to ``work`` and draws a ticket from
-    ``counters[blockIdx.x]`` (int32, zero before the launch and left zero); the last block of a
-    column range sums the partials and applies the epilogue, so a split launch is still one
-    kernel. Without ``partial``, ``work`` and ``counters`` are unused. ``k_split`` is a multiple
-    of ``tile_k(bits)``. The tile's four
+    """Kernel ``(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, group_shift,
+    k_split, so_m, so_n)`` (see the module docstring). The group of k is ``k >> group_shift``
+    (group sizes are powers of two; one group a row: 31), a shift, not a 64-bit division.
+    ``partial`` (K split over ``gridDim.y``): each block writes fp32 partial sums (splits, M, N)
+    to ``work`` and draws a ticket from ``counters[blockIdx.x]`` (int32, zero before the launch
+    and left zero); the last block of a column range sums the partials and applies the
+    epilogue, so a split launch is still one kernel. Without ``partial``, ``work`` and
+    ``counters`` are unused. ``k_split`` is a multiple of ``tile_k(bits)``. The tile's four
     chunks and each chunk's four words are written out (device functions called four times),
     not looped: a rolled loop indexes the loaded words, which puts them in local memory."""
     per_word = 32 // bits
@@ -174,9 +175,10 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
             xr[j] = v
 
     @cuda.jit(device=True, inline="always")
-    def chunk(w0, w1, w2, w3, c, k0, k_end, N, n, group, scales, aux, xs, xsum, part, acc):
+    def chunk(w0, w1, w2, w3, c, k0, k_end, N, n, group_shift, scales, aux, xs, xsum, part,
+              acc):
         if k0 + c * ck < k_end:
-            g = ((k0 + c * ck) // group) * N + n
+            g = ((k0 + c * ck) >> group_shift) * N + n
             s = load_s(scales, g)
             off = offset(aux, g)
             for m in range(m_block):
@@ -193,8 +195,8 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
                 for m in range(m_block):
                     acc[m] += s * part[m]
 
-    def quant_decode_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, group,
-                            k_split, so_m, so_n):
+    def quant_decode_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm,
+                            group_shift, k_split, so_m, so_n):
         xs = cuda.shared.array(xs_size, np.float32, alignment=16)
         xsum = cuda.shared.array(xsum_size, np.float32)
         acc = cuda.local.array(m_block, np.float32)
@@ -234,13 +236,13 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
             nxt = load_tile(qw, kn, k_codes, N, n)
             load_x_tile(x, xr, t, kn, k_end, M, K, x_sm)
             if live:
-                chunk(cur[0], cur[1], cur[2], cur[3], 0, k0, k_end, N, n, group, scales, aux,
+                chunk(cur[0], cur[1], cur[2], cur[3], 0, k0, k_end, N, n, group_shift, scales, aux,
                       xs, xsum, part, acc)
-                chunk(cur[4], cur[5], cur[6], cur[7], 1, k0, k_end, N, n, group, scales, aux,
+                chunk(cur[4], cur[5], cur[6], cur[7], 1, k0, k_end, N, n, group_shift, scales, aux,
                       xs, xsum, part, acc)
-                chunk(cur[8], cur[9], cur[10], cur[11], 2, k0, k_end, N, n, group, scales, aux,
+                chunk(cur[8], cur[9], cur[10], cur[11], 2, k0, k_end, N, n, group_shift, scales, aux,
                       xs, xsum, part, acc)
-                chunk(cur[12], cur[13], cur[14], cur[15], 3, k0, k_end, N, n, group, scales,
+                chunk(cur[12], cur[13], cur[14], cur[15], 3, k0, k_end, N, n, group_shift, scales,
                       aux, xs, xsum, part, acc)
             cur = nxt
             k0 = kn

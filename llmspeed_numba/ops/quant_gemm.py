@@ -7,13 +7,14 @@
 
 Paths (kernels in ``_quant_kernels``):
 
-- M <= ``DECODE_MAX_M`` (16, decode): the streaming SIMT kernel. Codes are unpacked in registers
+- M <= ``DECODE_PLANNED_MAX_M`` (4 for int4, 2 for int8; up to ``DECODE_MAX_M`` = 16 when
+  forced): the streaming SIMT kernel. Codes are unpacked in registers
   right before the math (bit operations and one FADD an element, the scale once per 16-byte chunk
   and row), products summed in fp32, the epilogue in fp32 with one rounding. Blocks of
   ``BLOCK_N`` output columns, K split over enough blocks to keep every SM's loads in flight
   (``BLOCKS_PER_SM``); with more than one split, fp32 partial sums that the last block of each
   column range sums (one launch).
-- M > 16: the Tensor Core kernel (``_quant_tc``): x tiles and the packed codes staged in shared
+- larger M: the Tensor Core kernel (``_quant_tc``): x tiles and the packed codes staged in shared
   memory by 16-byte ``cp.async``, the codes dequantized in registers right before ``mma.sync``
   m16n8k16 (bit operations, one FADD and one FMUL an element, a pair rounded to x's dtype with
   one conversion; the group's scale / zero point / minimum per chunk), fp32 accumulation, gemm's
@@ -48,8 +49,11 @@ from .quant_weight import QuantizedWeight
 
 X_DTYPES = ("float16", "bfloat16")
 OUT_DTYPES = ("float16", "bfloat16", "float32")
-#: Largest M on the decode kernel: its accumulators are a compile-time 1, 2, 4, 8 or 16 rows.
+#: Largest M the decode kernel takes: its accumulators are a compile-time 1, 2, 4, 8 or 16 rows.
 DECODE_MAX_M = 16
+#: Largest M planned on the decode kernel, by code bits: above it the Tensor Core kernel is
+#: faster (both timed at N x K = 4096 x 14336 and 14336 x 4096, benchmarks/NOTES.md).
+DECODE_PLANNED_MAX_M = {4: 4, 8: 2}
 #: Output columns (weight rows) per decode block, one a thread: 128 keeps a warp's 16-byte loads
 #: on 512 contiguous bytes and a block's x tile shared by 4 warps (untuned: no GPU run yet).
 BLOCK_N = 128
@@ -65,11 +69,19 @@ TC_TILES = ((32, (32, 128, 64, 1, 4, 4, 8)),
 #: The simulator's tile: one warp, two n8 fragments, one int4 / two int8 chunks a stage.
 SIM_TC_TILE = (16, 16, 32, 1, 1, 2, 8)
 #: ``splits``: None (planned) or a forced split count (both kernels); ``block_n``: decode block
-#: width; ``decode_max_m``: the largest M on the decode kernel (tests force either path with
-#: it); ``tc_tile``: None (``TC_TILES`` by M) or a forced Tensor Core tile.
-TUNING = Knobs("quant_gemm", decode_max_m=DECODE_MAX_M, block_n=32 if SIMULATOR else BLOCK_N,
+#: width; ``decode_max_m``: None (``DECODE_PLANNED_MAX_M``) or the largest M on the decode
+#: kernel (tests force either path with it); ``tc_tile``: None (``TC_TILES`` by M) or a forced Tensor Core tile.
+TUNING = Knobs("quant_gemm", decode_max_m=None, block_n=32 if SIMULATOR else BLOCK_N,
                splits=None, blocks_per_sm=BLOCKS_PER_SM,
                tc_tile=SIM_TC_TILE if SIMULATOR else None)
+
+
+def on_decode_kernel(qw, M):
+    """Whether M rows of x against ``qw`` run on the decode kernel (else the Tensor Core one)."""
+    max_m = TUNING.decode_max_m
+    if max_m is None:
+        max_m = DECODE_PLANNED_MAX_M[qw.bits]
+    return M <= min(max_m, DECODE_MAX_M)
 
 
 def _cdiv(a, b):
@@ -98,6 +110,17 @@ def decode_plan(qw, M):
     return block_n, _cdiv(qw.K_padded, k_split), k_split
 
 
+def group_shift(qw):
+    """The decode kernel's ``k >> shift`` for k's group: log2 of the group size (a power of
+    two: 32, 64, 128), or 31 for one group a row (k < 2^31)."""
+    if qw.groups == 1:
+        return 31
+    shift = qw.group_size.bit_length() - 1
+    if qw.group_size != 1 << shift:
+        raise AssertionError(f"group size {qw.group_size} is not a power of two")
+    return shift
+
+
 def _buffers(qw):
     scales = kernel_buffer(tensor(qw.scales, "qw.scales"))
     aux = kernel_buffer(tensor(qw.aux, "qw.aux")) if qw.aux is not None else scales
@@ -123,7 +146,7 @@ def _decode(tx, qw, tbias, to, out_dtype, activation, stream):
     so_m, so_n = to.strides
     kernel((col_blocks, splits), block_n,
            (kernel_buffer(tx), codes, scales, aux, out_buf, bias_buf, work, counters, M, N, K,
-            x_sm, qw.group_size, k_split, so_m, so_n), stream)
+            x_sm, group_shift(qw), k_split, so_m, so_n), stream)
 
 
 def tc_tile(M):
@@ -208,8 +231,8 @@ def quant_gemm(x: ArrayLike, qw: QuantizedWeight, *, bias: ArrayLike | None = No
         stream: CUDA stream (default: the caller's framework's current stream).
 
     Returns ``out`` (allocated in x's kind when not given). Arithmetic: products summed in fp32
-    (M <= 16: the weight exact in fp32; larger M: each weight element rounded once to x's
-    dtype, Tensor Cores), the epilogue in fp32, one rounding to ``out_dtype``.
+    (the decode kernel, M up to 4 (int4) or 2 (int8): the weight exact in fp32; larger M: each
+    weight element rounded once to x's dtype, Tensor Cores), the epilogue in fp32, one rounding to ``out_dtype``.
 
     Raises:
         TypeError: qw not a QuantizedWeight, a non-array, x not fp16 / bf16, bias / out /
@@ -247,7 +270,7 @@ def _quant_gemm_checked(x, qw, bias, activation, out, out_dtype, stream):
     if M == 0:
         return out
     handle = stream_handle(stream, (tx,))
-    if M <= TUNING.decode_max_m:
+    if on_decode_kernel(qw, M):
         _decode(tx, qw, tbias, to, out_dtype, activation, handle)
     else:
         _tensor_core(tx, qw, tbias, to, out_dtype, activation, handle)
