@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import llmspeed_numba as lsn
 from llmspeed_numba import SIMULATOR
-from llmspeed_numba._arrays import numpy_dtype
+from llmspeed_numba._arrays import numpy_dtype, to_host
 from llmspeed_numba._overrides import overrides
 from llmspeed_numba.ops.quant_gemm import DECODE_MAX_M, decode_plan, on_decode_kernel, tc_plan
 from llmspeed_numba.ops.quant_weight import pack_codes, unpack_codes
@@ -176,6 +176,33 @@ def test_gptq_dequantize(group, rng):
     trivial = np.arange(256, dtype=np.int32) // group
     qw = lsn.QuantizedWeight.from_gptq(qweight, scales, qzeros, trivial, group_size=group)
     np.testing.assert_array_equal(qw.dequantize(), w)
+
+
+@pytest.mark.parametrize("fmt,group,symmetric,dtype,K", [
+    ("int4", 128, True, "bfloat16", 256), ("int4", 32, False, "float16", 96),
+    ("int4", -1, True, "float32", 72), ("int4", 64, False, "bfloat16", 128),
+    ("int8", -1, True, "bfloat16", 40), ("int8", 128, True, "float16", 256)])
+def test_torch_quantization_equals_numpy(fmt, group, symmetric, dtype, K, rng):
+    """A torch weight is quantized with torch ops where it lives (on a GPU, seconds for an 8B
+    model); the codes, scales and zero points equal the NumPy path's bit for bit, including
+    groups whose values are all zero and exact rounding ties."""
+    torch = pytest.importorskip("torch")
+    w = weight(rng, 24, K, dtype)
+    w[3, :] = 0                               # a zero scale
+    w[5, :8] = np.asarray([0.5, -0.5, 1.5, -2.5, 7, -7, 3.5, 0.25], dtype=w.dtype)  # ties
+    t = torch.from_numpy(w.view(np.int16)).view(torch.bfloat16) if dtype == "bfloat16" else \
+        torch.from_numpy(w)
+    if not SIMULATOR:
+        t = t.cuda()
+    got = lsn.quantize_weight(t, fmt, group_size=group, symmetric=symmetric)
+    want = lsn.quantize_weight(w, fmt, group_size=group, symmetric=symmetric)
+    assert (got.format, got.shape, got.group_size, got.zero_point, got.mode) == \
+        (want.format, want.shape, want.group_size, want.zero_point, want.mode)
+    np.testing.assert_array_equal(got.codes(), want.codes())
+    np.testing.assert_array_equal(got._values(got.scales), want._values(want.scales))
+    if want.zeros is not None:
+        np.testing.assert_array_equal(to_host(got.zeros), to_host(want.zeros))
+    np.testing.assert_array_equal(got.dequantize(), want.dequantize())
 
 
 # ---- quant_gemm: the decode kernel ---------------------------------------------------------

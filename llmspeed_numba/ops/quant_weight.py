@@ -27,8 +27,9 @@ so the 32 threads of a warp, on 32 consecutive rows, read 512 contiguous bytes w
 load each. K is padded to a whole chunk (``K_padded``) with zero codes (the kernels read x as
 zero there). ``scales``, ``zeros`` (uint8, only with per-group zero points) and ``mins`` (affine
 only) are (groups, N), row-major. Quantizing and repacking run on the host with NumPy, once, at
-load; the packed arrays are then copied to the device in the kind asked for (torch, CuPy, numba;
-NumPy arrays under the simulator).
+load (``quantize_weight`` of a torch tensor: torch ops on its device, the same bits); the packed
+arrays are then copied to the device in the kind asked for (torch, CuPy, numba; NumPy arrays
+under the simulator).
 """
 
 import dataclasses
@@ -368,6 +369,65 @@ def _group_size(group_size, k):
     return int(group_size)
 
 
+def _quantize_torch(w, group, bits, zero_point, symmetric, dtype, name, kind, device):
+    """``_quantize`` with torch ops where the tensor ``w`` lives, bit for bit the same (float32
+    division and round-half-to-even, the scale rounded to ``dtype`` to nearest even)."""
+    import torch
+
+    n, k = w.shape
+    qmax = (1 << bits) - 1
+    g = w.to(torch.float32).reshape(n, k // group, group)
+    if symmetric:
+        s = (g.abs().amax(dim=-1) / np.float32(zero_point - 1)).to(w.dtype)
+        s32 = s.to(torch.float32)
+        safe = torch.where(s32 == 0, torch.ones_like(s32), s32)
+        q = torch.clamp(torch.round(g / safe[..., None]) + zero_point, 0, qmax)
+        z = None
+    else:
+        lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+        s = ((hi - lo) / np.float32(qmax)).to(w.dtype)
+        s32 = s.to(torch.float32)
+        safe = torch.where(s32 == 0, torch.ones_like(s32), s32)
+        z = torch.clamp(torch.round(-lo / safe), 0, qmax)
+        q = torch.clamp(torch.round(g / safe[..., None]) + z[..., None], 0, qmax)
+        z = z.to(torch.uint8)
+        zero_point = None
+    codes = _pack_codes_torch(q.reshape(n, k).to(torch.int64), bits)
+    place = lambda t: _place_tensor(t.T.contiguous() if t.ndim == 2 else t, kind, device)
+    return QuantizedWeight(name, (n, k), group, bits, place(s), place(codes), zero_point,
+                           None if z is None else place(z), None, dtype)
+
+
+def _pack_codes_torch(q, bits):
+    """``pack_codes`` of an (N, K) int64 torch tensor of codes: the flat chunk-major words as
+    int32 (the bits of the uint32 layout)."""
+    import torch
+
+    n, k = q.shape
+    ck = chunk_k(bits)
+    per_word = 32 // bits
+    kp = -(-k // ck) * ck
+    if kp != k:
+        q = torch.nn.functional.pad(q, (0, kp - k))
+    parts = q.reshape(n, kp // ck, 4, per_word)
+    shifts = torch.arange(0, 32, bits, device=q.device, dtype=torch.int64)
+    words = (parts << shifts).sum(dim=-1)                   # disjoint bits: the sum is the OR
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+    return words.transpose(0, 1).contiguous().reshape(-1)
+
+
+def _place_tensor(t, kind, device):
+    """A torch result of ``_quantize_torch`` where ``_place`` would put its host copy: kept as a
+    torch tensor on ``device`` (default: the current CUDA device) for kind "torch" on a GPU;
+    else through the host (NumPy under the simulator, CuPy or numba otherwise)."""
+    if kind == "torch" and not SIMULATOR:
+        return t.to(device or "cuda")
+    host = to_host(t)
+    if host.dtype == np.int32 and t.ndim == 1:
+        host = host.view(np.uint32)                         # the packed codes
+    return _place(host, kind, device)
+
+
 def _round_to(x32, dtype):
     """float32 values rounded to ``dtype`` (the scale's storage)."""
     return x32.astype(numpy_dtype(dtype))
@@ -376,7 +436,9 @@ def _round_to(x32, dtype):
 def quantize_weight(w: ArrayLike, format: str, *, group_size: int = 128,
                     symmetric: bool = True, kind: str | None = None,
                     device: Any = None) -> QuantizedWeight:
-    """Quantize an (N, K) weight (torch.nn.Linear's layout) once, at load, on the host.
+    """Quantize an (N, K) weight (torch.nn.Linear's layout) once, at load: a torch tensor with
+    torch ops where it lives (on a GPU, an 8B model in seconds), anything else with NumPy on the
+    host; both give the same bits.
 
     w: fp16 / bf16 / fp32; a NumPy array, a torch tensor (any device), a CuPy or numba array.
     format: "int4": groups of ``group_size`` along K (32, 64, 128, or -1: one group a row),
@@ -397,24 +459,28 @@ def quantize_weight(w: ArrayLike, format: str, *, group_size: int = 128,
     kind = kind or _kind_of(w)
     _check_kind(kind)
     device = device or _device_of(w)
-    host = _host(w, "w")
+    on_torch = _kind_of(w) == "torch"   # quantized where w lives, with torch (a GPU: seconds)
+    host = w.detach() if on_torch else _host(w, "w")
     if host.ndim != 2:
-        raise ValueError(f"w: expected 2 dimensions (N, K), got shape {host.shape}")
-    dtype = host.dtype.name
+        raise ValueError(f"w: expected 2 dimensions (N, K), got shape {tuple(host.shape)}")
+    dtype = str(host.dtype).removeprefix("torch.") if on_torch else host.dtype.name
     if dtype not in WEIGHT_DTYPES:
         raise TypeError(f"w: expected dtype in {WEIGHT_DTYPES}, got {dtype}")
     n, k = host.shape
     if n == 0 or k == 0:
-        raise ValueError(f"w: expected a non-empty matrix, got shape {host.shape}")
+        raise ValueError(f"w: expected a non-empty matrix, got shape {tuple(host.shape)}")
     if format == "fp8_e4m3":
         raise NotImplementedError(
             "format='fp8_e4m3': needs the W8A8 path (per-token activation quantization and "
             "Hopper wgmma with e4m3 operands), not written yet; use 'int8' or 'int4'")
-    w32 = host.astype(np.float32)
-    if format == "int8":
-        return _quantize(w32, k, 8, 128, True, dtype, "int8", kind, device)
-    group = _group_size(group_size, k)
-    return _quantize(w32, group, 4, 8, bool(symmetric), dtype, "int4", kind, device)
+    group, bits, zero_point = (k, 8, 128) if format == "int8" else (_group_size(group_size, k),
+                                                                   4, 8)
+    symmetric = format == "int8" or bool(symmetric)
+    if on_torch:
+        return _quantize_torch(host, group, bits, zero_point, symmetric, dtype, format, kind,
+                               device)
+    return _quantize(host.astype(np.float32), group, bits, zero_point, symmetric, dtype, format,
+                     kind, device)
 
 
 def _quantize(w32, group, bits, zero_point, symmetric, dtype, name, kind, device):
