@@ -11,7 +11,8 @@
 #   whole: the documented command, `python -m pytest -q tests`, in one process, on that cache.
 #   bash benchmarks/runners/gpu_suite.sh [warm|whole|both]       logs under $OUT
 #   TESTS="tests/test_gemm.py tests/test_softmax.py" limits the warm phase to those files (no
-#   compile-check bucket then); DESELECT=node_id leaves one test out of it.
+#   compile-check bucket then); DESELECT="node_id ..." leaves those tests out of it (exact ids:
+#   pytest's own --deselect also drops every id that merely starts with one).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # keeps gpu_setup.sh's wheels
@@ -28,13 +29,14 @@ if [ "$phase" != whole ]; then
     # node ids, and which are hypothesis tests (the hypothesis plugin marks them); the compile
     # check module is left out: importing it starts its child
     collect="python -m pytest --collect-only -q -p no:cacheprovider $tests"
-    collect="$collect --ignore=tests/test_compile_check.py${DESELECT:+ --deselect $DESELECT}"
+    collect="$collect --ignore=tests/test_compile_check.py"
     $collect > "$list/all.txt" 2>&1
     $collect -m hypothesis > "$list/hypothesis.txt" 2>&1
-    python - "$list" "${BUCKETS:-14}" <<'EOF'
+    python - "$list" "${BUCKETS:-14}" "${DESELECT:-}" <<'EOF'
 import sys
 
 folder, n = sys.argv[1], int(sys.argv[2])
+deselected = set(sys.argv[3].split())
 
 
 def node_ids(name):
@@ -82,7 +84,7 @@ def weight(node):
 # longest first, each to the least loaded bucket
 buckets = [[] for _ in range(n)]
 load = [0] * n
-for node in sorted(node_ids("all.txt"), key=weight, reverse=True):
+for node in sorted(set(node_ids("all.txt")) - deselected, key=weight, reverse=True):
     b = load.index(min(load))
     buckets[b].append(node)
     load[b] += weight(node)
