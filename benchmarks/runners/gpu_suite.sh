@@ -84,7 +84,8 @@ def weight(node):
 # longest first, each to the least loaded bucket
 buckets = [[] for _ in range(n)]
 load = [0] * n
-for node in sorted(set(node_ids("all.txt")) - deselected, key=weight, reverse=True):
+for node in sorted((n for n in node_ids("all.txt") if n not in deselected), key=weight,
+                   reverse=True):
     b = load.index(min(load))
     buckets[b].append(node)
     load[b] += weight(node)
