@@ -168,6 +168,54 @@ def gptq_tensors(rng, N, K, group):
     return qweight.view(np.int32), s, qzeros.view(np.int32), w.T
 
 
+def awq_tensors(rng, N, K, group):
+    """Random AWQ ("GEMM" packing) tensors and the float32 (N, K) weight they encode: value
+    ``order[i]`` of each group of 8 columns at bits 4i, zero points stored as they are used."""
+    groups = K // group
+    order = (0, 2, 4, 6, 1, 3, 5, 7)
+    q = rng.integers(0, 16, size=(K, N)).astype(np.uint32)
+    z = rng.integers(0, 16, size=(groups, N)).astype(np.uint32)
+    s = (rng.random((groups, N)) * 0.02 + 0.001).astype(np.float16)
+
+    def pack(v):
+        words = np.zeros((v.shape[0], v.shape[1] // 8), np.uint32)
+        for i, j in enumerate(order):
+            words |= v[:, j::8] << np.uint32(4 * i)
+        return words.view(np.int32)
+
+    g = np.arange(K) // group
+    w = (q.astype(np.float32) - z[g].astype(np.float32)) * s[g].astype(np.float32)  # (K, N)
+    return pack(q), pack(z), s, w.T
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_awq_dequantize(group, rng):
+    qweight, qzeros, scales, w = awq_tensors(rng, 24, 256, group)
+    qw = lsn.QuantizedWeight.from_awq(qweight, qzeros, scales, group_size=group)
+    assert (qw.format, qw.shape, qw.mode) == ("awq", (24, 256), "zeros")
+    np.testing.assert_array_equal(qw.dequantize(), w)
+
+
+@pytest.mark.parametrize("M", [1, 3, 19])
+def test_quant_gemm_awq(M, rng):
+    """An AWQ weight on the planned path (M = 1, 3: the decode kernel under the simulator's
+    defaults; 19: the Tensor Core kernel)."""
+    qweight, qzeros, scales, _ = awq_tensors(rng, 16, 128, 32)
+    qw = lsn.QuantizedWeight.from_awq(device(qweight), device(qzeros), device(scales),
+                                      group_size=32)
+    run(rng, qw, M, "float16", bias_dtype="float16")
+
+
+def test_from_awq_errors(rng):
+    qweight, qzeros, scales, _ = awq_tensors(rng, 16, 128, 64)
+    with pytest.raises(ValueError, match=r"scales: expected shape \(4, 16\)"):
+        lsn.QuantizedWeight.from_awq(qweight, qzeros, scales, group_size=32)
+    with pytest.raises(TypeError, match="qweight: expected dtype int32"):
+        lsn.QuantizedWeight.from_awq(qweight.astype(np.int64), qzeros, scales, group_size=64)
+    with pytest.raises(ValueError, match=r"qzeros: expected shape \(2, 2\)"):
+        lsn.QuantizedWeight.from_awq(qweight, qzeros[:1], scales, group_size=64)
+
+
 @pytest.mark.parametrize("group", [32, 128])
 def test_gptq_dequantize(group, rng):
     qweight, scales, qzeros, w = gptq_tensors(rng, 16, 256, group)

@@ -22,10 +22,10 @@ Paths (kernels in ``_quant_kernels``):
   int8) and fp16 / bf16 x. Tiles by M (``tc_tile``); with few output tiles, K split over
   ``blockIdx.y`` (fp32 partial sums and gemm's split-K reduce, as gemm plans it).
 
-Not yet: FP8 (W8A8), act-order GPTQ, AWQ's packing, wgmma for large M, Marlin's half2
-dequantization (``lop3`` into an fp16 / bf16 mantissa, one HFMA2 a pair: needs the scales in x's
-dtype), a fragment-ordered packed layout (one shared load per lane for several fragments); the
-Tensor Core kernel is untimed (no GPU run yet), its tiles untuned.
+Not yet: FP8 (W8A8), act-order GPTQ, wgmma for large M, Marlin's half2 dequantization (``lop3``
+into an fp16 / bf16 mantissa, one HFMA2 a pair: needs the scales in x's dtype), a
+fragment-ordered packed layout (one shared load per lane for several fragments); the Tensor Core
+kernel's tiles are untuned (measurements: benchmarks/NOTES.md).
 """
 
 

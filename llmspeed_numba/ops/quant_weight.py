@@ -8,7 +8,8 @@ row n (g = k // group_size):
     "offset":  w[n, k] = (q[n, k] - z[g, n]) * s[g, n]       int4 (z = 8 symmetric, or a zero
                                                              point per group), int8 (z = 128),
                                                              GGUF Q4_0 (z = 8), Q8_0 (z = 128),
-                                                             GPTQ (a zero point per group)
+                                                             GPTQ, AWQ (a zero point per
+                                                             group)
     "affine":  w[n, k] = q[n, k] * s[g, n] + m[g, n]         GGUF Q4_1 (m: the block minimum)
 
 with q the unsigned code (4 or 8 bits; signed int8 codes are stored biased by 128), s the scale
@@ -157,7 +158,7 @@ class QuantizedWeight:
     ``quantize_weight``, ``QuantizedWeight.from_gguf`` or ``QuantizedWeight.from_gptq``, use it
     with ``quant_gemm``. Fields after ``scales`` are private layout details."""
 
-    format: str            # "int4", "int8", "Q4_0", "Q4_1", "Q8_0", "gptq"
+    format: str            # "int4", "int8", "Q4_0", "Q4_1", "Q8_0", "gptq", "awq"
     shape: tuple           # (N, K)
     group_size: int        # k per group (K itself for one group per row)
     bits: int              # 4 or 8
@@ -300,29 +301,12 @@ class QuantizedWeight:
         None or the trivial (K,) ``k // group_size`` (act-order checkpoints, whose g_idx
         permutes K, raise NotImplementedError). kind / device: where the packed copy goes
         (default: torch for torch inputs, else numba)."""
-        kind = kind or _kind_of(qweight)
-        _check_kind(kind)
-        device = device or _device_of(qweight)
-        qw = _host(qweight, "qweight")
-        sc = _host(scales, "scales")
-        qz = _host(qzeros, "qzeros")
-        for name, a in (("qweight", qw), ("qzeros", qz)):
-            if a.dtype not in (np.int32, np.uint32):
-                raise TypeError(f"{name}: expected dtype int32, got {a.dtype}")
-            if a.ndim != 2:
-                raise ValueError(f"{name}: expected 2 dimensions, got shape {a.shape}")
-        if sc.dtype.name not in WEIGHT_DTYPES:
-            raise TypeError(f"scales: expected dtype in {WEIGHT_DTYPES}, got {sc.dtype}")
+        kind, device, qw, sc, qz = _packed_4bit_inputs(qweight, scales, qzeros, kind, device)
         k8, n = qw.shape
         k = 8 * k8
         group = _group_size(group_size, k)
         groups = k // group
-        if sc.shape != (groups, n):
-            raise ValueError(f"scales: expected shape {(groups, n)} (K / group_size, N), got "
-                             f"{sc.shape}")
-        if n % 8 or qz.shape != (groups, n // 8):
-            raise ValueError(f"qzeros: expected shape {(groups, n // 8)} (K / group_size, "
-                             f"N / 8), got {qz.shape}")
+        _check_group_shapes(sc, qz, groups, n)
         if g_idx is not None:
             gi = _host(g_idx, "g_idx")
             if gi.shape != (k,):
@@ -331,19 +315,79 @@ class QuantizedWeight:
                 raise NotImplementedError(
                     "g_idx: act-order checkpoints (g_idx not k // group_size) need K "
                     "permuted at load and x gathered in the kernel, not implemented yet")
-        shifts = np.arange(8, dtype=np.uint32) * np.uint32(4)
-        words = qw.view(np.uint32)
-        q = ((words[:, None, :] >> shifts[None, :, None]) & np.uint32(15))   # (K/8, 8, N)
-        q = q.reshape(k, n).T.astype(np.uint8)
-        zw = qz.view(np.uint32)
-        z = ((zw[:, :, None] >> shifts[None, None, :]) & np.uint32(15)).reshape(groups, n)
-        z = (z + 1).astype(np.uint8)            # "v1": stored zero points are one less
+        q = _unpack_nibbles(qw.T, _IN_ORDER)                   # (N, K): codes along K a word
+        z = _unpack_nibbles(qz, _IN_ORDER) + 1  # "v1": stored zero points are one less
         if np.any(z > 15):
             raise ValueError("qzeros: a stored zero point of 15 (16 after GPTQ's +1) does not "
                              "fit 4 bits; is this a 'v2' checkpoint?")
         return cls("gptq", (n, k), group, 4, _place(sc, kind, device),
                    _place(pack_codes(q, 4), kind, device), None, _place(z, kind, device),
                    None, sc.dtype.name)
+
+    @classmethod
+    def from_awq(cls, qweight: Any, qzeros: Any, scales: Any, group_size: int = 128, *,
+                 kind: str | None = None, device: Any = None) -> "QuantizedWeight":
+        """An AWQ checkpoint's 4-bit tensors (AutoAWQ's "GEMM" packing, as transformers loads
+        it): ``w[n, k] = (q[k, n] - z[k // G, n]) * s[k // G, n]``.
+
+        qweight: int32 (K, N / 8) and qzeros: int32 (K / G, N / 8), 8 values along N a word,
+        value ``AWQ_ORDER[i]`` of a group of 8 columns at bits 4i (AWQ_ORDER = 0, 2, 4, 6, 1, 3,
+        5, 7). scales: (K / G, N) fp16 / bf16 / fp32. kind / device: where the packed copy goes
+        (default: torch for torch inputs, else numba)."""
+        kind, device, qw, sc, qz = _packed_4bit_inputs(qweight, scales, qzeros, kind, device)
+        k, n8 = qw.shape
+        n = 8 * n8
+        group = _group_size(group_size, k)
+        _check_group_shapes(sc, qz, k // group, n)
+        q = _unpack_nibbles(qw, _AWQ_ORDER).T                  # (N, K)
+        z = _unpack_nibbles(qz, _AWQ_ORDER)
+        return cls("awq", (n, k), group, 4, _place(sc, kind, device),
+                   _place(pack_codes(q, 4), kind, device), None, _place(z, kind, device),
+                   None, sc.dtype.name)
+
+
+#: Where the nibble at bits 4i of a packed word goes among its 8 values: in order (GPTQ), or
+#: AutoAWQ's interleave (value AWQ_ORDER[i] at bits 4i).
+_IN_ORDER = (0, 1, 2, 3, 4, 5, 6, 7)
+_AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def _unpack_nibbles(words, order):
+    """(R, C) int32 words of 8 4-bit values -> (R, 8 C) uint8, nibble i of word c at column
+    ``8 c + order[i]``."""
+    w = np.ascontiguousarray(words).view(np.uint32)
+    out = np.empty((w.shape[0], w.shape[1], 8), np.uint8)
+    for i, j in enumerate(order):
+        out[:, :, j] = (w >> np.uint32(4 * i)) & np.uint32(15)
+    return out.reshape(w.shape[0], -1)
+
+
+def _packed_4bit_inputs(qweight, scales, qzeros, kind, device):
+    """(kind, device, qweight, scales, qzeros on the host) of a GPTQ / AWQ checkpoint's tensors,
+    dtypes and ranks checked."""
+    kind = kind or _kind_of(qweight)
+    _check_kind(kind)
+    device = device or _device_of(qweight)
+    qw = _host(qweight, "qweight")
+    sc = _host(scales, "scales")
+    qz = _host(qzeros, "qzeros")
+    for name, a in (("qweight", qw), ("qzeros", qz)):
+        if a.dtype not in (np.int32, np.uint32):
+            raise TypeError(f"{name}: expected dtype int32, got {a.dtype}")
+        if a.ndim != 2:
+            raise ValueError(f"{name}: expected 2 dimensions, got shape {a.shape}")
+    if sc.dtype.name not in WEIGHT_DTYPES:
+        raise TypeError(f"scales: expected dtype in {WEIGHT_DTYPES}, got {sc.dtype}")
+    return kind, device, qw, sc, qz
+
+
+def _check_group_shapes(scales, qzeros, groups, n):
+    if scales.shape != (groups, n):
+        raise ValueError(f"scales: expected shape {(groups, n)} (K / group_size, N), got "
+                         f"{scales.shape}")
+    if n % 8 or qzeros.shape != (groups, n // 8):
+        raise ValueError(f"qzeros: expected shape {(groups, n // 8)} (K / group_size, N / 8), "
+                         f"got {qzeros.shape}")
 
 
 def _shape(shape):
