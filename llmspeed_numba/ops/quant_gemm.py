@@ -223,7 +223,7 @@ def quant_gemm(x: ArrayLike, qw: QuantizedWeight, *, bias: ArrayLike | None = No
     Args:
         x: (M, K) fp16 / bf16, last dimension contiguous; K must be qw's K.
         qw: a ``QuantizedWeight`` (``quantize_weight``, ``QuantizedWeight.from_gguf`` /
-            ``from_gptq``) whose arrays live where x does.
+            ``from_gptq`` / ``from_awq``) whose arrays live where x does.
         bias: optional (N,) fp16 / bf16 / fp32, contiguous.
         activation: None, "relu", "gelu" (tanh form) or "silu".
         out: optional (M, N), any non-negative strides.
@@ -241,8 +241,8 @@ def quant_gemm(x: ArrayLike, qw: QuantizedWeight, *, bias: ArrayLike | None = No
             the wrong shape, an unknown activation.
     """
     if not isinstance(qw, QuantizedWeight):
-        raise TypeError(f"qw: expected a QuantizedWeight (quantize_weight, "
-                        f"QuantizedWeight.from_gguf / from_gptq), got {type(qw).__name__}")
+        raise TypeError(f"qw: expected a QuantizedWeight (quantize_weight, QuantizedWeight."
+                        f"from_gguf / from_gptq / from_awq), got {type(qw).__name__}")
     result = _QUANT_GEMM_CALLS.replay((x, qw.qweight, qw.scales, qw.aux, bias, out),
                                       (qw.key, activation, out_dtype), stream)
     if result is MISS:
