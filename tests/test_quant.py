@@ -154,8 +154,9 @@ def test_gguf_dequantize_bit_exact(name, N, blocks, seed):
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
-def gptq_tensors(rng, N, K, group):
-    """Random GPTQ ("v1") tensors and the float32 weight they encode."""
+def gptq_tensors(rng, N, K, group, g=None):
+    """Random GPTQ ("v1") tensors and the float32 weight they encode; ``g``: each k's group
+    (default ``k // group``; act-order checkpoints permute it)."""
     groups = K // group
     q = rng.integers(0, 16, size=(K, N)).astype(np.uint32)
     z = rng.integers(1, 16, size=(groups, N)).astype(np.uint32)   # the zero points in use
@@ -163,7 +164,7 @@ def gptq_tensors(rng, N, K, group):
     shifts = (np.arange(8, dtype=np.uint32) * 4)
     qweight = (q.reshape(K // 8, 8, N) << shifts[None, :, None]).sum(axis=1, dtype=np.uint32)
     qzeros = ((z - 1).reshape(groups, N // 8, 8) << shifts).sum(axis=2, dtype=np.uint32)
-    g = np.arange(K) // group
+    g = np.arange(K) // group if g is None else g
     w = (q.astype(np.float32) - z[g].astype(np.float32)) * s[g].astype(np.float32)  # (K, N)
     return qweight.view(np.int32), s, qzeros.view(np.int32), w.T
 
@@ -204,6 +205,31 @@ def test_quant_gemm_awq(M, rng):
     qw = lsn.QuantizedWeight.from_awq(device(qweight), device(qzeros), device(scales),
                                       group_size=32)
     run(rng, qw, M, "float16", bias_dtype="float16")
+
+
+def act_order_g_idx(rng, K, group):
+    """GPTQ act-order's group assignment: k's rank in a random order, divided by the group."""
+    return (np.argsort(rng.permutation(K)) // group).astype(np.int32)
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_gptq_act_order_dequantize(group, rng):
+    g = act_order_g_idx(rng, 256, group)
+    qweight, scales, qzeros, w = gptq_tensors(rng, 16, 256, group, g)
+    qw = lsn.QuantizedWeight.from_gptq(qweight, scales, qzeros, g, group_size=group)
+    assert qw.k_perm is not None
+    np.testing.assert_array_equal(qw.dequantize(), w)
+
+
+@pytest.mark.parametrize("M", [1, 3, 19])
+def test_quant_gemm_gptq_act_order(M, rng):
+    """x's columns gathered into the stored order before either kernel (M = 19: the Tensor
+    Core kernel), against the weight in its own column order; a strided x."""
+    g = act_order_g_idx(rng, 128, 32)
+    qweight, scales, qzeros, _ = gptq_tensors(rng, 16, 128, 32, g)
+    qw = lsn.QuantizedWeight.from_gptq(device(qweight), device(scales), device(qzeros),
+                                       device(g), group_size=32)
+    run(rng, qw, M, "bfloat16" if M == 3 else "float16", bias_dtype="float32", x_pad=8)
 
 
 def test_from_awq_errors(rng):
@@ -455,9 +481,15 @@ def test_from_gptq_errors(rng):
         lsn.QuantizedWeight.from_gptq(qweight, scales, qzeros, group_size=32)
     with pytest.raises(TypeError, match="qweight: expected dtype int32"):
         lsn.QuantizedWeight.from_gptq(qweight.astype(np.int64), scales, qzeros, group_size=64)
-    act_order = rng.permutation(np.arange(128) // 64).astype(np.int32)
-    with pytest.raises(NotImplementedError, match="act-order"):
-        lsn.QuantizedWeight.from_gptq(qweight, scales, qzeros, act_order, group_size=64)
+    uneven = np.r_[np.zeros(70), np.ones(58)].astype(np.int32)
+    with pytest.raises(ValueError, match="g_idx: expected each of the 2 groups"):
+        lsn.QuantizedWeight.from_gptq(qweight, scales, qzeros, uneven, group_size=64)
+    with pytest.raises(ValueError, match="g_idx: expected each of the 2 groups"):
+        lsn.QuantizedWeight.from_gptq(qweight, scales, qzeros, np.arange(128) // 32,
+                                      group_size=64)
+    with pytest.raises(ValueError, match=r"g_idx: expected shape \(128,\)"):
+        lsn.QuantizedWeight.from_gptq(qweight, scales, qzeros, np.zeros(64, np.int32),
+                                      group_size=64)
 
 
 def test_quant_gemm_errors(rng):

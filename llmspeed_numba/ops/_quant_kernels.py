@@ -308,3 +308,26 @@ def decode_kernel(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype
                   decode_signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype),
                   "quant_decode_kernel")
 
+
+
+#: Threads a block of ``gather_kernel``.
+GATHER_THREADS = 256
+
+
+@functools.cache
+def gather_kernel(x_dtype):
+    """Kernel ``(x, perm, out, M, K, x_sm)``: ``out[m, j] = x[m, perm[j]]``, out (M, K)
+    contiguous: x's columns in an act-order weight's stored order (``QuantizedWeight.k_perm``).
+    One element a thread; M * K threads."""
+
+    def gather_columns_kernel(x, perm, out, M, K, x_sm):
+        i = cuda.grid(1)
+        if i < M * K:
+            m = i // K
+            j = i - m * K
+            out[i] = x[m * x_sm + perm[j]]
+
+    i32, i64 = types.int32, types.int64
+    return Kernel(jit(gather_columns_kernel),
+                  (_storage(x_dtype), array1d(np.int32), _storage(x_dtype), i32, i32, i64),
+                  "gather_columns_kernel")

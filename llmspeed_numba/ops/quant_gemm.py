@@ -22,7 +22,8 @@ Paths (kernels in ``_quant_kernels``):
   int8) and fp16 / bf16 x. Tiles by M (``tc_tile``); with few output tiles, K split over
   ``blockIdx.y`` (fp32 partial sums and gemm's split-K reduce, as gemm plans it).
 
-Not yet: FP8 (W8A8), act-order GPTQ, wgmma for large M, Marlin's half2 dequantization (``lop3``
+Act-order GPTQ (``k_perm``): x's columns are first gathered into the weight's stored order (one
+small kernel). Not yet: FP8 (W8A8), wgmma for large M, Marlin's half2 dequantization (``lop3``
 into an fp16 / bf16 mantissa, one HFMA2 a pair: needs the scales in x's dtype), a
 fragment-ordered packed layout (one shared load per lane for several fragments); the Tensor Core
 kernel's tiles are untuned (measurements: benchmarks/NOTES.md).
@@ -212,6 +213,18 @@ def _tensor_core(tx, qw, tbias, to, out_dtype, activation, stream):
                              1.0, 0.0, stream)
 
 
+def _gather_columns(tx, qw, stream):
+    """x's columns in the act-order weight's stored order, into a new (M, K) array."""
+    M, K = tx.shape
+    gathered = empty(tx, (M, K), tx.dtype)
+    tg = tensor(gathered, "x")
+    kernel = qk.gather_kernel(tx.dtype)
+    kernel((_cdiv(M * K, qk.GATHER_THREADS),), qk.GATHER_THREADS,
+           (kernel_buffer(tx), kernel_buffer(tensor(qw.k_perm, "qw.k_perm")), kernel_buffer(tg),
+            M, K, tx.strides[0]), stream)
+    return tg
+
+
 _QUANT_GEMM_CALLS = OpCalls("quant_gemm")
 
 
@@ -243,7 +256,7 @@ def quant_gemm(x: ArrayLike, qw: QuantizedWeight, *, bias: ArrayLike | None = No
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"qw: expected a QuantizedWeight (quantize_weight, QuantizedWeight."
                         f"from_gguf / from_gptq / from_awq), got {type(qw).__name__}")
-    result = _QUANT_GEMM_CALLS.replay((x, qw.qweight, qw.scales, qw.aux, bias, out),
+    result = _QUANT_GEMM_CALLS.replay((x, qw.qweight, qw.scales, qw.aux, qw.k_perm, bias, out),
                                       (qw.key, activation, out_dtype), stream)
     if result is MISS:
         result = _QUANT_GEMM_CALLS.record(_quant_gemm_checked, x, qw, bias, activation, out,
@@ -270,6 +283,8 @@ def _quant_gemm_checked(x, qw, bias, activation, out, out_dtype, stream):
     if M == 0:
         return out
     handle = stream_handle(stream, (tx,))
+    if qw.k_perm is not None:
+        tx = _gather_columns(tx, qw, handle)
     if on_decode_kernel(qw, M):
         _decode(tx, qw, tbias, to, out_dtype, activation, handle)
     else:

@@ -168,6 +168,9 @@ class QuantizedWeight:
     zeros: object          # (groups, N) uint8 device array of zero points, or None
     mins: object           # (groups, N) device array of affine minimums, or None
     scale_dtype: str
+    #: (K,) int32 device array or None: the codes' column j is the weight's column
+    #: ``k_perm[j]`` (act-order GPTQ, K sorted by group at load); quant_gemm gathers x to match
+    k_perm: object = None
 
     @property
     def N(self) -> int:
@@ -198,7 +201,7 @@ class QuantizedWeight:
     def key(self) -> tuple:
         """Everything about the weight a kernel is specialised or planned on (no data)."""
         return (self.format, self.shape, self.group_size, self.bits, self.zero_point,
-                self.mode, self.scale_dtype)
+                self.mode, self.scale_dtype, self.k_perm is not None)
 
     @property
     def aux(self):
@@ -215,12 +218,22 @@ class QuantizedWeight:
                 + groups * n * np.dtype(numpy_dtype(self.scale_dtype)).itemsize)
 
     def codes(self) -> np.ndarray:
-        """The (N, K) unsigned codes on the host (uint8)."""
+        """The (N, K) unsigned codes on the host (uint8), in the stored column order (sorted by
+        group when ``k_perm`` is set)."""
         return unpack_codes(_host(self.qweight, "qweight"), self.bits, self.N, self.K)
 
     def dequantize(self) -> np.ndarray:
         """The (N, K) float32 matrix this weight represents, on the host (NumPy), computed in
-        float32 exactly as the module docstring's formulas are written."""
+        float32 exactly as the module docstring's formulas are written (columns in the weight's
+        own order)."""
+        w = self._dequantize_stored()
+        if self.k_perm is None:
+            return w
+        out = np.empty_like(w)
+        out[:, _host(self.k_perm, "k_perm")] = w
+        return out
+
+    def _dequantize_stored(self):
         q = self.codes().astype(np.float32)
         groups = np.arange(self.K) // self.group_size
         s = self._values(self.scales).T[:, groups]                            # (N, K)
@@ -298,31 +311,29 @@ class QuantizedWeight:
 
         qweight: int32 (K / 8, N), 8 codes along K a word (code i at bits 4i). scales: (K / G, N)
         fp16 / bf16 / fp32. qzeros: int32 (K / G, N / 8), 8 zero points along N a word. g_idx:
-        None or the trivial (K,) ``k // group_size`` (act-order checkpoints, whose g_idx
-        permutes K, raise NotImplementedError). kind / device: where the packed copy goes
-        (default: torch for torch inputs, else numba)."""
+        None or (K,) ints, the group of each k: ``k // group_size``, or any assignment with
+        ``group_size`` members a group (act-order checkpoints): then K is sorted by group at
+        load (``k_perm``) and ``quant_gemm`` gathers x's columns to match, one small extra
+        launch a call. kind / device: where the packed copy goes (default: torch for torch
+        inputs, else numba)."""
         kind, device, qw, sc, qz = _packed_4bit_inputs(qweight, scales, qzeros, kind, device)
         k8, n = qw.shape
         k = 8 * k8
         group = _group_size(group_size, k)
         groups = k // group
         _check_group_shapes(sc, qz, groups, n)
-        if g_idx is not None:
-            gi = _host(g_idx, "g_idx")
-            if gi.shape != (k,):
-                raise ValueError(f"g_idx: expected shape {(k,)}, got {gi.shape}")
-            if not np.array_equal(gi, np.arange(k) // group):
-                raise NotImplementedError(
-                    "g_idx: act-order checkpoints (g_idx not k // group_size) need K "
-                    "permuted at load and x gathered in the kernel, not implemented yet")
         q = _unpack_nibbles(qw.T, _IN_ORDER)                   # (N, K): codes along K a word
         z = _unpack_nibbles(qz, _IN_ORDER) + 1  # "v1": stored zero points are one less
         if np.any(z > 15):
             raise ValueError("qzeros: a stored zero point of 15 (16 after GPTQ's +1) does not "
                              "fit 4 bits; is this a 'v2' checkpoint?")
+        perm = None if g_idx is None else _act_order(_host(g_idx, "g_idx"), k, group, groups)
+        if perm is not None:
+            q = q[:, perm]
         return cls("gptq", (n, k), group, 4, _place(sc, kind, device),
                    _place(pack_codes(q, 4), kind, device), None, _place(z, kind, device),
-                   None, sc.dtype.name)
+                   None, sc.dtype.name,
+                   None if perm is None else _place(perm.astype(np.int32), kind, device))
 
     @classmethod
     def from_awq(cls, qweight: Any, qzeros: Any, scales: Any, group_size: int = 128, *,
@@ -360,6 +371,22 @@ def _unpack_nibbles(words, order):
     for i, j in enumerate(order):
         out[:, :, j] = (w >> np.uint32(4 * i)) & np.uint32(15)
     return out.reshape(w.shape[0], -1)
+
+
+def _act_order(g_idx, k, group, groups):
+    """The permutation that sorts K by GPTQ's ``g_idx`` (stable), or None when g_idx is the
+    plain ``k // group``; ValueError unless every group has ``group`` members."""
+    if g_idx.shape != (k,):
+        raise ValueError(f"g_idx: expected shape {(k,)}, got {g_idx.shape}")
+    if not np.issubdtype(g_idx.dtype, np.integer):
+        raise TypeError(f"g_idx: expected an integer dtype, got {g_idx.dtype}")
+    if np.array_equal(g_idx, np.arange(k) // group):
+        return None
+    counts = np.bincount(g_idx.astype(np.int64), minlength=groups) if g_idx.min() >= 0 else None
+    if counts is None or counts.size != groups or np.any(counts != group):
+        raise ValueError(f"g_idx: expected each of the {groups} groups (0 .. {groups - 1}) "
+                         f"{group} times, got counts {None if counts is None else counts[:8]}")
+    return np.argsort(g_idx, kind="stable")
 
 
 def _packed_4bit_inputs(qweight, scales, qzeros, kind, device):
