@@ -16,8 +16,9 @@ A decode step::
     out = paged_decode_attention(q, cache.k_cache, cache.v_cache, block_table, seq_lens)
     cache.free(seqs[0])                                          # a finished sequence
 
-All bookkeeping is on the host (Python lists): no device synchronisation. The tables are built
-on the host and copied to the device on each ``tables`` / ``append`` call.
+All bookkeeping is on the host (Python lists, mirrored in a NumPy table of page rows that
+``host_tables`` gathers from): no device synchronisation. The tables are built on the host and
+copied to the device on each ``tables`` / ``append`` call.
 """
 
 from typing import Iterable, Sequence
@@ -73,6 +74,12 @@ class PageAllocator:
         self._pages = {}
         self._lengths = {}
         self._next_id = 0
+        # The page lists again as rows of a 2-D int32 table (NO_PAGE past a sequence's pages),
+        # one row ("slot") per live sequence, so that host_tables is one gather; rows and
+        # columns grow by doubling, freed rows are reused.
+        self._slot = {}
+        self._free_slots = []
+        self._rows = np.full((16, min(16, self.num_blocks)), NO_PAGE, np.int32)
 
     # ---- bookkeeping -----------------------------------------------------------------------
     @property
@@ -86,6 +93,10 @@ class PageAllocator:
 
     def length(self, seq_id: int) -> int:
         return self._lengths[self._check_id(seq_id)]
+
+    def num_pages(self, seq_id: int) -> int:
+        """How many pages a sequence holds (``len(pages(seq_id))`` without the copy)."""
+        return len(self._pages[self._check_id(seq_id)])
 
     def pages(self, seq_id: int) -> list[int]:
         """Page ids of a sequence, in order (a copy)."""
@@ -138,10 +149,34 @@ class PageAllocator:
                 f"{len(self._free)} of {self.num_blocks} are free; free finished sequences "
                 f"(PagedKVCache.free) or create the cache with more blocks")
         for seq_id, new_length in plan:
-            owned = self._pages.setdefault(seq_id, [])
-            for _ in range(need[seq_id]):
-                owned.append(self._free.pop())
+            if seq_id not in self._pages:
+                self._pages[seq_id] = []
+                self._new_slot(seq_id)
+            owned = self._pages[seq_id]
+            if need[seq_id]:
+                self._take(seq_id, owned, need[seq_id])
             self._lengths[seq_id] = new_length
+
+    def _new_slot(self, seq_id):
+        if not self._free_slots:
+            used = self._rows.shape[0]
+            self._rows = np.concatenate([self._rows, np.full_like(self._rows, NO_PAGE)])
+            self._free_slots = list(range(2 * used - 1, used - 1, -1))
+        self._slot[seq_id] = self._free_slots.pop()
+
+    def _take(self, seq_id, owned, count):
+        """Append ``count`` free pages to ``owned`` (``seq_id``'s list) and to its table row."""
+        start = len(owned)
+        for _ in range(count):
+            owned.append(self._free.pop())
+        cap = self._rows.shape[1]
+        if len(owned) > cap:
+            while cap < len(owned):
+                cap *= 2
+            wider = np.full((self._rows.shape[0], cap), NO_PAGE, np.int32)
+            wider[:, :self._rows.shape[1]] = self._rows
+            self._rows = wider
+        self._rows[self._slot[seq_id], start:len(owned)] = owned[start:]
 
     def add_sequence(self, length: int = 0) -> int:
         """Start a sequence of ``length`` tokens (its pages allocated); returns its id."""
@@ -175,16 +210,19 @@ class PageAllocator:
             if need > len(self._free) or (self.max_blocks_per_seq is not None and
                                           len(owned) + need > self.max_blocks_per_seq):
                 return False
-            for _ in range(need):
-                owned.append(self._free.pop())
+            self._take(seq_id, owned, need)
         self._lengths[seq_id] = length
         return True
 
     def free(self, seq_id: int) -> None:
         """Return a finished sequence's pages to the pool."""
         self._check_id(seq_id)
-        self._free.extend(reversed(self._pages.pop(seq_id)))
+        pages = self._pages.pop(seq_id)
+        self._free.extend(reversed(pages))
         del self._lengths[seq_id]
+        slot = self._slot.pop(seq_id)
+        self._rows[slot, :len(pages)] = NO_PAGE
+        self._free_slots.append(slot)
 
     # ---- tables ----------------------------------------------------------------------------
     def host_tables(self, seq_ids: Iterable[int], *, lengths: Sequence[int] | None = None,
@@ -195,15 +233,26 @@ class PageAllocator:
         least ``max_blocks_per_seq`` when set, and at least 1); unused slots hold ``NO_PAGE``.
         ``lengths`` overrides the recorded lengths (``append`` passes the pre-append ones).
         """
-        ids = [self._check_id(i) for i in seq_ids]
-        most = max([len(self._pages[i]) for i in ids] + [1, self.max_blocks_per_seq or 1])
+        ids = seq_ids if isinstance(seq_ids, list) else list(seq_ids)
+        pages = self._pages
+        try:
+            most = max([len(pages[i]) for i in ids] + [1, self.max_blocks_per_seq or 1])
+        except KeyError:
+            for i in ids:
+                self._check_id(i)
+            raise
         width = most if width is None else int(width)
         if width < most:
             raise ValueError(f"width: expected at least {most} (the longest page list), got "
                              f"{width}")
-        table = np.full((len(ids), width), NO_PAGE, np.int32)
-        for row, i in enumerate(ids):
-            table[row, :len(self._pages[i])] = self._pages[i]
+        slot = self._slot
+        rows = np.array([slot[i] for i in ids], np.intp)
+        cap = self._rows.shape[1]
+        if width <= cap:
+            table = self._rows[rows, :width]
+        else:
+            table = np.full((len(ids), width), NO_PAGE, np.int32)
+            table[:, :cap] = self._rows[rows]
         lens = np.array([self._lengths[i] for i in ids] if lengths is None else lengths,
                         np.int32)
         return table, lens

@@ -30,7 +30,7 @@ class InputsOnly(ModelRunner):
 
     def prepare(self, entries):
         seqs = [e.seq_id for e in entries]
-        longest = max(len(self.cache.pages(s)) for s in seqs)
+        longest = max(self.cache.num_pages(s) for s in seqs)
         table, seq_lens = self.cache.host_tables(seqs, width=self._width(longest))
         tokens = np.array([e.token_ids[0] for e in entries], np.int64)
         positions = np.array([e.start_position for e in entries], np.int32)

@@ -24,6 +24,11 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 #: Fewest pages a decode block table is wide (wider tables are rounded up to a power of two).
 MIN_WIDTH = 16
 _SEED_MIX = 0x9E3779B97F4A7C15
+#: One request's sampling row as ``_params`` caches it: ``SAMPLING_PARAMS`` but the seed, then
+#: the request's seed times ``_SEED_MIX`` (mod 2**64), which ``row_seed`` xors with position + 1.
+_ROW = np.dtype([(name, dtype) for name, dtype in SAMPLING_PARAMS[:-1]] + [("mix", "uint64")])
+assert [name for name, _ in SAMPLING_PARAMS] == ["temperature", "top_k", "top_p", "min_p",
+                                                 "seed"] and _ROW.itemsize == 24
 
 
 def _bucket(n, buckets):
@@ -37,6 +42,15 @@ def row_seed(seed, position):
     """The sampler seed of the token at ``position`` of a request seeded ``seed`` (int64)."""
     x = ((int(seed) * _SEED_MIX) ^ (int(position) + 1)) & (2**64 - 1)
     return x - 2**64 if x >= 2**63 else x
+
+
+def _sampling_row(request):
+    """``(params, sampling_seed, bytes of one _ROW record)``: each value converted as a
+    one-element array of its ``SAMPLING_PARAMS`` dtype, as ``_params`` converted its columns."""
+    p, seed = request.params, request.sampling_seed
+    values = (p.temperature, p.top_k, p.top_p, p.min_p, (int(seed) * _SEED_MIX) & (2**64 - 1))
+    blob = b"".join(np.array([v], _ROW[i]).tobytes() for i, v in enumerate(values))
+    return p, seed, blob
 
 
 class ModelRunner:
@@ -62,15 +76,25 @@ class ModelRunner:
 
     @staticmethod
     def _params(entries):
-        """Per-row sampling arrays (``SAMPLING_PARAMS`` order) of the entries' next tokens."""
-        rows = []
+        """Per-row sampling arrays (``SAMPLING_PARAMS`` order) of the entries' next tokens.
+
+        Each request's row is packed once (``_sampling_row``, kept in ``request.sampling_row``
+        while its ``params`` object and ``sampling_seed`` stay the same); a step joins the rows
+        and mixes in the positions: the values of ``row_seed``, bit for bit."""
+        if not entries:
+            return tuple(np.array((), dtype) for _, dtype in SAMPLING_PARAMS)
+        packed, positions = [], []
         for e in entries:
-            p = e.request.params
-            position = e.start_position + e.num_new_tokens
-            rows.append((p.temperature, p.top_k, p.top_p, p.min_p,
-                         row_seed(e.request.sampling_seed, position)))
-        cols = list(zip(*rows)) if rows else [()] * len(SAMPLING_PARAMS)
-        return tuple(np.array(col, dtype) for col, (_, dtype) in zip(cols, SAMPLING_PARAMS))
+            r = e.request
+            row = r.sampling_row
+            if row is None or row[0] is not r.params or row[1] != r.sampling_seed:
+                row = r.sampling_row = _sampling_row(r)
+            packed.append(row[2])
+            positions.append(e.start_position + e.num_new_tokens)
+        table = np.frombuffer(b"".join(packed), _ROW)
+        seeds = table["mix"] ^ (np.array(positions, np.uint64) + np.uint64(1))
+        return (table["temperature"].copy(), table["top_k"].copy(), table["top_p"].copy(),
+                table["min_p"].copy(), seeds.view(np.int64))
 
     def _width(self, longest_pages):
         width = MIN_WIDTH
@@ -100,7 +124,7 @@ class ModelRunner:
     def _decode(self, entries):
         allocator = self.cache
         seqs = [e.seq_id for e in entries]
-        longest = max(len(allocator.pages(s)) for s in seqs)
+        longest = max(allocator.num_pages(s) for s in seqs)
         table, seq_lens = allocator.host_tables(seqs, width=self._width(longest))
         tokens = np.array([e.token_ids[0] for e in entries], np.int64)
         positions = np.array([e.start_position for e in entries], np.int32)

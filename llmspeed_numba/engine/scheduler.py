@@ -82,6 +82,8 @@ class Request:
     num_preemptions: int = 0
     #: the sampler's seed for this request (``params.seed``, or one the engine draws)
     sampling_seed: int = 0
+    #: the runner's cache of this request's packed sampling row (``ModelRunner._params``)
+    sampling_row: tuple | None = field(default=None, init=False, repr=False)
 
     @property
     def num_tokens(self):
