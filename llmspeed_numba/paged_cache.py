@@ -214,6 +214,29 @@ class PageAllocator:
         self._lengths[seq_id] = length
         return True
 
+    def extend_while_fits(self, seq_ids, new_tokens):
+        """``try_extend(seq_id, new_tokens)`` of each of ``seq_ids`` in order, stopping at the
+        first that does not fit (it, and those after it, unchanged); returns how many grew. A
+        scheduler's steady decode step: one call, pages taken only where a last page is full."""
+        if new_tokens < 0:
+            raise ValueError(f"new_tokens: expected an int >= 0, got {new_tokens!r}")
+        lengths, pages, free = self._lengths, self._pages, self._free
+        block, cap = self.block_size, self.max_blocks_per_seq
+        grown = 0
+        for seq_id in seq_ids:
+            if seq_id not in lengths:
+                self._check_id(seq_id)
+            length = lengths[seq_id] + new_tokens
+            owned = pages[seq_id]
+            if length > len(owned) * block:  # its last page is full: pages to take
+                need = -(-length // block) - len(owned)
+                if need > len(free) or (cap is not None and len(owned) + need > cap):
+                    break
+                self._take(seq_id, owned, need)
+            lengths[seq_id] = length
+            grown += 1
+        return grown
+
     def free(self, seq_id: int) -> None:
         """Return a finished sequence's pages to the pool."""
         self._check_id(seq_id)

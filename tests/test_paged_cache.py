@@ -225,3 +225,25 @@ def test_room_pages_needed_max_seq_len():
     alloc.free(a)
     assert alloc.try_extend(c, 3) and alloc.pages(c) == [0] and alloc.length(c) == 3
     assert alloc.try_extend(c, 1) and alloc.num_free_pages == 4
+
+
+def test_extend_while_fits_is_try_extend_in_order_until_one_does_not_fit():
+    alloc = PageAllocator(num_blocks=5, block_size=4)
+    a, b, c, d = (alloc.add_sequence(n) for n in (3, 4, 4, 2))
+    assert alloc.num_free_pages == 1
+    # a fills its last page (no page taken), b crosses into the free page, c needs one more:
+    # it and d (whose last page has room) stay as they were.
+    assert alloc.extend_while_fits([a, b, c, d], 1) == 2
+    assert [alloc.length(s) for s in (a, b, c, d)] == [4, 5, 4, 2]
+    assert alloc.pages(b) == [1, 4] and alloc.num_free_pages == 0
+    table, lens = alloc.host_tables([b])
+    assert table.tolist() == [[1, 4]] and lens.tolist() == [5]
+    assert alloc.extend_while_fits([d, a], 1) == 1 and alloc.length(d) == 3  # a is full
+    assert alloc.extend_while_fits([], 1) == 0 and alloc.extend_while_fits([a], 0) == 1
+    capped = PageAllocator(num_blocks=8, block_size=4, max_blocks_per_seq=1)
+    e, f = capped.add_sequence(4), capped.add_sequence(1)
+    assert capped.extend_while_fits([f, e, f], 1) == 1 and capped.length(f) == 2
+    with pytest.raises(ValueError, match="new_tokens"):
+        alloc.extend_while_fits([a], -1)
+    with pytest.raises(KeyError, match="no live sequence"):
+        alloc.extend_while_fits([99], 1)

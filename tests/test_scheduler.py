@@ -335,6 +335,45 @@ def test_a_sequence_that_cannot_fit_alone_finishes_with_length():
 
 
 # ---- retirement ------------------------------------------------------------------------------
+def test_steady_decode_fast_path_and_the_cases_it_hands_on():
+    # schedule() grows the leading decodes in one allocator call (extend_while_fits) and hands
+    # on to the general loop at the first that does not fit. 5 pages of 4 tokens; after the
+    # prefill step the sequences hold 3, 4, 4, 3 tokens in one page each, one page free.
+    sched, alloc, model = make(num_blocks=5, block_size=4, max_num_seqs=4, budget=16)
+    p0 = req(0, 3).prompt_token_ids
+    first = next_token(p0)
+    second = next_token(p0 + [first])
+    assert first != second  # so r0's stop token ends it on the decode step, not before
+    requests = [req(0, 3, max_tokens=8, stop_token_ids=[second], ignore_eos=True),
+                req(1, 4, max_tokens=2, ignore_eos=True),          # max_tokens on the decode
+                req(2, 4, max_tokens=6, ignore_eos=True),
+                req(3, 3, max_tokens=6, ignore_eos=True)]
+    for r in requests:
+        sched.add(r)
+    batch = sched.schedule()
+    check_step(sched, batch)
+    assert batch.num_decodes == 0 and len(batch.entries) == 4 and alloc.num_free_pages == 1
+    assert sched.update(batch, model(batch)) == []
+    batch = sched.schedule()  # the decode step
+    check_step(sched, batch)
+    # r0 fills its last page (no page taken), r1 crosses into a new page (the free one), r2
+    # needs a page and none is left: the newest, r3, is preempted for it.
+    assert [e.request.request_id for e in batch.entries] == [0, 1, 2]
+    assert batch.num_decodes == 3 and batch.sample_indices == (0, 1, 2)
+    assert [(e.num_new_tokens, e.start_position) for e in batch.entries] == [(1, 3), (1, 4),
+                                                                             (1, 4)]
+    assert [r.request_id for r in batch.preempted] == [3] and requests[3].seq_id is None
+    assert [alloc.length(r.seq_id) for r in requests[:3]] == [4, 5, 5]
+    assert [alloc.num_pages(r.seq_id) for r in requests[:3]] == [1, 2, 2]
+    finished = sched.update(batch, model(batch))
+    assert [(r.request_id, r.finish_reason, r.stop_reason) for r in finished] == [
+        (0, "stop", second), (1, "length", None)]
+    assert requests[0].output_token_ids == [first, second]
+    simulate(sched, model, {})
+    for r in requests:
+        assert_as_alone(r, sched)
+
+
 def test_retirement_reasons():
     sched, alloc, model = make(max_model_len=12)
     prompts = ([1 + k % 31, 1 + k // 31, 5, 9] for k in range(31 * 31))

@@ -43,6 +43,7 @@ import enum
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from numbers import Integral
 from typing import Callable, Hashable, NamedTuple
 
@@ -360,17 +361,36 @@ class Scheduler:
         """Plan the next step (see the module docstring); pages for its tokens are allocated."""
         if self._pending is not None:
             raise RuntimeError("schedule: the previous batch has not been passed to update()")
-        plan = _StepPlan(self.max_num_batched_tokens,
-                         sum(1 for r in self._running if r.in_decode))
-        self._schedule_running(plan)
+        # Request.in_decode of each running request, inlined (this runs every step).
+        decoding = [r.num_computed_tokens == len(r.prompt_token_ids) + len(r.output_token_ids) - 1
+                    for r in self._running]
+        plan = _StepPlan(self.max_num_batched_tokens, sum(decoding))
+        self._schedule_running(plan, decoding)
         if not plan.preempted:
             self._schedule_waiting(plan)
         self._pending = plan.batch(self._steps)
         self._steps += 1
         return self._pending
 
-    def _schedule_running(self, plan):
-        for request in list(self._running):
+    def _schedule_running(self, plan, decoding):
+        running = list(self._running)
+        # Fast path, the steady decode step: the leading decodes whose sequences grow by their
+        # token without preempting anyone, in one allocator call, exactly as the loop below
+        # would grow them one by one; the loop takes over from the first that does not fit.
+        lead = len(running) if all(decoding) else decoding.index(False)
+        if lead:
+            requests = running[:lead]
+            seq_ids = [r.seq_id for r in requests]
+            grown = self.allocator.extend_while_fits(seq_ids, 1)
+            if grown:
+                starts = [r.num_computed_tokens for r in requests[:grown]]
+                # BatchEntry(request, seq_id, 1, start) each, without NamedTuple's __new__
+                plan.decodes.extend(map(tuple.__new__, repeat(BatchEntry),
+                                        zip(requests, seq_ids, repeat(1), starts)))
+                plan.budget_left -= grown
+                plan.reserved_decodes -= grown
+                running = running[grown:]
+        for request in running:
             if request.status is not RequestStatus.RUNNING:  # preempted for an older one
                 continue
             decode = request.in_decode
@@ -454,14 +474,26 @@ class Scheduler:
         tokens = self._sampled_by_index(batch, sampled)
         self._pending = None
         finished = list(batch.finished)
-        for i, entry in enumerate(batch.entries):
-            request = entry.request
-            if request.status is not RequestStatus.RUNNING:  # aborted since schedule()
+        running = RequestStatus.RUNNING
+        stop_check = self._stop
+        eos, max_model_len = stop_check.eos_token_ids, stop_check.max_model_len
+        for i, (request, _, num_new_tokens, _) in enumerate(batch.entries):
+            if request.status is not running:  # aborted since schedule()
                 continue
-            request.num_computed_tokens += entry.num_new_tokens
-            if i in tokens:
-                request.output_token_ids.append(tokens[i])
-                stop = self._stop(request)
+            request.num_computed_tokens += num_new_tokens
+            token = tokens.get(i)
+            if token is None:
+                continue
+            outputs = request.output_token_ids
+            outputs.append(token)
+            # _StopChecker's conditions, cheapest first: only a request that one of them may
+            # stop is checked in full (which decides, and why).
+            params = request.params
+            if (params.stop is not None or params.stop_token_ids
+                    or len(outputs) >= params.max_tokens
+                    or len(request.prompt_token_ids) + len(outputs) >= max_model_len
+                    or (token in eos and not params.ignore_eos)):
+                stop = stop_check(request)
                 if stop:
                     self._retire(request, *stop)
                     finished.append(request)
@@ -483,13 +515,17 @@ class Scheduler:
                                  f"(batch.sampling), got {len(sampled)}")
             values = dict(zip(batch.sample_indices, sampled))
         tokens = {}
+        running = RequestStatus.RUNNING
         for i in batch.sample_indices:
             request = entries[i].request
-            if request.status is not RequestStatus.RUNNING:  # aborted since schedule()
+            if request.status is not running:  # aborted since schedule()
                 continue
             if i not in values:
                 raise KeyError(f"sampled: no token for request {request.request_id!r}")
             token = values[i]
+            if type(token) is int and token >= 0:  # the common case, before the ABC check
+                tokens[i] = token
+                continue
             if isinstance(token, bool) or not isinstance(token, Integral) or token < 0:
                 raise ValueError(f"sampled: expected token ids >= 0, got {token!r} for "
                                  f"request {request.request_id!r}")
