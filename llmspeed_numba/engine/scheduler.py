@@ -219,6 +219,16 @@ class _StopChecker:
             return "length", None
         return None
 
+    def may_stop(self, request, token):
+        """False when ``__call__`` surely returns None for ``token``, the newest output (a
+        cheap test of the same conditions, run on every token); True: call it."""
+        params = request.params
+        return bool(params.stop is not None or params.stop_token_ids
+                    or len(request.output_token_ids) >= params.max_tokens
+                    or len(request.prompt_token_ids) + len(request.output_token_ids)
+                    >= self.max_model_len
+                    or (token in self.eos_token_ids and not params.ignore_eos))
+
     def _stop_string(self, request):
         # The whole output is decoded each time: a later token may change how earlier bytes
         # decode. Sets request.text, cut before the earliest stop string.
@@ -476,7 +486,7 @@ class Scheduler:
         finished = list(batch.finished)
         running = RequestStatus.RUNNING
         stop_check = self._stop
-        eos, max_model_len = stop_check.eos_token_ids, stop_check.max_model_len
+        may_stop = stop_check.may_stop
         for i, (request, _, num_new_tokens, _) in enumerate(batch.entries):
             if request.status is not running:  # aborted since schedule()
                 continue
@@ -484,15 +494,9 @@ class Scheduler:
             token = tokens.get(i)
             if token is None:
                 continue
-            outputs = request.output_token_ids
-            outputs.append(token)
-            # _StopChecker's conditions, cheapest first: only a request that one of them may
-            # stop is checked in full (which decides, and why).
-            params = request.params
-            if (params.stop is not None or params.stop_token_ids
-                    or len(outputs) >= params.max_tokens
-                    or len(request.prompt_token_ids) + len(outputs) >= max_model_len
-                    or (token in eos and not params.ignore_eos)):
+            request.output_token_ids.append(token)
+            # only a request that may stop is checked in full (which decides, and why)
+            if may_stop(request, token):
                 stop = stop_check(request)
                 if stop:
                     self._retire(request, *stop)
