@@ -365,10 +365,27 @@ def _linked_all():
 
 
 def test_every_ptx_op_has_a_simulator_twin():
+    """Each op of ``ptx/_intrinsics/<family>.py`` has its twin in ``ptx/_twins/<family>.py``;
+    every family module is in ``FAMILIES`` and has its twin module; no op is listed twice."""
+    import importlib
+    import pathlib
+
     from llmspeed_numba.ptx import _intrinsics, _twins
 
-    missing = [n for n in _intrinsics.__all__ if not callable(getattr(_twins, n, None))]
-    assert not missing, f"ops of ptx/_intrinsics.py without a twin in ptx/_twins.py: {missing}"
+    def family_modules(package):
+        return {path.stem for path in pathlib.Path(package.__file__).parent.glob("*.py")} - {
+            "__init__", "common"}
+
+    names = [family.__name__.rsplit(".", 1)[1] for family in _intrinsics.FAMILIES]
+    assert set(names) == family_modules(_intrinsics), "a family module missing from FAMILIES"
+    assert family_modules(_twins) == set(names), "twin modules not named as the families"
+    assert len(set(_intrinsics.__all__)) == len(_intrinsics.__all__), "an op listed twice"
+    missing = []
+    for name, family in zip(names, _intrinsics.FAMILIES):
+        twins = importlib.import_module(f"{_twins.__name__}.{name}")
+        missing += [f"{name}.{op}" for op in family.__all__
+                    if not callable(getattr(twins, op, None))]
+    assert not missing, f"ops without a twin in ptx/_twins/<family>.py: {missing}"
 
 
 def test_linked_backend_twins_are_the_listed_ones():

@@ -184,9 +184,9 @@ MISUSE = [
 @pytest.mark.parametrize("case,threads,error,message", MISUSE,
                          ids=["missing-bytes", "extra-arrival", "misaligned", "size", "bounds"])
 def test_twin_checks(case, threads, error, message, monkeypatch):
-    from llmspeed_numba.ptx import _twins
+    from llmspeed_numba.ptx._twins import common
 
-    monkeypatch.setattr(_twins, "_RENDEZVOUS_TIMEOUT_S", 1.0)  # the hang, made an error sooner
+    monkeypatch.setattr(common, "_RENDEZVOUS_TIMEOUT_S", 1.0)  # the hang, made an error sooner
     src = np.zeros(64, np.uint32)
     with pytest.raises(error, match=message):
         _misuse_kernel(case)[1, threads](src)

@@ -3,13 +3,17 @@
 Kernels import this module and call ``ptx.<op>``. Which implementation they get is decided once,
 at import:
 
-- under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``): the pure-Python twins (``_twins.py``);
+- under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``): the pure-Python twins (``_twins/``);
 - on a GPU, by ``LLMSPEED_NUMBA_PTX_BACKEND``:
-  ``intrinsic`` (default): ``@intrinsic`` + llvmlite ``InlineAsm`` (``_intrinsics.py``), inlined
+  ``intrinsic`` (default): ``@intrinsic`` + llvmlite ``InlineAsm`` (``_intrinsics/``), inlined
   without LTO, kernels stay cacheable;
   ``linked``: mma, ldmatrix and cp.async (``cp_async_16``; not the hinted ``cp_async_16_l2``)
   as CUDA C inline asm linked through ``cuda.declare_device`` and inlined by LTO
   (``_linked.py``); other ops stay intrinsics.
+
+Both packages have one module per instruction family, of the same name (``_intrinsics/mma.py``,
+``_twins/mma.py``: mma.sync and ldmatrix; ``wgmma``, ``memory``, ``async_copy``, ``convert``,
+``fast_math``, ``sync``), and a ``common.py`` of shared helpers.
 
 Data conventions (both backends): fp16/bf16 values travel as raw ``uint16`` bits, two of them
 packed low-index-first in a ``uint32``; memory operands are ``(array, element_offset)``.

@@ -14,7 +14,8 @@ as ``unsigned``; numba ABI: ``int f(T* ret, args...)`` returning 0.
 from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
-from ._intrinsics import _I64, _check_memory_operand, _element_pointer, shared_address
+from ._intrinsics.common import _I64, _check_memory_operand, _element_pointer
+from ._intrinsics.memory import shared_address
 
 _SOURCE = r"""
 struct llm_f32x4 { float v[4]; };

@@ -1,0 +1,126 @@
+"""Conversions: f32 to and from f16 / bf16 bits (scalar, and two packed in a uint32), and the
+bit casts between float32 and its uint32 bits."""
+
+from llvmlite import ir
+from numba import types
+from numba.cuda.extending import intrinsic
+
+from .common import _F32, _I16, _I32, _asm, _tuple
+
+__all__ = [
+    "pack_f16x2", "pack_bf16x2", "unpack_f16x2", "unpack_bf16x2",
+    "f16_to_f32", "bf16_to_f32", "f32_to_f16", "f32_to_bf16",
+    "f32_bits", "f32_from_bits",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Conversions between f32 and packed / scalar f16, bf16 bits
+# --------------------------------------------------------------------------------------------
+
+def _make_pack(kind):
+    # cvt.rn.{f16x2,bf16x2}.f32 d, a, b puts a in the upper half: pass (hi, lo).
+    text = f"cvt.rn.{kind}x2.f32 $0, $1, $2;"
+
+    @intrinsic
+    def pack(typingctx, lo, hi):
+        def codegen(context, builder, signature, args):
+            lo_v = context.cast(builder, args[0], signature.args[0], types.float32)
+            hi_v = context.cast(builder, args[1], signature.args[1], types.float32)
+            return _asm(builder, _I32, [_F32, _F32], text, "=r,f,f", [hi_v, lo_v])
+
+        return types.uint32(lo, hi), codegen
+
+    return pack
+
+
+pack_f16x2 = _make_pack("f16")
+pack_bf16x2 = _make_pack("bf16")
+
+
+@intrinsic
+def unpack_f16x2(typingctx, packed):
+    """uint32 holding two f16 -> (low, high) as float32."""
+    def codegen(context, builder, signature, args):
+        value = context.cast(builder, args[0], signature.args[0], types.uint32)
+        out = _asm(builder, ir.LiteralStructType([_F32, _F32]), [_I32],
+                   "{.reg .f16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; "
+                   "cvt.f32.f16 $1, hi;}", "=f,=f,r", [value])
+        return _tuple(context, builder, signature, out, 2)
+
+    return types.UniTuple(types.float32, 2)(packed), codegen
+
+
+@intrinsic
+def unpack_bf16x2(typingctx, packed):
+    """uint32 holding two bf16 -> (low, high) as float32 (exact: bf16 is truncated f32)."""
+    def codegen(context, builder, signature, args):
+        value = context.cast(builder, args[0], signature.args[0], types.uint32)
+        lo = builder.bitcast(builder.shl(value, ir.Constant(_I32, 16)), _F32)
+        hi = builder.bitcast(builder.and_(value, ir.Constant(_I32, 0xFFFF0000)), _F32)
+        return context.make_tuple(builder, signature.return_type, [lo, hi])
+
+    return types.UniTuple(types.float32, 2)(packed), codegen
+
+
+@intrinsic
+def f16_to_f32(typingctx, bits):
+    """uint16 f16 bits -> float32."""
+    def codegen(context, builder, signature, args):
+        value = context.cast(builder, args[0], signature.args[0], types.uint16)
+        return _asm(builder, _F32, [_I16], "cvt.f32.f16 $0, $1;", "=f,h", [value])
+
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def bf16_to_f32(typingctx, bits):
+    """uint16 bf16 bits -> float32 (exact)."""
+    def codegen(context, builder, signature, args):
+        value = context.cast(builder, args[0], signature.args[0], types.uint16)
+        wide = builder.shl(builder.zext(value, _I32), ir.Constant(_I32, 16))
+        return builder.bitcast(wide, _F32)
+
+    return types.float32(bits), codegen
+
+
+def _make_round(kind):
+    text = f"cvt.rn.{kind}.f32 $0, $1;"
+
+    @intrinsic
+    def round_to(typingctx, x):
+        def codegen(context, builder, signature, args):
+            value = context.cast(builder, args[0], signature.args[0], types.float32)
+            return _asm(builder, _I16, [_F32], text, "=h,f", [value])
+
+        return types.uint16(x), codegen
+
+    return round_to
+
+
+f32_to_f16 = _make_round("f16")
+f32_to_bf16 = _make_round("bf16")
+
+
+# --------------------------------------------------------------------------------------------
+# Bit casts (fused ops: fp32 data through 16-byte vector access)
+# --------------------------------------------------------------------------------------------
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """float32 -> its IEEE bits as uint32 (a register move, no conversion)."""
+    def codegen(context, builder, signature, args):
+        value = context.cast(builder, args[0], signature.args[0], types.float32)
+        return builder.bitcast(value, _I32)
+
+    return types.uint32(x), codegen
+
+
+@intrinsic
+def f32_from_bits(typingctx, bits):
+    """uint32 IEEE bits -> float32 (a register move): fp32 data read with ``load_u32x4``."""
+    def codegen(context, builder, signature, args):
+        value = context.cast(builder, args[0], signature.args[0], types.uint32)
+        return builder.bitcast(value, _F32)
+
+    return types.float32(bits), codegen

@@ -1,0 +1,139 @@
+"""Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a): shared-memory matrix descriptors, the
+MMA itself, its fences, commit and wait."""
+
+from llvmlite import ir
+from numba import types
+from numba.core.errors import TypingError
+from numba.cuda.extending import intrinsic
+
+from .common import (_F32, _I32, _I64, _asm, _check_memory_operand, _element_pointer,
+                     _literal_int, _make_plain, _shared_address)
+
+__all__ = ["wgmma_fence", "wgmma_commit", "fence_proxy_async", "smem_desc", "wgmma_m64k16",
+           "wgmma_wait"]
+
+
+# --------------------------------------------------------------------------------------------
+# Hopper warpgroup MMA (wgmma.mma_async, sm_90a): A and B from shared-memory descriptors,
+# f32 accumulators in registers. One warpgroup (4 consecutive warps, 128 threads) issues it
+# together; the accumulator fragment of m64nNk16 is, for warp w of the group and lane l,
+# register i -> row 16w + l/4 + 8 * ((i/2) % 2), column 8 * (i/4) + 2 * (l%4) + i%2.
+# --------------------------------------------------------------------------------------------
+
+wgmma_fence = _make_plain(
+    "wgmma.fence.sync.aligned;", "wgmma_fence",
+    "Orders earlier register and shared-memory accesses before the next wgmma.mma_async.")
+wgmma_commit = _make_plain(
+    "wgmma.commit_group.sync.aligned;", "wgmma_commit",
+    "Closes the group of wgmma.mma_async issued since the previous commit.")
+fence_proxy_async = _make_plain(
+    "fence.proxy.async.shared::cta;", "fence_proxy_async",
+    "Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to "
+    "the async proxy that wgmma reads its operands through; put it before the barrier.")
+
+
+@intrinsic
+def smem_desc(typingctx, smem, offset, lbo_bytes, sbo_bytes, swizzle):
+    """64-bit wgmma matrix descriptor of the tile starting at ``smem[offset]``.
+
+    ``lbo_bytes`` / ``sbo_bytes`` (leading / stride byte offsets) and ``swizzle`` (0 none, 1
+    128-byte) are compile-time integers: they fold into the constant high word, only the address
+    field (bits 0-13: address >> 4) is computed at run time. Bits 16-29 hold LBO >> 4, 32-45
+    SBO >> 4, 62-63 the swizzle mode."""
+    _check_memory_operand(smem, offset, "smem_desc")
+    lbo = _literal_int(lbo_bytes, "smem_desc lbo_bytes")
+    sbo = _literal_int(sbo_bytes, "smem_desc sbo_bytes")
+    swz = _literal_int(swizzle, "smem_desc swizzle")
+    if lbo % 16 or sbo % 16 or not (0 <= lbo < 1 << 18 and 0 <= sbo < 1 << 18):
+        raise TypingError(f"smem_desc: lbo / sbo must be multiples of 16 below 2**18, got "
+                          f"{lbo}, {sbo}")
+    if swz not in (0, 1):
+        raise TypingError(f"smem_desc: swizzle must be 0 (none) or 1 (128-byte), got {swz}")
+    high = ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (swz << 62)
+
+    def codegen(context, builder, signature, args):
+        ptr = _element_pointer(context, builder, signature.args[0], args[0],
+                               signature.args[1], args[1])
+        address = builder.zext(_shared_address(builder, ptr), _I64)
+        field = builder.and_(builder.lshr(address, ir.Constant(_I64, 4)),
+                             ir.Constant(_I64, 0x3FFF))
+        return builder.or_(field, ir.Constant(_I64, high))
+
+    return types.uint64(smem, offset, lbo_bytes, sbo_bytes, swizzle), codegen
+
+
+def _accumulator_pointers(context, builder, array_type, array_value, count):
+    array = context.make_array(array_type)(context, builder, array_value)
+    return [builder.gep(array.data, [ir.Constant(_I64, i)]) for i in range(count)]
+
+
+def _check_accumulator(acc, name):
+    if not (isinstance(acc, types.Array) and acc.dtype == types.float32):
+        raise TypingError(f"{name}: acc must be a float32 local array, got {acc}")
+
+
+@intrinsic
+def wgmma_m64k16(typingctx, acc, desc_a, desc_b, accumulate, n, is_bf16, trans_a, trans_b):
+    """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{f16|bf16}``: acc (a float32 local array
+    of ``n // 2``, updated in place) = A (64x16) @ B (16xn) [+ acc when ``accumulate`` != 0].
+
+    ``n`` (8..256, multiple of 8), ``is_bf16``, ``trans_a`` / ``trans_b`` (0: the operand is
+    K-major in shared memory, 1: M- / N-major) are compile-time integers. The accumulator
+    registers belong to the Tensor Cores until ``wgmma_wait`` says the group is done."""
+    _check_accumulator(acc, "wgmma_m64k16")
+    width = _literal_int(n, "wgmma_m64k16 n")
+    bf16 = _literal_int(is_bf16, "wgmma_m64k16 is_bf16")
+    ta = _literal_int(trans_a, "wgmma_m64k16 trans_a")
+    tb = _literal_int(trans_b, "wgmma_m64k16 trans_b")
+    if width % 8 or not 8 <= width <= 256 or ta not in (0, 1) or tb not in (0, 1):
+        raise TypingError(f"wgmma_m64k16: n must be a multiple of 8 in [8, 256] and the "
+                          f"transposes 0 or 1, got n={width}, trans=({ta}, {tb})")
+    regs = width // 2
+    kind = "bf16" if bf16 else "f16"
+    outs = ",".join(f"${i}" for i in range(regs))
+    text = ("{ .reg .pred p; "
+            f"setp.ne.b32 p, ${regs + 2}, 0; "
+            f"wgmma.mma_async.sync.aligned.m64n{width}k16.f32.{kind}.{kind} "
+            f"{{{outs}}}, ${regs}, ${regs + 1}, p, 1, 1, {ta}, {tb}; }}")
+    # outputs, the two descriptors and scale-d, then inputs tied to the outputs (CUDA C's "+f")
+    constraints = ",".join(["=f"] * regs + ["l", "l", "r"] + [str(i) for i in range(regs)]
+                           + ["~{memory}"])
+
+    def codegen(context, builder, signature, args):
+        ptrs = _accumulator_pointers(context, builder, signature.args[0], args[0], regs)
+        values = [builder.load(p) for p in ptrs]
+        da = context.cast(builder, args[1], signature.args[1], types.uint64)
+        db = context.cast(builder, args[2], signature.args[2], types.uint64)
+        scale = context.cast(builder, args[3], signature.args[3], types.int32)
+        out = _asm(builder, ir.LiteralStructType([_F32] * regs), [_I64, _I64, _I32]
+                   + [_F32] * regs, text, constraints, [da, db, scale] + values,
+                   side_effect=True)
+        for i, p in enumerate(ptrs):
+            builder.store(builder.extract_value(out, i), p)
+        return context.get_dummy_value()
+
+    return types.void(acc, desc_a, desc_b, accumulate, n, is_bf16, trans_a, trans_b), codegen
+
+
+@intrinsic
+def wgmma_wait(typingctx, acc, n_regs, pending):
+    """``wgmma.wait_group pending``: at most ``pending`` committed groups still run. The first
+    ``n_regs`` accumulator registers are threaded through the asm (tied operands), so no read
+    of them can be scheduled above the wait. ``n_regs`` and ``pending`` are compile-time
+    integers."""
+    _check_accumulator(acc, "wgmma_wait")
+    regs = _literal_int(n_regs, "wgmma_wait n_regs")
+    count = _literal_int(pending, "wgmma_wait pending")
+    constraints = ",".join(["=f"] * regs + [str(i) for i in range(regs)] + ["~{memory}"])
+
+    def codegen(context, builder, signature, args):
+        ptrs = _accumulator_pointers(context, builder, signature.args[0], args[0], regs)
+        values = [builder.load(p) for p in ptrs]
+        out = _asm(builder, ir.LiteralStructType([_F32] * regs), [_F32] * regs,
+                   f"wgmma.wait_group.sync.aligned {count};", constraints, values,
+                   side_effect=True)
+        for i, p in enumerate(ptrs):
+            builder.store(builder.extract_value(out, i), p)
+        return context.get_dummy_value()
+
+    return types.void(acc, n_regs, pending), codegen

@@ -1,0 +1,51 @@
+"""Twins of ``_intrinsics/convert.py``: f32 <-> f16 / bf16 bits, packing, bit casts."""
+
+import numpy as np
+
+from .common import (_bf16_bits_to_f32, _bits16, _f16_bits_to_f32, _f32_to_bf16_bits,
+                     _f32_to_f16_bits, _unpack)
+
+# ---- conversions ---------------------------------------------------------------------------
+
+def pack_f16x2(lo, hi):
+    return np.uint32(_f32_to_f16_bits(lo) | (_f32_to_f16_bits(hi) << 16))
+
+
+def pack_bf16x2(lo, hi):
+    return np.uint32(_f32_to_bf16_bits(lo) | (_f32_to_bf16_bits(hi) << 16))
+
+
+def unpack_f16x2(packed):
+    lo, hi = _unpack(packed, _f16_bits_to_f32)
+    return np.float32(lo), np.float32(hi)
+
+
+def unpack_bf16x2(packed):
+    lo, hi = _unpack(packed, _bf16_bits_to_f32)
+    return np.float32(lo), np.float32(hi)
+
+
+def f16_to_f32(bits):
+    return np.float32(_f16_bits_to_f32(_bits16(bits)))
+
+
+def bf16_to_f32(bits):
+    return np.float32(_bf16_bits_to_f32(_bits16(bits)))
+
+
+def f32_to_f16(x):
+    return np.uint16(_f32_to_f16_bits(x))
+
+
+def f32_to_bf16(x):
+    return np.uint16(_f32_to_bf16_bits(x))
+
+
+# ---- bit casts -----------------------------------------------------------------------------
+
+def f32_bits(x):
+    return np.float32(x).view(np.uint32)
+
+
+def f32_from_bits(bits):
+    return np.uint32(bits).view(np.float32)

@@ -1,0 +1,77 @@
+"""Twins of ``_intrinsics/wgmma.py``: Hopper warpgroup MMA from shared-memory descriptors."""
+
+import numpy as np
+
+from .common import _lane_context
+
+# ---- Hopper wgmma (the warpgroup's operands come from shared memory, so each thread computes
+# its own accumulator fragment from the tiles: no rendezvous is needed) ----------------------
+
+def wgmma_fence():
+    pass
+
+
+def wgmma_commit():
+    pass
+
+
+def fence_proxy_async():
+    pass
+
+
+class _SmemDesc:
+    """What a wgmma descriptor encodes: the array, start byte, LBO, SBO and swizzle mode."""
+
+    def __init__(self, smem, start, lbo, sbo, swizzle):
+        self.smem, self.start, self.lbo, self.sbo, self.swizzle = smem, start, lbo, sbo, swizzle
+
+    def byte_addresses(self, mn, k, mn_major):
+        """Byte addresses of elements (mn[i], k[j]) of the operand this descriptor describes
+        (rows of A or columns of B along ``mn``), as the hardware reads them."""
+        mn = np.asarray(mn)[:, None]
+        k = np.asarray(k)[None, :]
+        if self.swizzle == 0:
+            if mn_major:
+                raise NotImplementedError("wgmma twin: MN-major operands need the 128B swizzle")
+            # 8x8 core matrices of 16 contiguous bytes per row: LBO along K, SBO along MN
+            addr = self.start + (mn // 8) * self.sbo + (k // 8) * self.lbo + (mn % 8) * 16 \
+                + 2 * (k % 8)
+        else:
+            if mn_major:   # 64-element MN panels LBO apart; 8-row K groups SBO apart
+                addr = self.start + (mn // 64) * self.lbo + (k // 8) * self.sbo \
+                    + (k % 8) * 128 + 2 * (mn % 64)
+            else:          # 128-byte rows along K; 8-row MN groups SBO apart
+                addr = self.start + (mn // 8) * self.sbo + (mn % 8) * 128 + 2 * k
+            addr = addr ^ (((addr >> 7) & 7) << 4)   # 16-byte chunk ^= row within 1024 bytes
+        return addr
+
+
+def smem_desc(smem, offset, lbo_bytes, sbo_bytes, swizzle):
+    return _SmemDesc(smem, int(offset) * smem.dtype.itemsize, lbo_bytes, sbo_bytes, swizzle)
+
+
+def _b16_values(desc, mn, k, mn_major, is_bf16):
+    bits = np.asarray(desc.smem).reshape(-1).view(np.uint16)
+    raw = bits[desc.byte_addresses(mn, k, mn_major) // 2]
+    if is_bf16:
+        return (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return raw.view(np.float16).astype(np.float64)
+
+
+def wgmma_m64k16(acc, desc_a, desc_b, accumulate, n, is_bf16, trans_a, trans_b):
+    thread, _ = _lane_context()
+    warp, lane = divmod(thread.thread_id % 128, 32)
+    rows = 16 * warp + lane // 4 + np.array([0, 8])
+    cols = (8 * np.arange(n // 8)[:, None] + 2 * (lane % 4) + np.array([0, 1])).reshape(-1)
+    ks = np.arange(16)
+    a = _b16_values(desc_a, rows, ks, trans_a, is_bf16)          # (2, 16)
+    b = _b16_values(desc_b, cols, ks, trans_b, is_bf16).T        # (16, n / 4)
+    d = a @ b                                                    # (2, n / 4)
+    i = np.arange(n // 2)
+    frag = d[(i // 2) % 2, (i // 4) * 2 + i % 2]
+    base = np.asarray(acc[: n // 2], np.float64) if accumulate else 0.0
+    acc[: n // 2] = (base + frag).astype(np.float32)
+
+
+def wgmma_wait(acc, n_regs, pending):
+    pass
