@@ -371,9 +371,7 @@ class Scheduler:
         """Plan the next step (see the module docstring); pages for its tokens are allocated."""
         if self._pending is not None:
             raise RuntimeError("schedule: the previous batch has not been passed to update()")
-        # Request.in_decode of each running request, inlined (this runs every step).
-        decoding = [r.num_computed_tokens == len(r.prompt_token_ids) + len(r.output_token_ids) - 1
-                    for r in self._running]
+        decoding = [r.in_decode for r in self._running]   # read once a step
         plan = _StepPlan(self.max_num_batched_tokens, sum(decoding))
         self._schedule_running(plan, decoding)
         if not plan.preempted:
