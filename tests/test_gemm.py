@@ -145,6 +145,21 @@ def test_split_k(config, rng):
                   beta=0.5, bias=random_array((20,), "float16", rng), activation="silu")
 
 
+@pytest.mark.parametrize("config", [SIM_TC + "_k3", "wg_64x64x64_s3_k3"])
+def test_split_k_bitwise_repeatable(config, rng):
+    """A K split is finished by whichever block of a tile draws the last ticket, adding the
+    splits' sums in split order: repeated calls give the same bits, and each leaves the tickets
+    at zero (a later call with a different tile grid is still right)."""
+    a = random_array((20, 200), "bfloat16", rng)
+    b = random_array((200, 72), "bfloat16", rng)
+    da, db = place(a, True), place(b, False)
+    first = f64(gemm(da, db, config=config, out_dtype="float32"))
+    check(first, a, b, out_dtype="float32", mma=on_tensor_cores(config, "bfloat16"))
+    for _ in range(2):
+        assert np.array_equal(f64(gemm(da, db, config=config, out_dtype="float32")), first)
+    run_and_check(40, 24, 136, "float16", "NT", config, rng, out_dtype="float32")
+
+
 def test_unaligned_operands(rng):
     """Views that start off a 16-byte boundary with padded leading dims: the predicated scalar
     copy path of the Tensor Core kernel (no cp.async)."""
@@ -598,6 +613,20 @@ def test_gpu_split_k(split, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", ["tc_16x128x64_w1x4_s4_k16", "wg_64x128x64_s4_k8", None])
+def test_gpu_split_k_bitwise_repeatable(config, rng):
+    """Many splits race for the last ticket of each tile; the sum order, and so the bits, do
+    not depend on which block wins (16 x 4096 x 14336: the heuristic splits K too)."""
+    import torch
+
+    a, b, da, db = operands(rng, 16, 4096, 14336, "bfloat16")
+    first = gemm(da, db, config=config).clone()
+    check(first, a, b, out_dtype="bfloat16", mma=True)
+    for _ in range(5):
+        assert torch.equal(gemm(da, db, config=config), first)
+
+
+@pytest.mark.gpu
 def test_gpu_array_kinds_and_stream(rng):
     """numba device arrays and CuPy arrays in, same kind out; an explicit stream."""
     from numba import cuda
@@ -618,7 +647,7 @@ def test_gpu_array_kinds_and_stream(rng):
 
 @pytest.mark.gpu
 def test_gpu_cuda_graph_capture(rng):
-    """gemm (split-K: two kernels and a workspace) can be captured in a torch CUDA graph."""
+    """gemm (split-K: a workspace and tickets) can be captured in a torch CUDA graph."""
     import torch
 
     a, b, da, db = operands(rng, 16, 512, 1024, "float16")

@@ -158,10 +158,11 @@ def test_gated_wgmma(rng):
     run_gated(72, 136, 40, "bfloat16", SIM_WG, rng, bias_dtype="float16")
 
 
-@pytest.mark.parametrize("config", [SIM_TC + "_k3", SIM_WG + "_k2"])
-def test_gated_split_k(config, rng):
-    """Split K: the gated epilogue in the reduce kernel."""
-    run_gated(9, 150, 16, "float16", config, rng, activation="gelu_and_mul",
+@pytest.mark.parametrize("config, K", [(SIM_TC + "_k3", 48), (SIM_WG + "_k2", 136)])
+def test_gated_split_k(config, K, rng):
+    """Split K (three and two splits of whole K tiles): the last block of each tile adds the
+    partial sums and runs the gated epilogue, in the same launch."""
+    run_gated(9, 150, K, "float16", config, rng, activation="gelu_and_mul",
               bias_dtype="float32", alpha=-1.5)
 
 

@@ -98,18 +98,21 @@ def packer(dtype):
 
 
 @functools.cache
-def epilogue_value(c_dtype, bias_dtype, act):
+def epilogue_value(c_dtype, bias_dtype, act, fast=False):
     """Device function ``(acc, n, c, c_index, bias, alpha, beta) -> float32`` computing
     ``act(alpha * acc + beta * c[c_index] + bias[n])``.
 
     ``c_dtype`` / ``bias_dtype`` are None when there is no ``c`` (or ``beta == 0``) / no bias;
-    the buffers passed for them are then never read.
+    the buffers passed for them are then never read. ``fast``: the activation's SFU form (for
+    results rounded to fp16 / bf16: relative error under a tenth of an fp16 ulp), a few
+    instructions where libdevice's ``expf`` and IEEE division take tens, once per output
+    element of an epilogue that does not overlap the block's MMAs.
     """
     load_c = loader(c_dtype) if c_dtype is not None else _load_f32
     load_bias = loader(bias_dtype) if bias_dtype is not None else _load_f32
     has_c = c_dtype is not None
     has_bias = bias_dtype is not None
-    act_fn = activation(act)
+    act_fn = activation(act, fast=fast)
 
     @cuda.jit(device=True, inline="always")
     def value(acc, n, c, c_index, bias, alpha, beta):
@@ -128,7 +131,7 @@ def epilogue(out_dtype, c_dtype, bias_dtype, act):
     """Device function ``(acc, n, out, out_index, c, c_index, bias, alpha, beta)`` that stores
     the ``epilogue_value`` of one accumulator at ``out[out_index]``, rounded to ``out_dtype``."""
     store = storer(out_dtype)
-    value = epilogue_value(c_dtype, bias_dtype, act)
+    value = epilogue_value(c_dtype, bias_dtype, act, out_dtype != "float32")
 
     @cuda.jit(device=True, inline="always")
     def apply(acc, n, out, out_index, c, c_index, bias, alpha, beta):
@@ -149,7 +152,7 @@ def vector_epilogue(out_dtype, c_dtype, bias_dtype, act):
     fp32 array ``src`` (16-byte aligned index), for output columns ``n, n + 1, ...``, stored with
     one 16-byte store at ``out[out_index]`` (16-byte aligned). ``c``'s column stride is ``sc_n``.
     """
-    value = epilogue_value(c_dtype, bias_dtype, act)
+    value = epilogue_value(c_dtype, bias_dtype, act, out_dtype != "float32")
     pack = packer(out_dtype)
     fp32 = out_dtype == "float32"
 
@@ -320,3 +323,108 @@ def gated_tile_store(block_m, block_n, tile_ld, threads, out_dtype):
                    bias, _ONE, _ZERO, out_vec)
 
     return store_tile
+
+
+@functools.cache
+def gated_raw_store(block_m, block_n, tile_ld, threads, out_dtype, bias_dtype, gated_act):
+    """Device function ``(tile, tid, m0, n0, M, N, out, so_m, so_n, bias, alpha)``: the gated
+    epilogue of a staged tile of raw fp32 sums (b's interleaved columns ``n0 ..``, as a plain
+    GEMM stages them): output column ``n0 / 2 + j`` is ``combine`` of tile columns ``n`` and
+    ``n + GATE_BLOCK``, ``n = 2 GATE_BLOCK (j // GATE_BLOCK) + j % GATE_BLOCK``. Element by
+    element: it runs once per split tile, after the partial sums are added."""
+    bias_pair, combine = gated_epilogue(bias_dtype, gated_act, out_dtype)
+    store = storer(out_dtype)
+    half = block_n // 2
+
+    @cuda.jit(device=True, inline="always")
+    def store_gated(tile, tid, m0, n0, M, N, out, so_m, so_n, bias, alpha):
+        rows = min(block_m, M - m0)
+        for e in range(tid, rows * half, threads):
+            r = e // half
+            j = e - r * half
+            col = (j // GATE_BLOCK) * (2 * GATE_BLOCK) + j % GATE_BLOCK
+            n = n0 + col
+            if n < N:
+                bias_gate, bias_up = bias_pair(bias, n, N)
+                t = r * tile_ld + col
+                store(out, (m0 + r) * so_m + ((n0 >> 1) + j) * so_n,
+                      combine(tile[t], tile[t + GATE_BLOCK], bias_gate, bias_up, alpha))
+
+    return store_gated
+
+
+@functools.cache
+def split_tile_finish(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bias_dtype, act):
+    """Split K finished in the GEMM's own launch. Device function ``(tile, tid, m0, n0, M, N,
+    ws, counters, out, so_m, so_n, c, sc_m, sc_n, bias, alpha, beta, out_vec)`` for a block
+    whose raw fp32 sums (its K split, ``blockIdx.y`` of ``gridDim.y``) are staged in ``tile``:
+    it writes them to ``ws`` (splits, M, N) and draws a ticket from ``counters[blockIdx.x]``
+    (int32, zero before the launch and left zero); the block of the tile that finishes last
+    adds the splits' sums in split order (the same order, so the same bits, whichever block is
+    last) and stores the tile through the epilogue (gated ones included). One kernel instead of
+    a GEMM and a reduce kernel: a launch less, and the partial sums are read back from L2."""
+    save_raw = tile_epilogue(block_m, block_n, tile_ld, threads, "float32", None, None, None)
+    gated = act in GATED_ACTIVATIONS
+    if gated:
+        store_final = gated_raw_store(block_m, block_n, tile_ld, threads, out_dtype, bias_dtype,
+                                      act)
+    else:
+        store_plain = tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype,
+                                    bias_dtype, act)
+    groups = block_n // 4
+
+    @cuda.jit(device=True, inline="always")
+    def finish(tile, tid, m0, n0, M, N, ws, counters, out, so_m, so_n, c, sc_m, sc_n, bias,
+               alpha, beta, out_vec):
+        mn = M * N
+        ws_vec = np.int32((N & 3) == 0)   # 16-byte rows (the workspace is 16-byte aligned)
+        save_raw(tile, tid, m0, n0, M, N, ws, cuda.blockIdx.y * mn, N, 1, ws, 0, 0, ws, _ONE,
+                 _ZERO, ws_vec)
+        cuda.threadfence()   # release: this block's sums are visible before its ticket
+        cuda.syncthreads()
+        splits = cuda.gridDim.y
+        last = 0
+        if tid == 0:
+            if cuda.atomic.add(counters, cuda.blockIdx.x, np.int32(1)) == splits - 1:
+                last = 1
+                counters[cuda.blockIdx.x] = 0   # every split has drawn: zero for the next launch
+            cuda.threadfence()   # acquire: the other splits' sums, fenced before their tickets
+        if cuda.syncthreads_or(last) == 0:
+            return
+        rows = min(block_m, M - m0)
+        cols = min(block_n, N - n0)
+        for gi in range(tid, rows * groups, threads):
+            r = gi // groups
+            col = (gi - r * groups) * 4
+            src = (m0 + r) * N + n0 + col
+            t = r * tile_ld + col
+            if ws_vec != 0 and col + 4 <= cols:
+                s0 = _ZERO
+                s1 = _ZERO
+                s2 = _ZERO
+                s3 = _ZERO
+                for z in range(splits):
+                    w0, w1, w2, w3 = ptx.load_u32x4(ws, z * mn + src)
+                    s0 += ptx.f32_from_bits(w0)
+                    s1 += ptx.f32_from_bits(w1)
+                    s2 += ptx.f32_from_bits(w2)
+                    s3 += ptx.f32_from_bits(w3)
+                tile[t] = s0
+                tile[t + 1] = s1
+                tile[t + 2] = s2
+                tile[t + 3] = s3
+            else:
+                for e in range(4):
+                    if col + e < cols:
+                        s = _ZERO
+                        for z in range(splits):
+                            s += ws[z * mn + src + e]
+                        tile[t + e] = s
+        cuda.syncthreads()
+        if gated:
+            store_final(tile, tid, m0, n0, M, N, out, so_m, so_n, bias, alpha)
+        else:
+            store_plain(tile, tid, m0, n0, M, N, out, 0, so_m, so_n, c, sc_m, sc_n, bias, alpha,
+                        beta, out_vec)
+
+    return finish

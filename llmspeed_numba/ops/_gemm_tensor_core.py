@@ -48,7 +48,8 @@ import numpy as np
 from .. import ptx
 from .._env import cuda
 from ._activations_device import GATED_ACTIVATIONS
-from ._epilogue import block_work, gated_fragment, gated_tile_store, tile_epilogue
+from ._epilogue import (block_work, gated_fragment, gated_tile_store, split_tile_finish,
+                        tile_epilogue)
 
 
 def _swizzle_params(inner):
@@ -168,7 +169,7 @@ def either_loader(block_k, load_full, load_edge):
 
 def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
                 a_k_inner, b_k_inner, a_vec, b_vec, is_bf16,
-                out_dtype, c_dtype, bias_dtype, act, min_blocks=0):
+                out_dtype, c_dtype, bias_dtype, act, min_blocks=0, split_finish=False):
     """The kernel function (not yet jitted) for one configuration.
 
     ``a_k_inner``: A is row-major (K contiguous); ``b_k_inner``: B is column-major (K contiguous).
@@ -193,8 +194,14 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
     b_stage = block_n * block_k
     b_base = stages * a_stage
     wait_pending = stages - 2
-    stage_acc, store_tile = _staged_epilogue(block_m, block_n, wm, wn, threads, out_dtype,
-                                             c_dtype, bias_dtype, act)
+    if split_finish:   # raw sums staged; the epilogue runs after the splits are added
+        stage_acc, _ = _staged_epilogue(block_m, block_n, wm, wn, threads, "float32", None, None,
+                                        None)
+        store_tile = split_tile_finish(block_m, block_n, epilogue_tile_ld(block_n), threads,
+                                       out_dtype, c_dtype, bias_dtype, act)
+    else:
+        stage_acc, store_tile = _staged_epilogue(block_m, block_n, wm, wn, threads, out_dtype,
+                                                 c_dtype, bias_dtype, act)
 
     a_inner = block_k if a_k_inner else block_m
     b_inner = block_k if b_k_inner else block_n
@@ -346,7 +353,8 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
     tile_edge = tile_step(False)
 
     def gemm_tensor_core_kernel(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, out_z,
-                                sc_m, sc_n, alpha, beta, k_split, tiles_m, tiles_n, out_vec):
+                                sc_m, sc_n, alpha, beta, k_split, tiles_m, tiles_n, out_vec, ws,
+                                counters):
         min_blocks  # noqa: B018  (cache key only, see the factory)
         smem = cuda.shared.array(0, np.uint16)
         # int32 thread / warp indices: int64 values live across the main loop cost registers
@@ -409,8 +417,12 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
         tile = cuda.shared.array(0, np.float32)
         stage_acc(tile, acc, lane, wm0, wn0, n0, N, bias, alpha)
         cuda.syncthreads()
-        store_tile(tile, tid, m0, n0, M, N, out, z * out_z, so_m, so_n, c, sc_m, sc_n, bias,
-                   alpha, beta, out_vec)
+        if split_finish:
+            store_tile(tile, tid, m0, n0, M, N, ws, counters, out, so_m, so_n, c, sc_m, sc_n,
+                       bias, alpha, beta, out_vec)
+        else:
+            store_tile(tile, tid, m0, n0, M, N, out, z * out_z, so_m, so_n, c, sc_m, sc_n, bias,
+                       alpha, beta, out_vec)
 
     return gemm_tensor_core_kernel
 

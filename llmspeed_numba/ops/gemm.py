@@ -40,7 +40,7 @@ from .. import _recording, compile_check
 from .._arrays import STORAGE, empty, kernel_buffer, stream_handle
 from .._checks import (bias_vector, choice, non_negative_strides, output, result_dtype,
                        same_dtype, shape, tensor)
-from .._env import SIMULATOR, cuda
+from .._env import cuda
 from .._launch import Kernel, array1d, jit, sm_count
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
@@ -49,7 +49,7 @@ from .. import _tuning_cache
 from . import _gemm_simt, _gemm_tensor_core, _gemm_wgmma
 from ._activations_device import ACTIVATIONS, GATED_ACTIVATIONS
 from ._epilogue import epilogue, vector_width
-from .gemm_configs import (CONFIGS, LARGE_CONFIG, SIM_TC, SIMT_CONFIG, GemmConfig, candidates,
+from .gemm_configs import (CONFIGS, LARGE_CONFIG, SIMT_CONFIG, GemmConfig, candidates,
                            heuristic, resolve_config, split_count)
 from .gemm_gated import check_gated, gated_reduce_kernel_fn
 
@@ -70,11 +70,16 @@ def _storage(dtype):
     return array1d(STORAGE[dtype])
 
 
-def _signature(in_dtype, out_dtype, c_dtype, bias_dtype):
+def _signature(backend, in_dtype, out_dtype, c_dtype, bias_dtype):
+    """Kernel parameters (``_gemm_tensor_core.make_kernel``); the Tensor Core kernels also take
+    the split-K workspace and tickets (``_epilogue.split_tile_finish``)."""
     i32, i64, f32 = types.int32, types.int64, types.float32
-    return (_storage(in_dtype), _storage(in_dtype), _storage(out_dtype),
-            _storage(c_dtype or out_dtype), _storage(bias_dtype or out_dtype),
-            i32, i32, i32, i64, i64, i64, i64, i64, i64, i64, f32, f32, i32, i32, i32, i32)
+    params = (_storage(in_dtype), _storage(in_dtype), _storage(out_dtype),
+              _storage(c_dtype or out_dtype), _storage(bias_dtype or out_dtype),
+              i32, i32, i32, i64, i64, i64, i64, i64, i64, i64, f32, f32, i32, i32, i32, i32)
+    if backend == "tensor_core":
+        params += (array1d(np.float32), array1d(np.int32))
+    return params
 
 
 def _min_blocks(cfg, a_vec, b_vec, in_dtype):
@@ -91,19 +96,21 @@ def _min_blocks(cfg, a_vec, b_vec, in_dtype):
 
 
 def _kernel_fn(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_dtype,
-               bias_dtype, act):
-    """The kernel function and its ``cuda.jit`` options (launch bounds)."""
+               bias_dtype, act, split_finish=False):
+    """The kernel function and its ``cuda.jit`` options (launch bounds). ``split_finish``: a
+    Tensor Core kernel for a K split finished in its own launch (``split_tile_finish``)."""
     min_blocks = _min_blocks(cfg, a_vec, b_vec, in_dtype)
     options = {"launch_bounds": (cfg.threads, min_blocks)} if min_blocks else {}
     if cfg.wgmma:
         return _gemm_wgmma.make_kernel(
             cfg.block_m, cfg.block_n, cfg.stages, cfg.group_m, a_k_inner, b_k_inner,
-            in_dtype == "bfloat16", out_dtype, c_dtype, bias_dtype, act), options
+            in_dtype == "bfloat16", out_dtype, c_dtype, bias_dtype, act,
+            split_finish), options
     if cfg.backend == "tensor_core":
         return _gemm_tensor_core.make_kernel(
             cfg.block_m, cfg.block_n, cfg.block_k, cfg.warps_m, cfg.warps_n, cfg.stages,
             cfg.group_m, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype == "bfloat16",
-            out_dtype, c_dtype, bias_dtype, act, min_blocks), options
+            out_dtype, c_dtype, bias_dtype, act, min_blocks, split_finish), options
     return _gemm_simt.make_kernel(
         cfg.block_m, cfg.block_n, cfg.block_k, cfg.thread_m, cfg.thread_n, cfg.group_m,
         a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_dtype, bias_dtype, act,
@@ -112,10 +119,11 @@ def _kernel_fn(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_d
 
 @functools.cache
 def _gemm_kernel(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_dtype,
-                 bias_dtype, act):
+                 bias_dtype, act, split_finish=False):
     fn, options = _kernel_fn(cfg.replace(split_k=None), a_k_inner, b_k_inner, a_vec, b_vec,
-                             in_dtype, out_dtype, c_dtype, bias_dtype, act)
-    return Kernel(jit(fn, **options), _signature(in_dtype, out_dtype, c_dtype, bias_dtype),
+                             in_dtype, out_dtype, c_dtype, bias_dtype, act, split_finish)
+    return Kernel(jit(fn, **options),
+                  _signature(cfg.backend, in_dtype, out_dtype, c_dtype, bias_dtype),
                   f"gemm_{cfg.backend}")
 
 
@@ -340,7 +348,7 @@ def splitk_partials(like, stream, n):
 def _run(p, cfg):
     """Launch ``cfg`` for problem ``p`` (M, N, K >= 1)."""
     if cfg.wgmma and not (p.a_vec and p.b_vec):   # wgmma tiles are filled by 16-byte copies
-        cfg = (SIM_TC if SIMULATOR else CONFIGS[LARGE_CONFIG]).replace(split_k=cfg.split_k)
+        cfg = heuristic(p.backend, p.M, p.N, p.K, wgmma=False).replace(split_k=cfg.split_k)
     splits = split_count(cfg, p.M, p.N, p.K)
     k_split = _cdiv(_cdiv(p.K, splits), cfg.block_k) * cfg.block_k  # whole K tiles per split
     splits = _cdiv(p.K, k_split)
@@ -354,15 +362,28 @@ def _run(p, cfg):
         fp32 = p.ta.dtype == "float32"
         a_vec = a_vec and fp32 and (p.a_k_inner or p.M % 4 == 0)
         b_vec = b_vec and fp32 and (p.b_k_inner or p.N % 4 == 0)
-    # fp32 partial sums and the reduce kernel: split K, or the SIMT kernel's gated epilogue
-    # (its threads never hold a gate block and its up block: gemm_gated)
-    partials = splits > 1 or (p.gated and cfg.backend == "simt")
+    c_dtype = p.tc.dtype if p.tc is not None else None
+    bias_dtype = p.tbias.dtype if p.tbias is not None else None
+    out_buf = kernel_buffer(p.to)
+    extra = ()
+    split_finish = False
+    if cfg.backend == "simt":
+        # SIMT: fp32 partial sums and the reduce kernel for a K split, and for a gated epilogue
+        # (its threads never hold a gate block and its up block: gemm_gated)
+        partials = splits > 1 or p.gated
+    else:
+        # Tensor Cores: a K split is finished in the same launch, by the last block of a tile
+        partials = False
+        split_finish = splits > 1
+        ws = counters = out_buf   # not read without a split
+        if split_finish:
+            ws = splitk_partials(p.ta, p.stream, splits * p.M * p.N)
+            counters = workspace(p.ta, p.stream, "gemm_split_tickets", tiles_m * tiles_n,
+                                 np.int32)
+        extra = (ws, counters)
     if not partials:
-        c_dtype = p.tc.dtype if p.tc is not None else None
-        bias_dtype = p.tbias.dtype if p.tbias is not None else None
         kernel = _gemm_kernel(cfg, p.a_k_inner, p.b_k_inner, a_vec, b_vec, p.ta.dtype,
-                              p.out_dtype, c_dtype, bias_dtype, p.act)
-        out_buf = kernel_buffer(p.to)
+                              p.out_dtype, c_dtype, bias_dtype, p.act, split_finish)
         c_buf = kernel_buffer(p.tc if p.tc is not None else p.to)
         bias_buf = kernel_buffer(p.tbias if p.tbias is not None else p.to)
         so_m, so_n = p.to.strides
@@ -372,8 +393,7 @@ def _run(p, cfg):
         # partial sums: (splits, M, N) fp32, epilogue in the reduce kernel
         kernel = _gemm_kernel(cfg, p.a_k_inner, p.b_k_inner, a_vec, b_vec, p.ta.dtype,
                               "float32", None, None, None)
-        out_buf = c_buf = bias_buf = splitk_partials(p.ta, p.stream,
-                                                          splits * p.M * p.N)
+        out_buf = c_buf = bias_buf = splitk_partials(p.ta, p.stream, splits * p.M * p.N)
         so_m, so_n = p.N, 1
         sc = (0, 0)
         alpha, beta = 1.0, 0.0
@@ -384,7 +404,7 @@ def _run(p, cfg):
     kernel((tiles_m * tiles_n, splits), cfg.threads,
            (kernel_buffer(p.ta), kernel_buffer(p.tb), out_buf, c_buf, bias_buf,
             p.M, p.N, p.K, p.lda, p.ldb, so_m, so_n, p.M * p.N, sc[0], sc[1], alpha, beta,
-            k_split, tiles_m, tiles_n, out_vec),
+            k_split, tiles_m, tiles_n, out_vec) + extra,
            p.stream, cfg.shared_bytes())
     if partials:
         _launch_reduce(p, out_buf, splits)
@@ -507,11 +527,11 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, backen
 # ---- compile-only check ----------------------------------------------------------------------
 
 def _compile_target(cfg, a_k_inner, b_k_inner, in_dtype, out_dtype, c_dtype=None,
-                    bias_dtype=None, act=None, vec=True):
+                    bias_dtype=None, act=None, vec=True, split_finish=False):
     def build():
         fn, options = _kernel_fn(cfg, a_k_inner, b_k_inner, vec, vec, in_dtype, out_dtype,
-                                 c_dtype, bias_dtype, act)
-        return fn, _signature(in_dtype, out_dtype, c_dtype, bias_dtype), options
+                                 c_dtype, bias_dtype, act, split_finish)
+        return fn, _signature(cfg.backend, in_dtype, out_dtype, c_dtype, bias_dtype), options
 
     return build
 
@@ -552,6 +572,19 @@ for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
          {"act": "silu_and_mul"}),
         ("gemm_wgmma_bf16_nt_gelu_and_mul", "wg_128x256x64_s4", True, True, "bfloat16",
          "bfloat16", {"bias_dtype": "bfloat16", "act": "gelu_and_mul"}),
+        # K split finished in the same launch (split_tile_finish); few-row Hopper tiles
+        ("gemm_tc_bf16_decode_nt_split", "tc_16x128x64_w1x4_s4", True, True, "bfloat16",
+         "bfloat16", {"split_finish": True}),
+        ("gemm_tc_bf16_decode_nt_silu_and_mul_split", "tc_16x128x64_w1x4_s4", True, True,
+         "bfloat16", "bfloat16", {"act": "silu_and_mul", "split_finish": True}),
+        ("gemm_wgmma_bf16_nt_64x128", "wg_64x128x64_s6", True, True, "bfloat16", "bfloat16",
+         {}),
+        ("gemm_wgmma_bf16_nt_64x128_split", "wg_64x128x64_s6", True, True, "bfloat16",
+         "bfloat16", {"bias_dtype": "bfloat16", "act": "silu", "split_finish": True}),
+        ("gemm_wgmma_bf16_nt_64x256_split", "wg_64x256x64_s4", True, True, "bfloat16",
+         "bfloat16", {"split_finish": True}),
+        ("gemm_wgmma_bf16_nt_64x256_silu_and_mul_split", "wg_64x256x64_s4", True, True,
+         "bfloat16", "bfloat16", {"act": "silu_and_mul", "split_finish": True}),
 ):
     _wg = CONFIGS[_cfg].wgmma
     compile_check.register(

@@ -148,6 +148,11 @@ CONFIGS = {c.name: c for c in (
     # Hopper (sm_90): two warpgroups of m64n256 (128 fp32 accumulators a thread) or m64n128
     GemmConfig("tensor_core", 128, 256, 64, stages=4, wgmma=True),
     GemmConfig("tensor_core", 128, 128, 64, stages=5, wgmma=True),
+    # Hopper, few rows (batched decode, M = 17-256): one warpgroup of 64 rows
+    GemmConfig("tensor_core", 64, 128, 64, stages=4, wgmma=True),
+    GemmConfig("tensor_core", 64, 128, 64, stages=6, wgmma=True),
+    GemmConfig("tensor_core", 64, 256, 64, stages=3, wgmma=True),
+    GemmConfig("tensor_core", 64, 256, 64, stages=4, wgmma=True),
     # SIMT: 8 x 8 per thread, 256 threads, two blocks per SM (128 registers); BK = 16 halves
     # the barriers per FMA
     GemmConfig("simt", 128, 128, 8, thread_m=8, thread_n=8),
@@ -178,6 +183,13 @@ SIMT_CONFIG = "simt_128x128x16_t8x8"
 SIMT_CANDIDATES = ("simt_128x128x8_t8x8", "simt_128x128x16_t8x8", "simt_64x64x8_t4x4")
 #: Candidates for M <= 32 (decode): one or two 16-row fragments per warp.
 SMALL_M_CANDIDATES = ("tc_16x128x64_w1x4_s4", "tc_16x256x64_w1x8_s4", "tc_32x128x64_w1x4_s4")
+
+#: Hopper's tile for few rows (17 .. ``SMALL_M_WGMMA_MAX``): one warpgroup, K split to fill
+#: the GPU, finished in the same launch.
+SMALL_M_WGMMA = "wg_64x128x64_s4"
+SMALL_M_WGMMA_MAX = 256
+SMALL_M_WGMMA_CANDIDATES = ("wg_64x128x64_s4", "wg_64x128x64_s6", "wg_64x256x64_s3",
+                            "wg_64x256x64_s4")
 
 #: The simulator's tiles (a few emulated warps).
 SIM_TC = CONFIGS["tc_16x16x16_w1x1_s2"]
@@ -215,14 +227,18 @@ def resolve_config(config):
                     f"{type(config).__name__}")
 
 
-def heuristic(backend, M, N, K):
-    """A reasonable configuration by shape, when nothing better is known."""
+def heuristic(backend, M, N, K, wgmma=True):
+    """A reasonable configuration by shape, when nothing better is known. ``wgmma=False``: no
+    Hopper tile (an operand not 16-byte aligned)."""
     if SIMULATOR:
         return SIM_TC if backend == "tensor_core" else SIM_SIMT
     if backend == "simt":
         return CONFIGS["simt_64x64x8_t4x4" if M * N <= 512 * 512 else SIMT_CONFIG]
     if M <= 16:
         return CONFIGS["tc_16x128x64_w1x4_s4"]
+    wgmma = wgmma and wgmma_supported()
+    if wgmma and M <= SMALL_M_WGMMA_MAX:
+        return CONFIGS[SMALL_M_WGMMA]
     if M <= 32:
         return CONFIGS["tc_32x128x64_w1x4_s4"]
     # M <= 128: 64-row tiles, twice the blocks of 128-row ones (split-K fills the rest; faster
@@ -233,7 +249,7 @@ def heuristic(backend, M, N, K):
     # Hopper: the wgmma kernel first (``_run`` swaps it for LARGE_CONFIG when an operand is
     # not 16-byte aligned)
     names = (LARGE_CONFIG, "tc_128x128x64_w2x2_s3", "tc_64x128x64_w1x4_s4")
-    if wgmma_supported():
+    if wgmma:
         names = WGMMA_CONFIGS + names
     for name in names:
         cfg = CONFIGS[name]
@@ -270,6 +286,8 @@ def candidates(p):
         pool = [CONFIGS[n] for n in LARGE_CANDIDATES]
         if wgmma_supported() and p.a_vec and p.b_vec:
             pool = [CONFIGS[n] for n in WGMMA_CONFIGS] + pool
+    if wgmma_supported() and p.a_vec and p.b_vec and 16 < p.M <= SMALL_M_WGMMA_MAX:
+        pool = [CONFIGS[n] for n in SMALL_M_WGMMA_CANDIDATES] + pool
     out = []
     for cfg in pool:
         out.append(cfg)
