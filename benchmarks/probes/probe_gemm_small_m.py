@@ -69,6 +69,7 @@ def main(argv=None):
     parser.add_argument("--compile-worker", help=argparse.SUPPRESS)
     parser.add_argument("--skip-epilogue", action="store_true")
     parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--no-compile", action="store_true", help="kernels already cached")
     args = parser.parse_args(argv)
     if args.compile_worker:
         compile_worker(args.compile_worker)
@@ -86,7 +87,8 @@ def main(argv=None):
             tasks.append([M, N, K, cfg, None])
     if not args.skip_epilogue:
         tasks += [[0, 0, 0, None, name] for name in EPILOGUE_VARIANTS if "cublas" not in name]
-    bench_gemm.run_compile_workers(os.path.abspath(__file__), tasks, args.workers, "kernels")
+    if not args.no_compile:
+        bench_gemm.run_compile_workers(os.path.abspath(__file__), tasks, args.workers, "kernels")
     if args.compile_only:
         return 0
 
