@@ -144,3 +144,26 @@ def test_store_serves_a_new_process_and_survives_races_and_corruption(tmp_path):
     assert stored[0].stat().st_size == size
     (hit,) = _run_children(1, tmp_path)
     assert hit["from_store"] == [True]
+
+
+_DESCRIBE_ALL = r"""
+from llmspeed_numba import compile_check
+from llmspeed_numba._kernel_cache import function_digest
+
+for check in compile_check.checks():
+    fn = check.build()[0]
+    try:
+        function_digest(fn)
+    except Exception as exc:
+        raise SystemExit(f"{check.name}: {type(exc).__name__}: {exc}")
+print("ok")
+"""
+
+
+def test_every_registered_kernel_has_a_cache_key():
+    """The key describes every closure cell of a kernel; a factory that leaves a cell unbound
+    (a name assigned on one branch only) fails here rather than at the first GPU launch."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    child = subprocess.run([sys.executable, "-c", _DESCRIBE_ALL], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert child.returncode == 0, (child.stdout + child.stderr)[-3000:]

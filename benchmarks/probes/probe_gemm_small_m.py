@@ -116,6 +116,8 @@ def main(argv=None):
                 flag = "" if err < 0.05 * ref.float().abs().max().item() else f" BAD err {err}"
                 print(f"{M}x{N}x{K} {cfg or 'heuristic'}: {1e3 * timings[cfg]:.1f} us "
                       f"({t_cublas / timings[cfg]:.3f}x cuBLAS){flag}", flush=True)
+            if None not in timings or len(timings) < 2:
+                continue
             best = min((c for c in timings if c), key=timings.get)
             gbs = 2 * N * K / (timings[None] * 1e-3) / 1e9
             print(f"== {M}x{N}x{K}: cuBLAS {1e3 * t_cublas:.1f} us, heuristic "

@@ -365,8 +365,10 @@ def split_tile_finish(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bi
     a GEMM and a reduce kernel: a launch less, and the partial sums are read back from L2."""
     save_raw = tile_epilogue(block_m, block_n, tile_ld, threads, "float32", None, None, None)
     gated = act in GATED_ACTIVATIONS
+    # both names bound (the kernel-cache key describes every closure cell)
+    store_gated = store_plain = None
     if gated:
-        store_final = gated_raw_store(block_m, block_n, tile_ld, threads, out_dtype, bias_dtype,
+        store_gated = gated_raw_store(block_m, block_n, tile_ld, threads, out_dtype, bias_dtype,
                                       act)
     else:
         store_plain = tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype,
@@ -422,7 +424,7 @@ def split_tile_finish(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bi
                         tile[t + e] = s
         cuda.syncthreads()
         if gated:
-            store_final(tile, tid, m0, n0, M, N, out, so_m, so_n, bias, alpha)
+            store_gated(tile, tid, m0, n0, M, N, out, so_m, so_n, bias, alpha)
         else:
             store_plain(tile, tid, m0, n0, M, N, out, 0, so_m, so_n, c, sc_m, sc_n, bias, alpha,
                         beta, out_vec)
