@@ -108,22 +108,60 @@ def epilogue_value(c_dtype, bias_dtype, act, fast=False):
     instructions where libdevice's ``expf`` and IEEE division take tens, once per output
     element of an epilogue that does not overlap the block's MMAs.
     """
-    load_c = loader(c_dtype) if c_dtype is not None else _load_f32
     load_bias = loader(bias_dtype) if bias_dtype is not None else _load_f32
-    has_c = c_dtype is not None
     has_bias = bias_dtype is not None
-    act_fn = activation(act, fast=fast)
+    with_bias = epilogue_value_of_bias(c_dtype, has_bias, act, fast)
 
     @cuda.jit(device=True, inline="always")
     def value(acc, n, c, c_index, bias, alpha, beta):
+        return with_bias(acc, load_bias(bias, n) if has_bias else _ZERO, c, c_index, alpha,
+                         beta)
+
+    return value
+
+
+@functools.cache
+def epilogue_value_of_bias(c_dtype, has_bias, act, fast=False):
+    """``epilogue_value`` with the bias already loaded: ``(acc, bias_value, c, c_index, alpha,
+    beta) -> float32`` (``bias_value`` is not added when ``has_bias`` is false)."""
+    load_c = loader(c_dtype) if c_dtype is not None else _load_f32
+    has_c = c_dtype is not None
+    act_fn = activation(act, fast=fast)
+
+    @cuda.jit(device=True, inline="always")
+    def value(acc, bias_value, c, c_index, alpha, beta):
         v = alpha * acc
         if has_c:
             v += beta * load_c(c, c_index)
         if has_bias:
-            v += load_bias(bias, n)
+            v += bias_value
         return act_fn(v)
 
     return value
+
+
+@functools.cache
+def bias_loader(bias_dtype, count):
+    """Device function ``(bias, n, N) -> tuple of count float32``: ``bias[n .. n + count - 1]``,
+    zero past ``N`` (and everywhere without a bias)."""
+    load_bias = loader(bias_dtype) if bias_dtype is not None else _load_f32
+    has_bias = bias_dtype is not None
+
+    @cuda.jit(device=True, inline="always")
+    def one(bias, n, N):
+        if has_bias and n < N:
+            return load_bias(bias, n)
+        return _ZERO
+
+    @cuda.jit(device=True, inline="always")
+    def four(bias, n, N):
+        return one(bias, n, N), one(bias, n + 1, N), one(bias, n + 2, N), one(bias, n + 3, N)
+
+    @cuda.jit(device=True, inline="always")
+    def eight(bias, n, N):
+        return four(bias, n, N) + four(bias, n + 4, N)
+
+    return four if count == 4 else eight
 
 
 @functools.cache
@@ -147,32 +185,37 @@ def vector_width(out_dtype):
 
 @functools.cache
 def vector_epilogue(out_dtype, c_dtype, bias_dtype, act):
-    """Device function ``(src, src_index, n, out, out_index, c, c_index, sc_n, bias, alpha,
-    beta)``: the epilogue of ``vector_width(out_dtype)`` consecutive accumulators, read from the
-    fp32 array ``src`` (16-byte aligned index), for output columns ``n, n + 1, ...``, stored with
-    one 16-byte store at ``out[out_index]`` (16-byte aligned). ``c``'s column stride is ``sc_n``.
+    """Device function ``(src, src_index, bias_values, out, out_index, c, c_index, sc_n,
+    alpha, beta)``: the epilogue of ``vector_width(out_dtype)`` consecutive accumulators, read
+    from the fp32 array ``src`` (16-byte aligned index), for output columns ``n, n + 1, ...``
+    whose biases are ``bias_values`` (loaded by the caller, once for all the rows it stores),
+    stored with one 16-byte store at ``out[out_index]`` (16-byte aligned). ``c``'s column stride
+    is ``sc_n``.
     """
-    value = epilogue_value(c_dtype, bias_dtype, act, out_dtype != "float32")
+    value = epilogue_value_of_bias(c_dtype, bias_dtype is not None, act,
+                                   out_dtype != "float32")
     pack = packer(out_dtype)
     fp32 = out_dtype == "float32"
 
     @cuda.jit(device=True, inline="always")
-    def four(src, i, n, c, c_index, sc_n, bias, alpha, beta):
+    def four(src, i, b0, b1, b2, b3, c, c_index, sc_n, alpha, beta):
         w0, w1, w2, w3 = ptx.load_u32x4(src, i)
-        return (value(ptx.f32_from_bits(w0), n, c, c_index, bias, alpha, beta),
-                value(ptx.f32_from_bits(w1), n + 1, c, c_index + sc_n, bias, alpha, beta),
-                value(ptx.f32_from_bits(w2), n + 2, c, c_index + 2 * sc_n, bias, alpha, beta),
-                value(ptx.f32_from_bits(w3), n + 3, c, c_index + 3 * sc_n, bias, alpha, beta))
+        return (value(ptx.f32_from_bits(w0), b0, c, c_index, alpha, beta),
+                value(ptx.f32_from_bits(w1), b1, c, c_index + sc_n, alpha, beta),
+                value(ptx.f32_from_bits(w2), b2, c, c_index + 2 * sc_n, alpha, beta),
+                value(ptx.f32_from_bits(w3), b3, c, c_index + 3 * sc_n, alpha, beta))
 
     @cuda.jit(device=True, inline="always")
-    def apply16(src, i, n, out, out_index, c, c_index, sc_n, bias, alpha, beta):
-        v0, v1, v2, v3 = four(src, i, n, c, c_index, sc_n, bias, alpha, beta)
+    def apply16(src, i, bias_values, out, out_index, c, c_index, sc_n, alpha, beta):
+        """``bias_values``: ``bias_loader(bias_dtype, vector_width(out_dtype))``'s tuple."""
+        v0, v1, v2, v3 = four(src, i, bias_values[0], bias_values[1], bias_values[2],
+                              bias_values[3], c, c_index, sc_n, alpha, beta)
         if fp32:
             ptx.store_u32x4(out, out_index, ptx.f32_bits(v0), ptx.f32_bits(v1),
                             ptx.f32_bits(v2), ptx.f32_bits(v3))
         else:
-            v4, v5, v6, v7 = four(src, i + 4, n + 4, c, c_index + 4 * sc_n, sc_n, bias, alpha,
-                                  beta)
+            v4, v5, v6, v7 = four(src, i + 4, bias_values[4], bias_values[5], bias_values[6],
+                                  bias_values[7], c, c_index + 4 * sc_n, sc_n, alpha, beta)
             ptx.store_u32x4(out, out_index, pack(v0, v1), pack(v2, v3), pack(v4, v5),
                             pack(v6, v7))
 
@@ -191,13 +234,35 @@ def tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bias_d
     apply_epilogue = epilogue(out_dtype, c_dtype, bias_dtype, act)
     apply_vector = vector_epilogue(out_dtype, c_dtype, bias_dtype, act)
     vec = vector_width(out_dtype)
+    load_biases = bias_loader(bias_dtype, vec)
     groups_per_row = block_n // vec
+    # each thread keeps its columns for every row it stores (the usual case: threads a
+    # multiple of the row's groups), so it loads their biases once, not once a row
+    fixed_columns = threads % groups_per_row == 0
+    row_step = threads // groups_per_row
 
     @cuda.jit(device=True, inline="always")
     def store_tile(tile, tid, m0, n0, M, N, out, out_base, so_m, so_n, c, sc_m, sc_n, bias,
                    alpha, beta, out_vec):
         rows = min(block_m, M - m0)
         cols = min(block_n, N - n0)
+        if fixed_columns:
+            col = (tid % groups_per_row) * vec
+            n = n0 + col
+            bias_values = load_biases(bias, n, N)
+            for r in range(tid // groups_per_row, rows, row_step):
+                m = m0 + r
+                t_off = r * tile_ld + col
+                if out_vec != 0 and col + vec <= cols:
+                    apply_vector(tile, t_off, bias_values, out, out_base + m * so_m + n, c,
+                                 m * sc_m + n * sc_n, sc_n, alpha, beta)
+                else:
+                    for e in range(vec):
+                        if col + e < cols:
+                            apply_epilogue(tile[t_off + e], n + e, out,
+                                           out_base + m * so_m + (n + e) * so_n, c,
+                                           m * sc_m + (n + e) * sc_n, bias, alpha, beta)
+            return
         for gi in range(tid, rows * groups_per_row, threads):
             r = gi // groups_per_row
             col = (gi % groups_per_row) * vec
@@ -205,8 +270,8 @@ def tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bias_d
             n = n0 + col
             t_off = r * tile_ld + col
             if out_vec != 0 and col + vec <= cols:
-                apply_vector(tile, t_off, n, out, out_base + m * so_m + n, c,
-                             m * sc_m + n * sc_n, sc_n, bias, alpha, beta)
+                apply_vector(tile, t_off, load_biases(bias, n, N), out, out_base + m * so_m + n,
+                             c, m * sc_m + n * sc_n, sc_n, alpha, beta)
             else:
                 for e in range(vec):
                     if col + e < cols:

@@ -184,10 +184,10 @@ SIMT_CANDIDATES = ("simt_128x128x8_t8x8", "simt_128x128x16_t8x8", "simt_64x64x8_
 #: Candidates for M <= 32 (decode): one or two 16-row fragments per warp.
 SMALL_M_CANDIDATES = ("tc_16x128x64_w1x4_s4", "tc_16x256x64_w1x8_s4", "tc_32x128x64_w1x4_s4")
 
-#: Hopper's tile for few rows (17 .. ``SMALL_M_WGMMA_MAX``): one warpgroup, K split to fill
-#: the GPU, finished in the same launch.
-SMALL_M_WGMMA = "wg_64x128x64_s4"
+#: Few rows (17 .. ``SMALL_M_WGMMA_MAX``) on Hopper: ``_few_rows_wgmma`` picks the tile.
 SMALL_M_WGMMA_MAX = 256
+#: The least K a split of a wgmma tile takes (``split_count``).
+SPLIT_MIN_K_WGMMA = 3072
 SMALL_M_WGMMA_CANDIDATES = ("wg_64x128x64_s4", "wg_64x128x64_s6", "wg_64x256x64_s3",
                             "wg_64x256x64_s4")
 
@@ -238,7 +238,7 @@ def heuristic(backend, M, N, K, wgmma=True):
         return CONFIGS["tc_16x128x64_w1x4_s4"]
     wgmma = wgmma and wgmma_supported()
     if wgmma and M <= SMALL_M_WGMMA_MAX:
-        return CONFIGS[SMALL_M_WGMMA]
+        return _few_rows_wgmma(M, N, K)
     if M <= 32:
         return CONFIGS["tc_32x128x64_w1x4_s4"]
     # M <= 128: 64-row tiles, twice the blocks of 128-row ones (split-K fills the rest; faster
@@ -258,13 +258,35 @@ def heuristic(backend, M, N, K, wgmma=True):
     return CONFIGS["tc_128x128x64_w2x2_s3"]
 
 
+def _few_rows_wgmma(M, N, K):
+    """Hopper's tile for 16 < M <= ``SMALL_M_WGMMA_MAX`` (batched decode), from the sweep of
+    every tile and split at M 16-256 (benchmarks/NOTES.md, "GEMM for few rows"): 64-row tiles
+    of six stages up to M = 64 (deep prefetch: one block an SM streams B), 128-row ones above
+    when they give about a wave of tiles (or a long K to split), the decode tile at M <= 32
+    unless N is large (it reads B once per 16 rows)."""
+    if M <= 32:
+        return CONFIGS["tc_16x128x64_w1x4_s4" if N <= 8192 else "wg_64x128x64_s6"]
+    if M > 64:
+        for name in ("wg_128x256x64_s4", "wg_128x128x64_s5"):
+            cfg = CONFIGS[name]
+            if _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n) >= 0.75 * sm_count():
+                return cfg
+        if K >= 2 * SPLIT_MIN_K_WGMMA:
+            return CONFIGS["wg_128x128x64_s5"]
+    return CONFIGS["wg_64x128x64_s6"]
+
+
 def split_count(cfg, M, N, K):
     """K splits of ``cfg`` for this shape: ``cfg.split_k``, or enough blocks for two waves of
     the GPU, bounded so each split keeps at least two K tiles and the fp32 workspace traffic
-    (written and read once) stays below the traffic of B."""
+    (written and read once) stays below the traffic of B. wgmma tiles for few rows (one block
+    an SM: their shared memory) aim at one wave, with at least ``SPLIT_MIN_K_WGMMA`` of K a split (a split
+    costs its partial tile's round trip through L2 at the end)."""
     if cfg.split_k is not None:
         return max(1, min(cfg.split_k, _cdiv(K, cfg.block_k)))
     tiles = _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n)
+    if cfg.wgmma and M <= SMALL_M_WGMMA_MAX:
+        return max(1, min(sm_count() // tiles, K // SPLIT_MIN_K_WGMMA, 32))
     want = (2 * sm_count()) // tiles
     cap = min(K // (2 * cfg.block_k), max(1, K // (4 * M)), 32)
     return max(1, min(want, cap))
