@@ -26,15 +26,15 @@ TILES = ("tc_16x128x64_w1x4_s4", "tc_64x128x64_w1x4_s4", "wg_64x128x64_s4", "wg_
 SPLITS = (None, 1, 2, 4, 8, 16)
 
 
-def cases(ms):
+def cases(ms, tiles=TILES, splits=SPLITS):
     for M in ms:
         for N, K in SHAPES:
-            for tile in TILES:
+            for tile in tiles:
                 if tile.startswith("tc_16") and M > 32:
                     continue
                 if M <= 32 and tile.startswith("wg_128"):
                     continue
-                for split in SPLITS:
+                for split in splits:
                     yield M, N, K, tile if split is None else f"{tile}_k{split}"
 
 
@@ -70,12 +70,17 @@ def main(argv=None):
     parser.add_argument("--skip-epilogue", action="store_true")
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--no-compile", action="store_true", help="kernels already cached")
+    parser.add_argument("--tiles", help="comma-separated config names (default: TILES)")
+    parser.add_argument("--splits", help="comma-separated splits, 'auto' for the heuristic's")
     args = parser.parse_args(argv)
     if args.compile_worker:
         compile_worker(args.compile_worker)
         return 0
     ms = [int(m) for m in args.m.split(",")]
-    all_cases = list(cases(ms))
+    tiles = args.tiles.split(",") if args.tiles else TILES
+    splits = tuple(None if x == "auto" else int(x) for x in args.splits.split(",")) \
+        if args.splits else SPLITS
+    all_cases = list(cases(ms, tiles, splits))
     # one compile task per kernel: (tile, split or not); the heuristic's picks too
     tasks, seen = [], set()
     for M, N, K, cfg in all_cases + [(M, N, K, None) for M in ms for N, K in SHAPES]:
