@@ -193,16 +193,16 @@ def _tp_config():
     return _config(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1)
 
 
-def _model_steps(model, prompts, fed):
+def _model_steps(model, prompts, fed, greedy=True):
     """A packed prefill of ``prompts`` (every position's logits), then one decode step fed
-    ``fed``: its logits, and its greedy tokens (the same step run again)."""
+    ``fed``: its logits, and with ``greedy`` its greedy tokens (the same step run again)."""
     arrays = [np.asarray(p) for p in prompts]
     cache, seqs = model._new_cache(arrays, 1)
     prefill = model.llama.forward(model._prefill_step(cache, seqs, arrays), cache,
                                   all_logits=True)
     step = model._decode_step(cache, seqs, fed)
     decode = model.llama.forward(step, cache)
-    return prefill, decode, model.llama.greedy(step, cache), cache
+    return prefill, decode, model.llama.greedy(step, cache) if greedy else None, cache
 
 
 def _rank_job(comm, config, seed, prompts, fed, new_tokens):
@@ -260,54 +260,42 @@ def _agree_where_clear(got, expected, config, weights, prompt, what):
     assert len(got) == len(expected), f"{what}: {len(got)} tokens, expected {len(expected)}"
 
 
-@pytest.fixture(scope="module")
-def two_ranks():
-    """Each rank's results of ``_rank_job``, and the 1-rank model's decode logits."""
+def test_two_ranks_over_gloo():
+    """One spawn of two ranks for every check of the model split over them (an xdist worker
+    each would start its own): the collectives, the logits, the greedy tokens."""
     c = _tp_config()
     results = run(_rank_job, 2, c, 0, PROMPTS, FED, 0)
-    one = _model_steps(Model(c, None, _weights(c)), PROMPTS, FED)[1].numpy()
-    return c, results, one
+    weights = _weights(c)
+    one = _model_steps(Model(c, None, weights), PROMPTS, FED, greedy=False)[1].numpy()
 
-
-def test_collectives_over_two_ranks(two_ranks):
-    _, results, _ = two_ranks
+    # the collectives
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     for r, out in enumerate(results):
         np.testing.assert_array_equal(out["all_reduce"], 3 * x)
         np.testing.assert_array_equal(out["all_gather"], np.stack([x, 2 * x]))
         assert out["local_ids"].tolist() == [t - 4 * r for t in range(8)]
-    rank_logits = [out["gathered"][:, 4 * r:4 * (r + 1)] for r, out in enumerate(results)]
-    whole = np.concatenate(rank_logits, axis=1)
+    whole = np.concatenate([out["gathered"][:, 4 * r:4 * (r + 1)]
+                            for r, out in enumerate(results)], axis=1)
     for out in results:
         np.testing.assert_array_equal(out["gathered"], whole)
         # the winners' exchange is one argmax over the whole row (NaN first, ties to the lowest)
         assert out["winners"].tolist() == torch.argmax(torch.from_numpy(whole), 1).tolist()
         assert out["winners"].tolist() == [1, 4, 2, 0]
 
-
-def test_two_ranks_logits_match_the_float64_forward(two_ranks):
-    c, results, _ = two_ranks
-    weights = _weights(c)
+    # the model: logits against the float64 forward, greedy tokens against one rank's
+    bounds = np.cumsum([0] + [len(p) for p in PROMPTS])
     for r, out in enumerate(results):
         assert out["kv_heads"] == 1
-        bounds = np.cumsum([0] + [len(p) for p in PROMPTS])
         for b, prompt in enumerate(PROMPTS):
             _check_logits(out["prefill"][bounds[b]:bounds[b + 1]], c, weights, prompt,
                           f"rank {r}: prefill of prompt {b}")
             _check_logits(out["decode"][b], c, weights, prompt + [FED[b]],
                           f"rank {r}: decode of prompt {b}", rows=-1)
+            _agree_where_clear([int(out["greedy"][b])], [int(np.argmax(one[b]))], c, weights,
+                               prompt + [FED[b]], f"rank {r}, prompt {b}")
         # the greedy winners' exchange picks the argmax of the gathered logits, exactly
         assert out["greedy"].tolist() == np.argmax(out["decode"], axis=1).tolist()
     np.testing.assert_array_equal(results[0]["prefill"], results[1]["prefill"])
-
-
-def test_two_ranks_greedy_tokens_are_the_one_rank_tokens(two_ranks):
-    c, results, one = two_ranks
-    weights = _weights(c)
-    for r, out in enumerate(results):
-        for b, prompt in enumerate(PROMPTS):
-            _agree_where_clear([int(out["greedy"][b])], [int(np.argmax(one[b]))], c, weights,
-                               prompt + [FED[b]], f"rank {r}, prompt {b}")
 
 
 def test_engine_with_two_ranks_equals_one():

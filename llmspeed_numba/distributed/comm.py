@@ -38,9 +38,10 @@ class Communicator:
         self.group, self.cpu_group = group, cpu_group
 
     @classmethod
-    def connect(cls, rank, size, *, master_addr, master_port, local_rank=0, device=None):
-        """Join the group of ``size`` ranks at ``master_addr:master_port`` (rank 0 listens
-        there) as ``rank``. ``device``: "cuda" (NCCL; this process's GPU becomes
+    def connect(cls, rank, size, *, init_method, local_rank=0, device=None):
+        """Join the group of ``size`` ranks as ``rank``: ``init_method`` is torch.distributed's
+        ("tcp://ADDR:PORT", rank 0 listening there; "env://": torchrun's variables, which
+        also finds torchrun's own store). ``device``: "cuda" (NCCL; this process's GPU becomes
         ``local_rank``, for torch and numba both) or "cpu" (gloo); default: "cpu" under the
         simulator, else "cuda". RuntimeError if this process is in a group already."""
         import torch.distributed as dist
@@ -52,9 +53,8 @@ class Communicator:
                                "group already (one tensor-parallel model per process)")
         device = device or ("cpu" if SIMULATOR else "cuda")
         timeout = datetime.timedelta(seconds=TIMEOUT_S)
-        address = f"tcp://{master_addr}:{master_port}"
         if device == "cpu":
-            dist.init_process_group("gloo", init_method=address, rank=rank, world_size=size,
+            dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size,
                                     timeout=timeout)
         else:
             import torch
@@ -62,7 +62,7 @@ class Communicator:
 
             torch.cuda.set_device(local_rank)
             cuda.select_device(local_rank)
-            dist.init_process_group("nccl", init_method=address, rank=rank, world_size=size,
+            dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=size,
                                     timeout=timeout,
                                     device_id=torch.device("cuda", local_rank))
         # a worker waits for rank 0's next step as long as the user leaves the engine idle

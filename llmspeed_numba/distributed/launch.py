@@ -35,9 +35,11 @@ def free_port():
 
 
 def rank_env(rank, world_size, local_rank, master_port, master_addr=LOCALHOST):
-    """The environment (``ENV_VARS``, as strings) of rank ``rank``."""
+    """The environment (``ENV_VARS``, as strings) of rank ``rank``; the rendezvous store is
+    rank 0's, not a torchrun agent's the parent may have run under."""
     return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank),
-            "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}
+            "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+            "TORCHELASTIC_USE_AGENT_STORE": "False"}
 
 
 def env_rank(environ=None):
@@ -66,9 +68,9 @@ def init_from_env(device=None):
     """This process's ``Communicator`` from torchrun's variables (``env_rank``)."""
     from .comm import Communicator
 
-    rank, size, local_rank, addr, port = env_rank()
-    return Communicator.connect(rank, size, master_addr=addr, master_port=port,
-                                local_rank=local_rank, device=device)
+    rank, size, local_rank, _, _ = env_rank()
+    return Communicator.connect(rank, size, init_method="env://", local_rank=local_rank,
+                                device=device)
 
 
 class Processes:

@@ -183,20 +183,21 @@ class ModelRunner:
             positions=np.concatenate([
                 np.arange(e.start_position, e.start_position + e.num_new_tokens, dtype=np.int32)
                 for e in ordered]),
-            token_tables=np.repeat(table, lengths, axis=0),
             last_rows=bounds[1:].astype(np.int64) - 1,
             cu_seqlens=cu, max_seqlen=max([lengths[i] for i in fresh] or [0]),
             fresh_tokens=int(cu[-1]), **chunks)
-        tokens = self.run_prefill(fields, self._params(ordered))
+        tokens = self.run_prefill(table, lengths, fields, self._params(ordered))
         result = [None] * len(entries)
         for slot, i in enumerate(order):
             result[i] = tokens[slot]
         return result
 
-    def run_prefill(self, fields, params):
-        """The prefill pass: ``fields`` the ``Step``'s, its arrays on the host (NumPy); each
+    def run_prefill(self, table, lengths, fields, params):
+        """The prefill pass: ``fields`` the ``Step``'s but its token tables, arrays on the host
+        (NumPy); each sequence's ``lengths`` new tokens take its row of ``table``. Returns each
         sequence's sampled token (a list)."""
-        step = Step(**{name: self._device(value) if isinstance(value, np.ndarray) else value
+        step = Step(token_tables=self._device(np.repeat(table, lengths, axis=0)),
+                    **{name: self._device(value) if isinstance(value, np.ndarray) else value
                        for name, value in fields.items()})
         return self._sample(self._run(step), params)
 

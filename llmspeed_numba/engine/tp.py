@@ -18,6 +18,7 @@ Messages travel over gloo (``Communicator.broadcast_object``: a pickled tuple a 
 microseconds on one host); ``None`` stops the workers (``close``).
 """
 
+import sys
 from dataclasses import dataclass
 
 from .loading import cache_pages, load, model_config
@@ -129,7 +130,7 @@ class TensorParallelGroup:
         before any process starts), start the workers, join the group and load rank 0."""
         from ..distributed import check_tensor_parallel
         from ..distributed.comm import Communicator
-        from ..distributed.launch import free_port, rank_env, spawn
+        from ..distributed.launch import LOCALHOST, free_port, rank_env, spawn
 
         check_tensor_parallel(model_config(spec.model, spec.load_format), size,
                               spec.quantization)
@@ -138,7 +139,7 @@ class TensorParallelGroup:
         processes = spawn(worker, (spec,),
                           [rank_env(r, size, devices[r], port) for r in range(1, size)])
         try:
-            comm = Communicator.connect(0, size, master_addr="127.0.0.1", master_port=port,
+            comm = Communicator.connect(0, size, init_method=f"tcp://{LOCALHOST}:{port}",
                                         local_rank=devices[0])
         except BaseException:
             processes.terminate()
@@ -176,5 +177,9 @@ class TensorParallelGroup:
             raise
         finally:
             if abort:
+                try:
+                    self.processes.join(timeout=0)
+                except Exception as failure:    # a worker's own error: the cause, likely
+                    print(f"tensor parallelism: a worker failed: {failure}", file=sys.stderr)
                 self.processes.terminate()
             self.comm.close()
