@@ -184,7 +184,24 @@ def _add_generate(subparsers):
                    help="weight-only quantized projections: int4 (groups of 128) or int8 (per "
                         "channel) quantized at load, or gguf: a .gguf's own Q4_0 / Q4_1 / Q8_0 "
                         "blocks kept packed (default: none, every weight in --dtype)")
+    _add_tensor_parallel(p)
     p.set_defaults(func=_generate)
+
+
+def _add_tensor_parallel(p):
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="split the model over N GPUs, one process each (default: %(default)s)")
+
+
+def _check_tensor_parallel(args):
+    from ._env import SIMULATOR
+
+    n = args.tensor_parallel_size
+    if n < 1:
+        args.command_parser.error(f"--tensor-parallel-size: expected at least 1, got {n}")
+    if n > 1 and SIMULATOR:
+        args.command_parser.error("--tensor-parallel-size above 1 needs GPUs (without them, "
+                                  "drop it)")
 
 
 def _generate(args):
@@ -198,8 +215,9 @@ def _generate(args):
     if args.quantization == "gguf" and SIMULATOR:
         args.command_parser.error("--quantization gguf needs a .gguf model and a GPU (the "
                                   "simulator runs a tiny random-weight model; try int4 or int8)")
-    if args.stream:
-        return _generate_stream(args)
+    _check_tensor_parallel(args)
+    if args.stream or args.tensor_parallel_size > 1:
+        return _generate_engine(args)
     from .models.textgen import generate_text
 
     generate_text(args.prompt, model=args.model, max_new_tokens=args.max_new_tokens,
@@ -207,20 +225,32 @@ def _generate(args):
     return 0
 
 
-def _generate_stream(args):
+def _generate_engine(args):
+    """``--stream`` or ``--tensor-parallel-size``: the prompt through the engine (``LLM``)."""
     from ._env import SIMULATOR
     from .engine import LLM, SamplingParams
 
     if SIMULATOR:
         args.command_parser.error("--stream needs a GPU (without one, drop --stream)")
-    llm = LLM(args.model, dtype=args.dtype, max_num_seqs=1, quantization=args.quantization)
-    prompt = args.prompt
-    if args.chat:
-        prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-    start = time.perf_counter()
-    for piece in llm.stream(prompt, SamplingParams(max_tokens=args.max_new_tokens)):
-        print(piece, end="", flush=True)
-    print(f"\n({time.perf_counter() - start:.2f} s)", file=sys.stderr)
+    llm = LLM(args.model, dtype=args.dtype, max_num_seqs=1, quantization=args.quantization,
+              tensor_parallel_size=args.tensor_parallel_size)
+    try:
+        prompt = args.prompt
+        if args.chat:
+            prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        sampling = SamplingParams(max_tokens=args.max_new_tokens)
+        start = time.perf_counter()
+        if args.stream:
+            for piece in llm.stream(prompt, sampling):
+                print(piece, end="", flush=True)
+            print()
+        else:
+            print(llm.generate(prompt, sampling)[0].text, flush=True)
+        stats = llm.decode_stats
+        speed = (f"; {stats.steps / stats.seconds:.1f} tok/s decoding" if stats.steps else "")
+        print(f"({time.perf_counter() - start:.2f} s{speed})", file=sys.stderr)
+    finally:
+        llm.close()
     return 0
 
 
@@ -244,13 +274,15 @@ def _add_bench_serve(subparsers):
     p.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
                    help="dummy: random weights of --config (or of --model's config)")
     p.add_argument("--config", metavar="PRESET", default=None,
-                   help="with --load-format dummy: llama-3-8b, smollm2-135m or tiny")
+                   help="with --load-format dummy: llama-3-8b, llama-3-70b, smollm2-135m or "
+                        "tiny")
     p.add_argument("--num-requests", type=int, default=64, metavar="N")
     p.add_argument("--max-num-seqs", type=int, default=256, metavar="N",
                    help="requests running at once at most (default: %(default)s)")
     p.add_argument("--prompt-len", type=int, default=512, metavar="N")
     p.add_argument("--output-len", type=int, default=256, metavar="N")
     p.add_argument("--seed", type=int, default=0)
+    _add_tensor_parallel(p)
     p.set_defaults(func=_bench_serve)
 
 
@@ -262,13 +294,18 @@ def _bench_serve(args):
         return 1
     if args.load_format == "dummy" and args.config is None and args.model is None:
         args.command_parser.error("--load-format dummy needs --config PRESET or --model PATH")
+    _check_tensor_parallel(args)
     from .engine import LLM
     from .engine.bench_serve import report, run
 
     model = args.config if args.load_format == "dummy" and args.config else args.model
-    llm = LLM(model, load_format=args.load_format, max_num_seqs=args.max_num_seqs)
-    report(run(llm, num_requests=args.num_requests, prompt_len=args.prompt_len,
-               output_len=args.output_len, seed=args.seed))
+    llm = LLM(model, load_format=args.load_format, max_num_seqs=args.max_num_seqs,
+              tensor_parallel_size=args.tensor_parallel_size)
+    try:
+        report(run(llm, num_requests=args.num_requests, prompt_len=args.prompt_len,
+                   output_len=args.output_len, seed=args.seed))
+    finally:
+        llm.close()
     return 0
 
 

@@ -9,21 +9,16 @@ it in that request's output) while the others go on.
 
 import itertools
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import _env
-from ..paged_cache import PagedKVCache
+from .loading import BLOCK_SIZE, cache_pages, load
 from .runner import BATCH_BUCKETS, ModelRunner
 from .sampling_params import SamplingParams
 from .scheduler import Request, Scheduler
-
-#: Tokens per page of the KV cache.
-BLOCK_SIZE = 16
-#: KV-cache pages under the simulator (no device memory to size it by).
-SIMULATOR_PAGES = 64
-LOAD_FORMATS = ("auto", "dummy")
 
 
 @dataclass
@@ -60,53 +55,28 @@ class RequestOutput:
     error: str | None = None
 
 
-def _load(model, dtype, load_format, seed, quantization=None):
-    """``(config, weights, tokenizer)``: a checkpoint, or random weights (``dummy``) of a
-    preset name or of a checkpoint's config; ``quantization="gguf"`` keeps a GGUF's projection
-    blocks packed (ValueError for anything else)."""
-    from ..models.checkpoint import load_checkpoint
-    from ..models.config import ModelConfig, load_config
-    from ..models.random_model import PRESETS, ByteTokenizer, preset_config, random_weights
-
-    if load_format not in LOAD_FORMATS:
-        raise ValueError(f"load_format: expected one of {LOAD_FORMATS}, got {load_format!r}")
-    if load_format == "auto":
-        if quantization == "gguf":
-            return load_checkpoint(model, dtype, keep_blocks=True)
-        return load_checkpoint(model, dtype)
-    if quantization == "gguf":
-        raise ValueError("quantization='gguf': load_format='dummy' draws unquantized random "
-                         "weights; use 'int4' or 'int8', or load a .gguf with Q4_0 / Q4_1 / "
-                         "Q8_0 blocks")
-    if isinstance(model, ModelConfig):
-        config, tokenizer = model, None
-    elif isinstance(model, str) and model in PRESETS:
-        config = preset_config(model)
-        tokenizer = ByteTokenizer() if model == "tiny" else None
-    else:
-        config, tokenizer = load_config(model), None
-    device = "cpu" if _env.SIMULATOR else "cuda"
-    return config, random_weights(config, seed=seed, dtype=dtype, device=device), tokenizer
-
-
 class LLM:
     """A model served by the engine.
 
     ``model``: a Hugging Face directory, a .gguf file, or None (the embedded SmolLM2-135M);
     with ``load_format="dummy"``, also a preset name of ``models.random_model.PRESETS``
-    ("llama-3-8b", "smollm2-135m", "tiny") or a ``ModelConfig``, weights drawn at random. ``kv_cache_memory``: the
-    fraction of the GPU memory free after loading (a float in (0, 1]) or a byte count (an int)
-    given to the paged KV cache. ``max_model_len``: prompt + output tokens at most (default: the
+    ("llama-3-8b", "llama-3-70b", "smollm2-135m", "tiny") or a ``ModelConfig``, weights drawn
+    at random. ``kv_cache_memory``: the fraction of the GPU memory free after loading (a float
+    in (0, 1]) or a byte count (an int) given to the paged KV cache. ``max_model_len``: prompt + output tokens at most (default: the
     model's context, capped by the cache). ``max_num_batched_tokens``: tokens per step (default
     8192, at least ``max_num_seqs``). ``seed`` draws the seeds of requests that set none.
     ``quantization``: None (the model dtype), "int4" / "int8" (the projection weights quantized
     at load, run by ``quant_gemm``) or "gguf" (a GGUF's Q4_0 / Q4_1 / Q8_0 projection blocks
-    kept packed); see ``models.llama``.
+    kept packed); see ``models.llama``. ``tensor_parallel_size``: GPUs the model is split over
+    (``engine/tp.py``): this process drives the first (its current device) and starts one
+    process for each other; every one keeps 1 / N of the weights and of the KV cache (whose
+    memory budget is per GPU). ``close()`` stops those processes.
     """
 
     def __init__(self, model=None, *, dtype="bfloat16", max_num_seqs=256, max_model_len=None,
                  kv_cache_memory=0.9, load_format="auto", cuda_graphs=True, seed=0,
-                 max_num_batched_tokens=None, quantization=None):
+                 max_num_batched_tokens=None, quantization=None, tensor_parallel_size=1):
+        from ..distributed.sharding import check_size
         from ..models.llama import LlamaModel, check_quantization
         from ..models.model import model_dtype
 
@@ -116,24 +86,39 @@ class LLM:
                              f"{max_num_seqs!r}")
         dt = model_dtype(dtype)
         quantization = check_quantization(quantization)
-        config, weights, self.tokenizer = _load(model, dt, load_format, seed, quantization)
+        self.tensor_parallel_size = check_size(tensor_parallel_size)
+        self._tp = None
+        if self.tensor_parallel_size == 1:
+            config, weights, self.tokenizer = load(model, dt, load_format, seed, quantization)
+            self.llama = LlamaModel(config, weights, dt, quantization)
+            del weights
+        else:
+            from .tp import RankSpec, TensorParallelGroup
+
+            spec = RankSpec(model, dt, load_format, seed, quantization, kv_cache_memory)
+            self._tp = TensorParallelGroup.start(spec, self.tensor_parallel_size)
+            weakref.finalize(self, self._tp.close)
+            group = self._tp
+            config, self.tokenizer, self.llama = group.config, group.tokenizer, group.llama
         self.config = config
-        self.llama = LlamaModel(config, weights, dt, quantization)
-        del weights
-        pages = self._cache_pages(kv_cache_memory, dt)
-        context = config.max_position_embeddings
-        limit = min(context, (pages - 1) * BLOCK_SIZE)
-        if max_model_len is None:
-            max_model_len = limit
-        elif isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or not (
-                1 <= max_model_len <= limit):
-            raise ValueError(f"max_model_len: expected an int in [1, {limit}] (the model's "
-                             f"context {context}, and the KV cache's {pages - 1} pages of "
-                             f"{BLOCK_SIZE}), got {max_model_len!r}")
+        try:
+            pages = (cache_pages(self.llama.config, kv_cache_memory, dt) if self._tp is None
+                     else self._tp.pages(spec))
+            context = config.max_position_embeddings
+            limit = min(context, (pages - 1) * BLOCK_SIZE)
+            if max_model_len is None:
+                max_model_len = limit
+            elif isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or not (
+                    1 <= max_model_len <= limit):
+                raise ValueError(f"max_model_len: expected an int in [1, {limit}] (the model's "
+                                 f"context {context}, and the KV cache's {pages - 1} pages of "
+                                 f"{BLOCK_SIZE}), got {max_model_len!r}")
+        except BaseException:
+            if self._tp is not None:
+                self._tp.close(abort=True)
+            raise
         self.max_model_len = max_model_len
-        self.cache = PagedKVCache(pages, BLOCK_SIZE, config.num_key_value_heads, config.head_dim,
-                                  dt, kind="torch",
-                                  num_layers=config.num_hidden_layers)
+        self.cache = self.llama.new_cache(pages)
         scratch = self.cache.add_sequence(1)  # padded decode rows write here, never read
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max(8192, max_num_seqs)
@@ -142,40 +127,17 @@ class LLM:
             self.cache, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, eos_token_ids=config.eos_token_id,
             detokenize=None if tok is None else tok.decode)
-        use_graphs = bool(cuda_graphs) and not _env.SIMULATOR
-        self.runner = ModelRunner(self.llama, self.cache, scratch_page=self.cache.pages(scratch)[0],
-                                  cuda_graphs=use_graphs,
-                                  max_width=-(-max_model_len // BLOCK_SIZE))
+        setup = dict(scratch_page=self.cache.pages(scratch)[0],
+                     cuda_graphs=bool(cuda_graphs) and not _env.SIMULATOR,
+                     max_width=-(-max_model_len // BLOCK_SIZE))
+        self.runner = (ModelRunner(self.llama, self.cache, **setup) if self._tp is None
+                       else self._tp.runner(self.cache, **setup))
         self._seeds = np.random.default_rng(seed)
         #: requests preempted (pages freed, recomputed later) so far
         self.num_preemptions = 0
         self.decode_stats = DecodeStats()
         self._ids = itertools.count()
         self._prompts = {}
-
-    def _cache_pages(self, kv_cache_memory, dtype):
-        c = self.config
-        page_bytes = (2 * c.num_hidden_layers * BLOCK_SIZE * c.num_key_value_heads * c.head_dim
-                      * dtype.itemsize)
-        if isinstance(kv_cache_memory, bool) or not isinstance(kv_cache_memory, (int, float)):
-            raise TypeError(f"kv_cache_memory: expected a fraction (float) or bytes (int), got "
-                            f"{type(kv_cache_memory).__name__}")
-        if isinstance(kv_cache_memory, float):
-            if not 0 < kv_cache_memory <= 1:
-                raise ValueError(f"kv_cache_memory: expected a fraction in (0, 1], got "
-                                 f"{kv_cache_memory}")
-            if _env.SIMULATOR:
-                return SIMULATOR_PAGES
-            import torch
-
-            budget = int(kv_cache_memory * torch.cuda.mem_get_info()[0])
-        else:
-            budget = kv_cache_memory
-        pages = budget // page_bytes
-        if pages < 2:
-            raise ValueError(f"kv_cache_memory: {budget} bytes hold {pages} pages of "
-                             f"{page_bytes} bytes; at least 2 are needed")
-        return int(pages)
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -268,6 +230,14 @@ class LLM:
                 if out.request_id in slot:
                     outputs[slot[out.request_id]] = out
         return outputs
+
+    def close(self):
+        """Stop the tensor-parallel workers and leave their group (nothing to do with
+        ``tensor_parallel_size=1``); the LLM runs no step after. Also done when it is
+        garbage-collected or at exit."""
+        if self._tp is not None:
+            self.runner.graphs.clear()      # graphs holding collectives go before the group
+            self._tp.close()
 
     def stream(self, prompt, sampling=None):
         """Yield the text of one request's new tokens as they are produced."""

@@ -129,12 +129,8 @@ class ModelRunner:
         tokens = np.array([e.token_ids[0] for e in entries], np.int64)
         positions = np.array([e.start_position for e in entries], np.int32)
         params = self._params(entries)
-        if not self.cuda_graphs:
-            step = decode_step(self.llama.device, tokens, positions, table, seq_lens)
-            return self._sample(self._run(step), params)
         n = len(entries)
-        rows = _bucket(n, BATCH_BUCKETS)
-        pad = rows - n
+        pad = _bucket(n, BATCH_BUCKETS) - n if self.cuda_graphs else 0
         if pad:
             tokens = np.concatenate([tokens, np.zeros(pad, np.int64)])
             positions = np.concatenate([positions, np.zeros(pad, np.int32)])
@@ -142,6 +138,16 @@ class ModelRunner:
                                                    np.int32)])
             seq_lens = np.concatenate([seq_lens, np.ones(pad, np.int32)])
             params = tuple(np.concatenate([col, np.zeros(pad, col.dtype)]) for col in params)
+        return self.run_decode(tokens, positions, table, seq_lens, params)[:n]
+
+    def run_decode(self, tokens, positions, table, seq_lens, params):
+        """The decode pass of host (NumPy) inputs, padded to a batch bucket with graphs: each
+        row's sampled token (a list). ``run_decode`` and ``run_prefill`` are all the device work
+        of a step: a tensor-parallel worker repeats them with rank 0's inputs."""
+        if not self.cuda_graphs:
+            step = decode_step(self.llama.device, tokens, positions, table, seq_lens)
+            return self._sample(self._run(step), params)
+        rows = len(tokens)
         key = (rows, table.shape[1])
         graph = self.graphs.get(key)
         if graph is None:
@@ -151,7 +157,7 @@ class ModelRunner:
         tokens = graph.run(tokens, positions, table, seq_lens, params)
         self.pool = graph.pool
         self.last_replayed, self.last_wait = replayed, graph.last_wait
-        return tokens[:n]
+        return tokens
 
     def _prefill(self, entries):
         """One packed forward of the prefill chunks: each entry's next token (a list)."""
@@ -168,25 +174,32 @@ class ModelRunner:
         if len(fresh) < len(ordered):      # chunks continuing a sequence: rows after the fresh
             rest = slice(len(fresh), len(ordered))
             chunks = dict(
-                chunk_cu_seqlens=self._device((bounds[len(fresh):] - cu[-1]).astype(np.int32)),
+                chunk_cu_seqlens=(bounds[len(fresh):] - cu[-1]).astype(np.int32),
                 chunk_max_seqlen=max(lengths[rest]),
-                chunk_block_table=self._device(table[rest]),
-                chunk_seq_lens=self._device(seq_lens[rest]))
-        step = Step(
-            token_ids=self._device(np.concatenate([e.token_ids for e in ordered]).astype(
-                np.int64)),
-            positions=self._device(np.concatenate([
+                chunk_block_table=table[rest],
+                chunk_seq_lens=seq_lens[rest])
+        fields = dict(
+            token_ids=np.concatenate([e.token_ids for e in ordered]).astype(np.int64),
+            positions=np.concatenate([
                 np.arange(e.start_position, e.start_position + e.num_new_tokens, dtype=np.int32)
-                for e in ordered])),
-            token_tables=self._device(np.repeat(table, lengths, axis=0)),
-            last_rows=self._device(bounds[1:].astype(np.int64) - 1),
-            cu_seqlens=self._device(cu), max_seqlen=max([lengths[i] for i in fresh] or [0]),
+                for e in ordered]),
+            last_rows=bounds[1:].astype(np.int64) - 1,
+            cu_seqlens=cu, max_seqlen=max([lengths[i] for i in fresh] or [0]),
             fresh_tokens=int(cu[-1]), **chunks)
-        tokens = self._sample(self._run(step), self._params(ordered))
+        tokens = self.run_prefill(table, lengths, fields, self._params(ordered))
         result = [None] * len(entries)
         for slot, i in enumerate(order):
             result[i] = tokens[slot]
         return result
+
+    def run_prefill(self, table, lengths, fields, params):
+        """The prefill pass: ``fields`` the ``Step``'s but its token tables, arrays on the host
+        (NumPy); each sequence's ``lengths`` new tokens take its row of ``table``. Returns each
+        sequence's sampled token (a list)."""
+        step = Step(token_tables=self._device(np.repeat(table, lengths, axis=0)),
+                    **{name: self._device(value) if isinstance(value, np.ndarray) else value
+                       for name, value in fields.items()})
+        return self._sample(self._run(step), params)
 
     def _run(self, step):
         return self.llama.forward(step, self.cache)

@@ -46,9 +46,9 @@ class DecodeGraph:
         self.last_wait = 0.0
 
     def _forward(self):
-        logits = self.llama.forward(self.step, self.cache)
         if not self.sampling:
-            return self.llama.ops.argmax(logits)
+            return self.llama.greedy(self.step, self.cache)
+        logits = self.llama.forward(self.step, self.cache)
         return self.llama.ops.sample(
             logits, **{name: value for (name, _), value in zip(SAMPLING_PARAMS, self.params)})
 

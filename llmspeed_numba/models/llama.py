@@ -34,6 +34,13 @@ epilogue); embeddings, norms and the LM head stay in the model dtype.
   concatenating their block rows). A fused group whose parts are not all blocks of one type is
   dequantized to the model dtype and runs as a plain GEMM.
 - None: every weight in the model dtype, plain ``gemm`` (the path without any of this).
+
+Tensor parallelism (``tp``, a ``distributed.TensorParallel``): the model is one rank's share,
+built from that rank's weights and config (``distributed.sharding``: its heads, KV heads,
+intermediate and vocabulary slices; the fusing above then gives each rank the fused weights of
+its own slices); the forward adds the all-reduces of the vocabulary-parallel embedding and of
+the row-parallel o_proj and down_proj, and gathers the logits (``forward``) or only each rank's
+greedy winner (``greedy``). Without ``tp`` none of this runs.
 """
 
 from dataclasses import dataclass
@@ -153,14 +160,17 @@ def _expect(weights, name, shape):
 class LlamaModel:
     """The weights of a Llama-family model on the device, fused, and its forward step."""
 
-    def __init__(self, config, weights, dtype, quantization=None):
+    def __init__(self, config, weights, dtype, quantization=None, tp=None):
         """``weights``: transformers' names to CPU tensors (``models.checkpoint``; with
         ``quantization="gguf"`` projections may be ``GGUFBlocks``); every tensor's shape is
         checked against ``config`` before anything is moved to the device. ``quantization``:
-        see the module docstring; "gguf" without any ``GGUFBlocks`` raises ValueError."""
+        see the module docstring; "gguf" without any ``GGUFBlocks`` raises ValueError. ``tp``:
+        None, or this rank's ``distributed.TensorParallel`` (``config`` and ``weights`` are then
+        the rank's shards; see the module docstring)."""
         import torch
 
         self.quantization = check_quantization(quantization)
+        self.tp = tp
         c = config
         self.config = c
         self.dtype = dtype
@@ -298,10 +308,27 @@ class LlamaModel:
     def forward(self, step, cache, *, all_logits=False):
         """Run ``step`` (a ``Step``) through every layer, writing its keys and values into
         ``cache``; returns float32 logits of each sequence's last token (B, vocab), or of every
-        new token (T, vocab) with ``all_logits``."""
-        ops, c = self.ops, self.config
+        new token (T, vocab) with ``all_logits`` (under tensor parallelism gathered from the
+        ranks: the whole vocabulary on each)."""
+        logits = self._logits(step, cache, all_logits)
+        return logits if self.tp is None else self.tp.gather_logits(logits)
+
+    def greedy(self, step, cache):
+        """Each sequence's greedy next token (int64 (B,), on the device) after ``step``: the
+        argmax of ``forward``'s logits (under tensor parallelism of each rank's slice, the
+        ranks exchanging only their winners)."""
+        logits = self._logits(step, cache, False)
+        index = self.ops.argmax(logits)
+        return index if self.tp is None else self.tp.argmax(logits, index)
+
+    def _logits(self, step, cache, all_logits):
+        """``forward``'s logits; under tensor parallelism this rank's vocabulary slice."""
+        ops, c, tp = self.ops, self.config, self.tp
         eps = c.rms_norm_eps
-        residual = ops.embedding(step.token_ids, self.embed)
+        if tp is None:
+            residual = ops.embedding(step.token_ids, self.embed)
+        else:       # each rank looks up its vocabulary slice (zeros elsewhere), then the sum
+            residual = tp.all_reduce(ops.embedding(tp.local_ids(step.token_ids), self.embed))
         x = None
         for index, layer in enumerate(self.layers):
             if x is None:
@@ -310,6 +337,8 @@ class LlamaModel:
                 h = ops.rms_norm(x, layer.input_norm, eps, residual=residual, out=x)
             attn = self._attention(index, layer, h, step, cache)
             o = self.linear(attn, layer.o_t, bias=layer.o_bias)
+            if tp is not None:      # row-parallel: each rank holds a partial sum
+                tp.all_reduce(o)
             h = ops.rms_norm(o, layer.post_norm, eps, residual=residual, out=o)
             if self.gated_mlp:
                 x = ops.gemm(ops.gemm(h, layer.gate_up_t, activation="silu_and_mul"),
@@ -317,6 +346,8 @@ class LlamaModel:
             else:
                 gate_up = self.linear(h, layer.gate_up_t)
                 x = self.linear(ops.silu_and_mul(gate_up), layer.down_t)
+            if tp is not None:
+                tp.all_reduce(x)
         if not all_logits:
             x = ops.embedding(step.last_rows, x)
             residual = ops.embedding(step.last_rows, residual)

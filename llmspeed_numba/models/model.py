@@ -46,13 +46,27 @@ class Model:
     ``generate_greedy(prompt_token_ids, max_new_tokens)`` decodes a batch greedily;
     ``prefill_logits(prompt_token_ids)`` returns every position's logits (for checks).
     ``quantization``: None, "int4", "int8" or "gguf" (``llama``'s module docstring).
+    ``tp``: None, or a ``distributed.Communicator``: this process runs its rank's share of the
+    model (tensor parallelism), the whole model's ``weights`` given on every rank (each keeps
+    its shards); every rank then makes the same calls.
     """
 
-    def __init__(self, config, tokenizer, weights, dtype="bfloat16", quantization=None):
+    def __init__(self, config, tokenizer, weights, dtype="bfloat16", quantization=None, *,
+                 tp=None):
         self.config = config
         self.tokenizer = tokenizer
         self.dtype = model_dtype(dtype)
-        self.llama = LlamaModel(config, weights, self.dtype, quantization)
+        if tp is None:
+            self.llama = LlamaModel(config, weights, self.dtype, quantization)
+        else:
+            from ..distributed import (TensorParallel, check_tensor_parallel, shard_config,
+                                       shard_weights)
+
+            check_tensor_parallel(config, tp.size, quantization)
+            self.llama = LlamaModel(shard_config(config, tp.size),
+                                    shard_weights(weights, config, tp.rank, tp.size),
+                                    self.dtype, quantization,
+                                    tp=TensorParallel(tp, config.vocab_size))
         self.timings = Timings()
 
     # ---- checks ----------------------------------------------------------------------------
@@ -121,8 +135,8 @@ class Model:
         """One greedy decode step of ``seqs`` fed ``tokens``: their next tokens (a list).
         ``graphs``: None (eager), or a dict of ``DecodeGraph`` by batch size to replay from."""
         if graphs is None:
-            logits = self.llama.forward(self._decode_step(cache, seqs, tokens, width), cache)
-            return self.llama.ops.argmax(logits).tolist()
+            return self.llama.greedy(self._decode_step(cache, seqs, tokens, width),
+                                     cache).tolist()
         before, table, after = self._advance(cache, seqs, width)
         graph = graphs.get(len(seqs))
         if graph is None:
@@ -171,9 +185,7 @@ class Model:
         cache, seqs = self._new_cache(prompts, max_new_tokens)
         width = -(-(max(p.size for p in prompts) + max_new_tokens) // BLOCK_SIZE)
         start = time.perf_counter()
-        ops = self.llama.ops
-        logits = self.llama.forward(self._prefill_step(cache, seqs, prompts), cache)
-        tokens = ops.argmax(logits).tolist()
+        tokens = self.llama.greedy(self._prefill_step(cache, seqs, prompts), cache).tolist()
         self.timings.prefill = time.perf_counter() - start
         active = list(range(len(prompts)))
         while True:

@@ -21,6 +21,11 @@ PRESETS = {
                        num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                        vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
                        rms_norm_eps=1e-5),
+    # 140 GB of bf16 weights: more than one GPU holds (tensor parallelism's benchmark)
+    "llama-3-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                        num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                        vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
+                        rms_norm_eps=1e-5),
 }
 
 
@@ -34,8 +39,12 @@ def preset_config(name, **overrides):
     return ModelConfig(**fields)
 
 
-def random_weights(config, *, seed=0, dtype=None, device="cpu", initializer_range=0.02):
-    """transformers-named random weights of ``config`` (a dict of torch tensors)."""
+def random_weights(config, *, seed=0, dtype=None, device="cpu", initializer_range=0.02,
+                   keep=None):
+    """transformers-named random weights of ``config`` (a dict of torch tensors). ``keep``:
+    None, or ``keep(name, tensor)`` applied to each tensor as it is drawn, its result stored
+    (None: left out), e.g. a tensor-parallel rank's shard, so that the whole model is never
+    held at once; the draws, and so the values, are the same either way."""
     import torch
 
     dtype = dtype or torch.float32
@@ -50,22 +59,30 @@ def random_weights(config, *, seed=0, dtype=None, device="cpu", initializer_rang
         return torch.ones(n, device=device, dtype=dtype)
 
     q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    w = {"model.embed_tokens.weight": normal(c.vocab_size, c.hidden_size),
-         "model.norm.weight": ones(c.hidden_size)}
+    w = {}
+
+    def put(name, tensor):
+        if keep is not None:
+            tensor = keep(name, tensor)
+        if tensor is not None:
+            w[name] = tensor
+
+    put("model.embed_tokens.weight", normal(c.vocab_size, c.hidden_size))
+    put("model.norm.weight", ones(c.hidden_size))
     if not c.tie_word_embeddings:
-        w["lm_head.weight"] = normal(c.vocab_size, c.hidden_size)
+        put("lm_head.weight", normal(c.vocab_size, c.hidden_size))
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = ones(c.hidden_size)
-        w[p + "post_attention_layernorm.weight"] = ones(c.hidden_size)
+        put(p + "input_layernorm.weight", ones(c.hidden_size))
+        put(p + "post_attention_layernorm.weight", ones(c.hidden_size))
         for name, rows in (("q", q), ("k", kv), ("v", kv)):
-            w[p + f"self_attn.{name}_proj.weight"] = normal(rows, c.hidden_size)
+            put(p + f"self_attn.{name}_proj.weight", normal(rows, c.hidden_size))
             if c.attention_bias:
-                w[p + f"self_attn.{name}_proj.bias"] = normal(rows)
-        w[p + "self_attn.o_proj.weight"] = normal(c.hidden_size, q)
-        w[p + "mlp.gate_proj.weight"] = normal(c.intermediate_size, c.hidden_size)
-        w[p + "mlp.up_proj.weight"] = normal(c.intermediate_size, c.hidden_size)
-        w[p + "mlp.down_proj.weight"] = normal(c.hidden_size, c.intermediate_size)
+                put(p + f"self_attn.{name}_proj.bias", normal(rows))
+        put(p + "self_attn.o_proj.weight", normal(c.hidden_size, q))
+        put(p + "mlp.gate_proj.weight", normal(c.intermediate_size, c.hidden_size))
+        put(p + "mlp.up_proj.weight", normal(c.intermediate_size, c.hidden_size))
+        put(p + "mlp.down_proj.weight", normal(c.hidden_size, c.intermediate_size))
     return w
 
 
