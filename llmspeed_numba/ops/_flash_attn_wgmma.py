@@ -1,0 +1,308 @@
+"""FlashAttention forward on Hopper's warpgroup MMA (``wgmma.mma_async``, sm_90a).
+
+A block of ``GROUPS`` consumer warpgroups owns ``BLOCK_M = 64 * GROUPS`` query rows of one
+(batch, head); warpgroup ``wg`` owns rows ``64 wg .. 64 wg + 63`` and computes, per key block
+of ``BLOCK_N`` keys:
+
+1. ``S = Q K^T`` (fp32, ``BLOCK_N / 2`` registers a thread): ``DIM / 16`` wgmma m64n{BLOCK_N}k16,
+   Q (A, K-major) and K (B, K-major: a key row is a column of K^T) both read from shared memory
+   through descriptors. The first step overwrites S (scale-d = 0).
+2. Mask (only blocks that cross an edge: causal diagonal, window, ``seqlen_k``) and online
+   softmax on the accumulator fragment: thread (warp w, lane l) holds rows ``16 w + l / 4`` and
+   ``+ 8`` of its warpgroup, columns ``8 j + 2 (l % 4)`` and ``+ 1`` in registers ``4 j ..
+   4 j + 3`` (``_intrinsics/wgmma.py``), so each row's max and sum live in the 4 lanes of a quad
+   (two ``shfl.bfly``), as in the mma.sync kernel (``_flash_attn_tc``).
+3. ``O += P V``: P packed to fp16 / bf16 pairs in registers is the A operand of ``BLOCK_N / 16``
+   wgmma m64n{DIM}k16 (``wgmma_m64k16_rs``; the S fragment of columns ``16 kk ..`` *is* the A
+   fragment of k16 step kk); V (B, N-major: keys along K, the head dimension contiguous) from
+   shared memory with the transpose bit.
+4. At the end O is divided by the row sum once, staged through the warpgroup's own rows of the
+   Q tile and written with 16-byte stores; ``lse = max * scale + log(sum)``.
+
+Key blocks are visited from the last to the first (the masked ones first); blocks wholly outside
+the causal mask / window are never visited. Mask and softmax conventions: ``_attention_common``.
+
+Shared memory (one ``uint16`` buffer realigned to 1024 bytes: the hardware swizzle follows
+address bits 7-9): the Q tile, then ``STAGES`` (K tile, V tile) pairs. Every tile is stored as
+``DIM / 64`` panels of ``rows x 64`` elements (128-byte rows, 16-byte chunks XOR-ed with
+``row % 8``: wgmma's 128-byte-swizzle layout, ``_gemm_tensor_core.tile_loader``), so one loader
+fills Q, K and V and only the descriptors differ: K-major (Q, K) steps 32 bytes along a panel
+row per k16 step and 8-row groups are 1024 bytes apart; N-major V steps 16 rows (2048 bytes) per
+k16 step, its 64-column panels ``BLOCK_N * 128`` bytes apart.
+
+Loads: cp.async 16-byte copies by every thread into a ring of ``STAGES`` (K, V) buffers,
+``STAGES - 1`` key blocks ahead; a block barrier per key block hands a stage from the copies
+to the MMAs (``fence.proxy.async`` makes the copies visible to wgmma's async proxy) and back.
+Edges: rows past ``seqlen_q`` / ``seqlen_k`` and columns past ``head_dim`` are zero-filled by
+cp.async's ``src_bytes``. Q, K, V and out must allow 16-byte copies (pointers and strides
+multiples of 8 elements): the caller runs another kernel otherwise.
+
+Every wgmma group is waited for (``wgmma_wait(0)``) before any other instruction touches its
+accumulator: ptxas serialises all wgmma of a kernel (warning C7515) when a non-wgmma
+instruction defines an accumulator while a group that uses it may be in flight.
+"""
+
+import functools
+
+import numpy as np
+
+from .. import ptx
+from .._env import cuda
+from .._launch import Kernel, jit
+from ._attention_common import (NEG_INF, block_is_full, finish_row, fmax, key_bounds,
+                                rescale_factor, row_key_range, scaled_max)
+from ._flash_attn_tc import clamped_range
+from ._gemm_tensor_core import tile_loader
+
+PANEL = 64            # b16 elements in one 128-byte swizzle row
+_ALIGN_BYTES = 1024   # the 128-byte swizzle repeats every 8 rows of 128 bytes
+
+_device = cuda.jit(device=True, inline="always")
+
+
+def padded_dim(headdim):
+    """Head dimension the kernel computes with: the next multiple of 64 (whole panels)."""
+    return -(-headdim // PANEL) * PANEL
+
+
+def threads_for(groups):
+    return 128 * groups
+
+
+def shared_bytes(dim, groups, block_n, stages):
+    """Dynamic shared memory of one block: Q tile, ``stages`` K and V tiles, realignment."""
+    return 2 * dim * (64 * groups + 2 * stages * block_n) + _ALIGN_BYTES
+
+
+def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen, min_blocks=0):
+    """The kernel for a padded head dimension ``dim`` (multiple of 64) holding ``head_dim``;
+    parameters as ``_flash_attn_tc._tc_kernel_fn`` (the block table and its numbers unused).
+    ``min_blocks`` (launch bounds) only enters the closure, for numba's disk cache key."""
+    assert dim % PANEL == 0 and head_dim <= dim <= 256
+    assert block_n % 16 == 0 and 16 <= block_n <= 256 and stages >= 2
+    threads = threads_for(groups)
+    block_m = 64 * groups
+    s_regs = block_n // 2            # S accumulator registers a thread
+    o_regs = dim // 2                # O accumulator registers a thread
+    n_tiles = block_n // 8           # n8 column tiles of S
+    k_steps = dim // 16              # k16 steps of Q K^T
+    p_steps = block_n // 16          # k16 steps of P V
+    p_regs = 4 * p_steps             # P as packed b16 pairs: the A fragments of P V
+    q_panel = block_m * PANEL        # elements of one panel of the Q tile
+    kv_panel = block_n * PANEL       # ... of a K or V tile
+    kv_elems = block_n * dim
+    s_kv = block_m * dim             # first K tile; stage s: K at s_kv + 2 s kv_elems, V after
+    v_lbo = block_n * 128            # bytes between the 64-column panels of V (N-major)
+    out_chunks = 64 * dim // 8 // 128    # 16-byte output chunks a thread
+    chunks_per_row = dim // 8
+    lead = stages - 1                # key blocks loaded ahead of the one computed
+    pending = stages - 2             # cp.async groups that may still run when a block is needed
+    is_bf16 = int(is_bf16)
+    pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
+    from_f32 = ptx.f32_to_bf16 if is_bf16 else ptx.f32_to_f16
+    load_q = tile_loader(block_m, dim, threads, True, False, panels=True)
+    load_edge = tile_loader(block_n, dim, threads, True, False, panels=True)
+    load_full = tile_loader(block_n, dim, threads, True, True, panels=True)
+
+    @_device
+    def load_kv(tiles, stage, k, v, k_base, v_base, k_sn, v_sn, col, seqlen_k, tid):
+        """Copy key block ``col .. col + block_n`` of K and V into ring stage ``stage``."""
+        s_k = s_kv + stage * 2 * kv_elems
+        if head_dim == dim and col + block_n <= seqlen_k:
+            load_full(tiles, s_k, k, k_base + col * k_sn, k_sn, block_n, dim, tid)
+            load_full(tiles, s_k + kv_elems, v, v_base + col * v_sn, v_sn, block_n, dim, tid)
+        else:
+            load_edge(tiles, s_k, k, k_base + col * k_sn, k_sn, seqlen_k - col, head_dim, tid)
+            load_edge(tiles, s_k + kv_elems, v, v_base + col * v_sn, v_sn, seqlen_k - col,
+                      head_dim, tid)
+
+    @_device
+    def swizzled(row, col, rows):
+        """Element offset of (row, col) in a panelled tile of ``rows`` rows."""
+        return ((col // PANEL) * rows * PANEL + row * PANEL
+                + ((((col % PANEL) // 8) ^ (row % 8)) * 8) + col % 8)
+
+    def flash_attn_wgmma_kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
+                                seqlen_q_arg, seqlen_k_arg,
+                                q_sb, q_sn, q_sh, k_sb, k_sn, k_sh, v_sb, v_sn, v_sh,
+                                o_sb, o_sn, o_sh, lse_sb, lse_sh, bt_sb, bt_ss, group,
+                                softmax_scale, scale_log2, window_left, window_right, num_pages,
+                                bs_shift):
+        min_blocks  # noqa: B018  (cache key only, see the factory)
+        smem = cuda.shared.array(0, np.uint16)
+        pad = ((_ALIGN_BYTES - (ptx.shared_address(smem, 0) & (_ALIGN_BYTES - 1)))
+               & (_ALIGN_BYTES - 1)) >> 1
+        tiles = smem[pad:]
+        tid = np.int32(cuda.threadIdx.x)
+        wg = tid // 128
+        warp = (tid % 128) // 32
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        m_block = cuda.gridDim.x - 1 - cuda.blockIdx.x   # longest causal rows first
+        head = cuda.blockIdx.y
+        batch = cuda.blockIdx.z
+        if is_varlen:
+            q_start = cu_seqlens_q[batch]
+            seqlen_q = cu_seqlens_q[batch + 1] - q_start
+            k_start = cu_seqlens_k[batch]
+            seqlen_k = cu_seqlens_k[batch + 1] - k_start
+        else:
+            q_start = 0
+            seqlen_q = seqlen_q_arg
+            k_start = 0
+            seqlen_k = seqlen_k_arg
+        row0 = m_block * block_m
+        if row0 >= seqlen_q:
+            return
+        offset = seqlen_k - seqlen_q
+        head_k = head // group
+        warp_row0 = row0 + wg * 64 + warp * 16     # this warp's 16 query rows
+
+        acc_s = cuda.local.array(s_regs, np.float32)
+        acc_o = cuda.local.array(o_regs, np.float32)
+        p_frag = cuda.local.array(p_regs, np.uint32)
+        row_max = cuda.local.array(2, np.float32)
+        row_sum = cuda.local.array(2, np.float32)     # this lane's partial sums
+        max_scaled = cuda.local.array(2, np.float32)
+        row_scale = cuda.local.array(2, np.float32)
+        # not a literal 0: LLVM would make the zero fill a memset over local memory
+        zero = ptx.ex2_approx(NEG_INF)
+        for i in range(o_regs):
+            acc_o[i] = zero
+        for h in range(2):
+            row_max[h] = NEG_INF
+            row_sum[h] = zero
+
+        q_base = batch * q_sb + (q_start + row0) * q_sn + head * q_sh
+        load_q(tiles, 0, q, q_base, q_sn, seqlen_q - row0, head_dim, tid)
+        ptx.cp_async_commit()
+        k_base = batch * k_sb + k_start * k_sn + head_k * k_sh
+        v_base = batch * v_sb + k_start * v_sn + head_k * v_sh
+
+        lo, hi = key_bounds(row0, min(row0 + block_m, seqlen_q), offset, seqlen_k,
+                            window_left, window_right)
+        n_end = (hi + block_n - 1) // block_n
+        n_blocks = n_end - lo // block_n if hi > lo else 0
+        for s in range(lead):
+            if s < n_blocks:
+                load_kv(tiles, s, k, v, k_base, v_base, k_sn, v_sn, (n_end - 1 - s) * block_n,
+                        seqlen_k, tid)
+            ptx.cp_async_commit()
+
+        q_desc0 = wg * 64 * PANEL            # this warpgroup's rows of Q
+        stage = 0
+        for it in range(n_blocks):
+            col0 = (n_end - 1 - it) * block_n
+            ptx.cp_async_wait(pending)       # this thread's copies of the block landed
+            ptx.fence_proxy_async()          # ... visible to wgmma's async proxy
+            cuda.syncthreads()               # everyone's; every warpgroup is done with it - 1
+            nxt = it + lead
+            if nxt < n_blocks:
+                load_kv(tiles, (stage + lead) % stages, k, v, k_base, v_base, k_sn, v_sn,
+                        (n_end - 1 - nxt) * block_n, seqlen_k, tid)
+            ptx.cp_async_commit()
+            s_k = s_kv + stage * 2 * kv_elems
+
+            # S = Q K^T
+            ptx.wgmma_fence()
+            for j in range(k_steps):
+                dq = ptx.smem_desc(tiles, q_desc0 + (j // 4) * q_panel + (j % 4) * 16, 16,
+                                   1024, 1)
+                dk = ptx.smem_desc(tiles, s_k + (j // 4) * kv_panel + (j % 4) * 16, 16, 1024,
+                                   1)
+                ptx.wgmma_m64k16(acc_s, dq, dk, 0 if j == 0 else 1, block_n, is_bf16, 0, 0)
+            ptx.wgmma_commit()
+            ptx.wgmma_wait(acc_s, s_regs, 0)
+
+            # mask the blocks that cross an edge (per row: keys outside [first, last])
+            if not block_is_full(warp_row0, warp_row0 + 16, col0, col0 + block_n, offset,
+                                 seqlen_k, window_left, window_right):
+                for h in range(2):
+                    first, last = row_key_range(warp_row0 + g + 8 * h, offset, seqlen_k,
+                                                window_left, window_right)
+                    lane_col = col0 + 2 * t
+                    first_rel = np.int32(first - lane_col)
+                    last_rel = np.int32(last - lane_col)
+                    for nt in range(n_tiles):
+                        for e in range(2):
+                            j = np.int32(nt * 8 + e)
+                            if j < first_rel or j > last_rel:
+                                acc_s[4 * nt + 2 * h + e] = NEG_INF
+
+            # online softmax: new row maxima (quad reduction), rescale O and the sums, P
+            for h in range(2):
+                new_max = row_max[h]
+                for nt in range(n_tiles):
+                    new_max = fmax(new_max, fmax(acc_s[4 * nt + 2 * h],
+                                                 acc_s[4 * nt + 2 * h + 1]))
+                new_max = fmax(new_max, ptx.shfl_xor_f32(new_max, 1))
+                new_max = fmax(new_max, ptx.shfl_xor_f32(new_max, 2))
+                max_scaled[h] = scaled_max(new_max, scale_log2)
+                alpha = rescale_factor(row_max[h], max_scaled[h], scale_log2)
+                row_max[h] = new_max
+                row_sum[h] *= alpha
+                row_scale[h] = alpha
+            for i in range(o_regs):
+                acc_o[i] *= row_scale[(i // 2) % 2]
+            for i in range(s_regs):
+                p = ptx.ex2_approx(cuda.fma(acc_s[i], scale_log2, -max_scaled[(i // 2) % 2]))
+                acc_s[i] = p
+                row_sum[(i // 2) % 2] += p
+            for i in range(p_regs):
+                p_frag[i] = pack(acc_s[2 * i], acc_s[2 * i + 1])
+
+            # O += P V, P straight from the S accumulator
+            ptx.wgmma_fence()
+            s_v = s_k + kv_elems
+            for kk in range(p_steps):
+                dv = ptx.smem_desc(tiles, s_v + kk * 16 * PANEL, v_lbo, 1024, 1)
+                ptx.wgmma_m64k16_rs(acc_o, p_frag[4 * kk], p_frag[4 * kk + 1],
+                                    p_frag[4 * kk + 2], p_frag[4 * kk + 3], dv, 1, dim,
+                                    is_bf16, 1)
+            ptx.wgmma_commit()
+            ptx.wgmma_wait(acc_o, o_regs, 0)
+            stage = stage + 1 if stage < stages - 1 else 0
+
+        # normalise once, stage the warpgroup's rows in its own Q rows, write 16-byte chunks
+        ptx.cp_async_wait(0)
+        if is_varlen:                # read again rather than kept in registers over the loop
+            q_start = cu_seqlens_q[batch]
+            seqlen_q = cu_seqlens_q[batch + 1] - q_start
+        for h in range(2):
+            total = row_sum[h]
+            total += ptx.shfl_xor_f32(total, 1)
+            total += ptx.shfl_xor_f32(total, 2)
+            inv_sum, row_lse = finish_row(row_max[h], total, softmax_scale)
+            r = wg * 64 + warp * 16 + g + 8 * h
+            for jb in range(o_regs // 4):
+                base = swizzled(r, 8 * jb + 2 * t, block_m)
+                tiles[base] = from_f32(acc_o[4 * jb + 2 * h] * inv_sum)
+                tiles[base + 1] = from_f32(acc_o[4 * jb + 2 * h + 1] * inv_sum)
+            if t == 0 and row0 + r < seqlen_q:
+                lse[batch * lse_sb + head * lse_sh + q_start + row0 + r] = row_lse
+        ptx.named_barrier_sync(1 + wg, 128)   # the warpgroup's rows are staged
+        o_base = batch * o_sb + (q_start + row0) * o_sn + head * o_sh
+        for c in range(out_chunks):
+            i = tid % 128 + 128 * c
+            r = wg * 64 + i // chunks_per_row
+            col = (i % chunks_per_row) * 8
+            if row0 + r < seqlen_q and col < head_dim:
+                w0, w1, w2, w3 = ptx.load_u32x4(tiles, swizzled(r, col, block_m))
+                ptx.store_u32x4(out, o_base + r * o_sn + col, w0, w1, w2, w3)
+
+    return flash_attn_wgmma_kernel
+
+
+def launch_options(groups, min_blocks):
+    return {"launch_bounds": (threads_for(groups), min_blocks)} if min_blocks else {}
+
+
+@functools.lru_cache(maxsize=None)
+def wgmma_kernel(signature, head_dim, dim, groups, block_n, stages, min_blocks, is_bf16,
+                 is_varlen):
+    """The wgmma kernel for one configuration; ``min_blocks`` 0 leaves registers to ptxas."""
+    return Kernel(jit(_wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16,
+                                       is_varlen, min_blocks),
+                      **launch_options(groups, min_blocks)),
+                  signature, "flash_attn_wgmma_kernel")
