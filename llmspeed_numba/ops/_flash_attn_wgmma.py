@@ -51,7 +51,6 @@ from .._env import cuda
 from .._launch import Kernel, jit
 from ._attention_common import (NEG_INF, block_is_full, finish_row, fmax, key_bounds,
                                 rescale_factor, row_key_range, scaled_max)
-from ._flash_attn_tc import clamped_range
 from ._gemm_tensor_core import tile_loader
 
 PANEL = 64            # b16 elements in one 128-byte swizzle row

@@ -69,8 +69,10 @@ SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 #: block owns ``64 * groups`` query rows (one warpgroup each) and streams ``block_n`` keys at a
 #: time through a ring of ``stages`` K / V buffers; ``min_blocks`` > 0 sets launch bounds.
 #: Registers a consumer thread: S ``block_n / 2`` + O ``headdim / 2`` fp32 + P ``block_n / 4``.
-#: 64 / 128: 128-key blocks (S 64 registers); 256: 64-key blocks (O alone is 128 registers).
-WGMMA_CONFIGS = {64: (2, 128, 2, 1), 128: (2, 128, 2, 1), 256: (2, 64, 2, 1)}
+#: 64 / 128: 128-key blocks (S 64 registers; 166 / 224 registers, offline). Head dimension 256
+#: stays with the mma.sync kernel: O alone is 128 registers a thread, and with 64-key blocks the
+#: kernel (255 registers) keeps its accumulators on a 544-byte stack (offline sm_90a).
+WGMMA_CONFIGS = {64: (2, 128, 2, 1), 128: (2, 128, 2, 1)}
 
 #: Simulator configuration of the wgmma kernel: one warpgroup, 32-key blocks.
 SIMULATOR_WGMMA_CONFIG = (1, 32, 2, 0)
@@ -516,7 +518,7 @@ def _wgmma_compile_target(headdim, is_bf16, is_varlen):
 
 # causal and windows are run-time arguments of the same kernel: one entry per compiled variant
 for _headdim, _bf16, _varlen in ((64, False, False), (128, False, False), (128, True, False),
-                                 (128, True, True), (256, True, False)):
+                                 (128, True, True)):
     compile_check.register(
         f"flash_attn_wgmma_d{_headdim}_{'bf16' if _bf16 else 'f16'}"
         f"{'_varlen' if _varlen else ''}",
