@@ -39,10 +39,14 @@ KIND = "numba" if SIMULATOR else "torch"
 TC_ONE_WARP = (1, 1, 16)
 TC_TWO_WARPS = (2, 1, 16)
 TC_TWO_TILES = (1, 2, 16)
-# ... and of the wgmma kernel: (warpgroups, keys per block, ring stages, launch-bounds blocks).
-WG_ONE = (1, 32, 2, 0)
-WG_SHORT_RING3 = (1, 16, 3, 0)
-WG_TWO_GROUPS = (2, 16, 2, 0)
+# ... and of the wgmma kernel: (consumer warpgroups, keys per block, ring stages, launch-bounds
+# blocks, producer warpgroup): the warp-specialised form, and the all-threads-copy ring ("RING")
+WG_ONE = (1, 32, 2, 0, 1)
+WG_SHORT_3 = (1, 16, 3, 0, 1)
+WG_TWO_GROUPS = (2, 16, 2, 0, 1)
+WG_RING = (1, 32, 2, 0, 0)
+WG_RING_3 = (1, 16, 3, 0, 0)
+WG_RING_TWO_GROUPS = (2, 16, 2, 0, 0)
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -195,10 +199,13 @@ def test_tensor_core_kernel(case):
 WGMMA_CASES = [
     # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, causal, window, config)
     (1, 40, 50, 2, 1, 64, "float16", False, (-1, -1), WG_ONE),            # GQA, ragged blocks
-    (1, 70, 45, 1, 1, 40, "bfloat16", True, (-1, -1), WG_SHORT_RING3),    # padded dim, 3 stages
-    (1, 33, 70, 1, 1, 64, "float16", False, (9, 4), WG_SHORT_RING3),      # window
+    (1, 70, 45, 1, 1, 40, "bfloat16", True, (-1, -1), WG_SHORT_3),        # padded dim, 3 stages
+    (1, 33, 70, 1, 1, 64, "float16", False, (9, 4), WG_SHORT_3),          # window, 5 blocks
     (2, 130, 20, 1, 1, 64, "bfloat16", True, (-1, -1), WG_TWO_GROUPS),    # empty rows, 2 groups
     (1, 20, 37, 3, 1, 128, "float16", True, (5, -1), WG_ONE),             # MQA, headdim 128
+    (1, 40, 50, 2, 1, 64, "bfloat16", False, (-1, -1), WG_RING),          # the ring form ...
+    (1, 33, 70, 1, 1, 40, "float16", True, (9, -1), WG_RING_3),
+    (1, 100, 40, 1, 1, 64, "float16", True, (-1, -1), WG_RING_TWO_GROUPS),
 ]
 
 
@@ -214,7 +221,7 @@ def test_wgmma_kernel(case):
 # ---- masks, layouts, options ---------------------------------------------------------------
 
 @pytest.mark.parametrize("impl,config", [("simt", None), ("tc", TC_ONE_WARP),
-                                         ("wgmma", WG_SHORT_RING3)])
+                                         ("wgmma", WG_SHORT_3)])
 def test_fully_masked_rows_are_zero_with_minus_inf_lse(rng, impl, config):
     # causal with seqlen_q 21 > seqlen_k 4: rows 0..16 attend nothing (the first 16-row block has
     # no key block at all); window (0, 0) leaves exactly one key for each remaining row
@@ -308,7 +315,7 @@ def _check_varlen_case(lengths, group, headdim, causal, window, dtype, seed, **r
 
 
 @pytest.mark.parametrize("impl,config,headdim", [("tc", TC_ONE_WARP, 16),
-                                                ("wgmma", WG_SHORT_RING3, 64)])
+                                                ("wgmma", WG_SHORT_3, 64)])
 def test_varlen_tensor_core_kernels(rng, impl, config, headdim):
     q, k, v, cu_q, cu_k = _varlen_problem(rng, [3, 0, 18], [20, 4, 17], 2, 1, headdim,
                                           "bfloat16")

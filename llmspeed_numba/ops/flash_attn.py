@@ -64,18 +64,20 @@ TC_CONFIGS = {64: (4, 2, 64, 0), 128: (4, 1, 64, 3), 256: (4, 1, 64, 0)}
 #: emulated mma costs ~0.2 s per warp).
 SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 
-#: wgmma configurations ``(groups, block_n, stages, min_blocks)`` by head dimension (the kernel
-#: pads to a multiple of 64; other head dimensions take the mma.sync kernel on Hopper too): a
-#: block owns ``64 * groups`` query rows (one warpgroup each) and streams ``block_n`` keys at a
-#: time through a ring of ``stages`` K / V buffers; ``min_blocks`` > 0 sets launch bounds.
+#: wgmma configurations ``(groups, block_n, stages, min_blocks, producer)`` by head dimension
+#: (the kernel pads to a multiple of 64; other head dimensions take the mma.sync kernel on
+#: Hopper too): a block owns ``64 * groups`` query rows (one consumer warpgroup each) and
+#: streams ``block_n`` keys at a time through a ring of ``stages`` K / V buffers;
+#: ``min_blocks`` > 0 sets launch bounds; ``producer`` 1: a producer warpgroup copies K / V
+#: (mbarrier hand-over, setmaxnreg split), 0: every thread copies (block barrier a key block).
 #: Registers a consumer thread: S ``block_n / 2`` + O ``headdim / 2`` fp32 + P ``block_n / 4``.
 #: 64 / 128: 128-key blocks (S 64 registers; 166 / 224 registers, offline). Head dimension 256
 #: stays with the mma.sync kernel: O alone is 128 registers a thread, and with 64-key blocks the
 #: kernel (255 registers) keeps its accumulators on a 544-byte stack (offline sm_90a).
-WGMMA_CONFIGS = {64: (2, 128, 2, 1), 128: (2, 128, 2, 1)}
+WGMMA_CONFIGS = {64: (2, 128, 3, 1, 1), 128: (2, 128, 3, 1, 1)}
 
-#: Simulator configuration of the wgmma kernel: one warpgroup, 32-key blocks.
-SIMULATOR_WGMMA_CONFIG = (1, 32, 2, 0)
+#: Simulator configuration of the wgmma kernel: one consumer warpgroup, 32-key blocks.
+SIMULATOR_WGMMA_CONFIG = (1, 32, 2, 0, 1)
 
 #: SIMT kernel ``(block_m, block_n)`` on the GPU and in the simulator.
 SIMT_CONFIG = (_flash_attn_simt.BLOCK_M, _flash_attn_simt.BLOCK_N)
@@ -261,11 +263,12 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
     if impl == "wgmma":
         dim = _flash_attn_wgmma.padded_dim(headdim)
         config = tuple(config or (SIMULATOR_WGMMA_CONFIG if SIMULATOR else wgmma_config(dim)))
-        groups, block_n, stages, min_blocks = config + (0,) * (4 - len(config))
+        groups, block_n, stages, min_blocks, producer = config + (0,) * (5 - len(config))
         block_m = 64 * groups
         kernel = _flash_attn_wgmma.wgmma_kernel(_SIGNATURE, headdim, dim, groups, block_n,
-                                                stages, min_blocks, is_bf16, is_varlen)
-        threads = _flash_attn_wgmma.threads_for(groups)
+                                                stages, min_blocks, bool(producer), is_bf16,
+                                                is_varlen)
+        threads = _flash_attn_wgmma.threads_for(groups, producer)
         shared = _flash_attn_wgmma.shared_bytes(dim, groups, block_n, stages)
     elif impl == "tc":
         config = tuple(config or (SIMULATOR_TC_CONFIG if SIMULATOR else tc_config(headdim)))
@@ -504,25 +507,35 @@ for _headdim, _bf16, _varlen in ((64, False, False), (128, False, False), (128, 
         if (_headdim, _bf16) == (128, False) else "")
 
 
-def _wgmma_compile_target(headdim, is_bf16, is_varlen):
-    """The wgmma kernel exactly as launched on the H200 (same closure, same launch bounds)."""
+def _wgmma_compile_target(headdim, is_bf16, is_varlen, config=None):
+    """The wgmma kernel exactly as launched on the H200 (same closure, same launch bounds,
+    linked whole-program as numba does there, which setmaxnreg needs)."""
     def build():
         dim = _flash_attn_wgmma.padded_dim(headdim)
-        groups, block_n, stages, min_blocks = wgmma_config(dim)
+        groups, block_n, stages, min_blocks, producer = config or wgmma_config(dim)
         fn = _flash_attn_wgmma._wgmma_kernel_fn(headdim, dim, groups, block_n, stages, is_bf16,
-                                                is_varlen, min_blocks)
-        return fn, _SIGNATURE, _flash_attn_wgmma.launch_options(groups, min_blocks)
+                                                is_varlen, min_blocks, bool(producer))
+        options = _flash_attn_wgmma.launch_options(groups, min_blocks, producer)
+        return fn, _SIGNATURE, dict(options, lto=True)
 
     return build
 
 
+_WGMMA_PTX = ("wgmma.mma_async.sync.aligned", "cp.async.cg.shared.global", "ex2.approx")
+_WGMMA_SASS = ("HGMMA", "LDGSTS", "MUFU.EX2")
 # causal and windows are run-time arguments of the same kernel: one entry per compiled variant
 for _headdim, _bf16, _varlen in ((64, False, False), (128, False, False), (128, True, False),
                                  (128, True, True)):
+    _producer = wgmma_config(_headdim)[4]
     compile_check.register(
         f"flash_attn_wgmma_d{_headdim}_{'bf16' if _bf16 else 'f16'}"
         f"{'_varlen' if _varlen else ''}",
         _wgmma_compile_target(_headdim, _bf16, _varlen),
-        ptx_must_have=("wgmma.mma_async.sync.aligned", "cp.async.cg.shared.global",
-                       "ex2.approx"),
-        sass_must_have=("HGMMA", "LDGSTS", "MUFU.EX2"))
+        ptx_must_have=_WGMMA_PTX + (("setmaxnreg.inc", "mbarrier.try_wait.parity")
+                                    if _producer else ()),
+        sass_must_have=_WGMMA_SASS + (("USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC")
+                                      if _producer else ()))
+# the all-threads-copy form (no producer), kept as the simpler fallback configuration
+compile_check.register(
+    "flash_attn_wgmma_ring_d128_f16", _wgmma_compile_target(128, False, False, (2, 128, 2, 1, 0)),
+    ptx_must_have=_WGMMA_PTX, sass_must_have=_WGMMA_SASS)
