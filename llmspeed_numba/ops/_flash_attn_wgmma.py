@@ -58,7 +58,8 @@ _ALIGN_BYTES = 1024   # the 128-byte swizzle repeats every 8 rows of 128 bytes
 
 #: setmaxnreg count of the producer warpgroup by padded head dimension: its copy loops keep every
 #: chunk's address offsets live across the key-block loop (LLVM hoists them), so it spills below
-#: these (offline sm_90a: d64 spilled 36 B at 120, d128 4 B at 64); the consumers get the rest.
+#: these (offline sm_90a: d64 36 B at 120, d128 4 B at 64, varlen d128 8 B at 80); the
+#: consumers get the rest (``maxnreg_split``: 176 at d64, 200 at d128, two consumer groups).
 PRODUCER_REGS = {64: 144, 128: 96, 192: 96, 256: 96}
 
 _device = cuda.jit(device=True, inline="always")
@@ -75,11 +76,15 @@ def threads_for(groups, producer):
 
 
 def maxnreg_split(groups, dim):
-    """``setmaxnreg`` counts (producer, consumer) of the warp-specialised kernel: the producer
-    warpgroup keeps ``PRODUCER_REGS[dim]`` registers a thread, the consumer warpgroups share the
-    rest of the SM's 65536, rounded down to a multiple of 8 (at most 256)."""
+    """``setmaxnreg`` counts (producer, consumer) of the warp-specialised kernel. The block
+    starts with ``65536 / threads`` registers a thread (rounded down to 8: the launch bounds);
+    ``setmaxnreg.inc`` takes only what ``.dec`` gave back to the block's pool, so the producer
+    warpgroup keeps ``PRODUCER_REGS[dim]`` and the consumers share the rest of the block's
+    allocation (a larger ``inc`` would wait forever)."""
+    threads = threads_for(groups, True)
+    at_launch = 65536 // threads // 8 * 8
     producer = PRODUCER_REGS[dim]
-    consumer = min(256, (65536 - 128 * producer) // (128 * groups) // 8 * 8)
+    consumer = min(256, (threads * at_launch - 128 * producer) // (128 * groups) // 8 * 8)
     return producer, consumer
 
 
@@ -211,6 +216,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                barrier):
         """Normalise once, stage the warpgroup's rows in its own Q rows (no other warpgroup
         reads them), write 16-byte chunks; ``barrier``: the warpgroup's named barrier."""
+        ptx.fence_proxy_async()   # wgmma's reads of Q (async proxy) before these writes
         for h in range(2):
             total = row_sum[h]
             total += ptx.shfl_xor_f32(total, 1)
