@@ -218,6 +218,21 @@ def test_wgmma_kernel(case):
     _check(out, lse, q, k, v, dtype, causal=causal, window_size=window)
 
 
+def test_wgmma_register_split_fits_the_block():
+    """setmaxnreg.inc only takes registers a dec gave back to the block: the split must fit the
+    block's launch allocation (else the consumers wait forever), in multiples of 8."""
+    from llmspeed_numba.ops._flash_attn_wgmma import PRODUCER_REGS, maxnreg_split, threads_for
+
+    for groups in (1, 2, 3):
+        threads = threads_for(groups, True)
+        at_launch = 65536 // threads // 8 * 8
+        for dim in PRODUCER_REGS:
+            producer, consumer = maxnreg_split(groups, dim)
+            assert 128 * producer + 128 * groups * consumer <= threads * at_launch
+            assert producer % 8 == 0 and consumer % 8 == 0 and 24 <= consumer <= 256
+            assert consumer >= at_launch, "the consumers should gain registers, not lose them"
+
+
 # ---- masks, layouts, options ---------------------------------------------------------------
 
 @pytest.mark.parametrize("impl,config", [("simt", None), ("tc", TC_ONE_WARP),

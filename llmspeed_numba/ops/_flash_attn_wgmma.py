@@ -79,11 +79,11 @@ def maxnreg_split(groups, dim):
     """``setmaxnreg`` counts (producer, consumer) of the warp-specialised kernel. The block
     starts with ``65536 / threads`` registers a thread (rounded down to 8: the launch bounds);
     ``setmaxnreg.inc`` takes only what ``.dec`` gave back to the block's pool, so the producer
-    warpgroup keeps ``PRODUCER_REGS[dim]`` and the consumers share the rest of the block's
-    allocation (a larger ``inc`` would wait forever)."""
+    warpgroup keeps ``PRODUCER_REGS[dim]`` (at most what it starts with) and the consumers share
+    the rest of the block's allocation (a larger ``inc`` would wait forever)."""
     threads = threads_for(groups, True)
     at_launch = 65536 // threads // 8 * 8
-    producer = PRODUCER_REGS[dim]
+    producer = min(PRODUCER_REGS[dim], at_launch)
     consumer = min(256, (threads * at_launch - 128 * producer) // (128 * groups) // 8 * 8)
     return producer, consumer
 
