@@ -504,11 +504,11 @@ def test_gpu_matches_torch_sdpa(rng):
 
 
 @pytest.mark.gpu
-@settings(max_examples=60)
-@given(problem=attention_problems(max_seqlen=300, headdims=(40, 64, 128), max_batch=3))
+@settings(max_examples=40)
+@given(problem=attention_problems(max_seqlen=300, headdims=(64, 128), max_batch=3))
 def test_gpu_wgmma_matches_reference(problem):
-    """The wgmma kernel forced (the default planner gives it headdims 64 and 128 on sm_90 only;
-    40 checks its padding to 64)."""
+    """The wgmma kernel forced (on sm_90 the planner gives it these head dimensions anyway; the
+    simulator tests cover its padding of others)."""
     _solve(problem, impl="wgmma")
 
 
