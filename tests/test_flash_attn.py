@@ -40,10 +40,12 @@ TC_ONE_WARP = (1, 1, 16)
 TC_TWO_WARPS = (2, 1, 16)
 TC_TWO_TILES = (1, 2, 16)
 # ... and of the wgmma kernel: (consumer warpgroups, keys per block, ring stages, launch-bounds
-# blocks, producer warpgroup): the warp-specialised form, and the all-threads-copy ring ("RING")
+# blocks, producer warpgroup, ping-pong): the warp-specialised form (with the ping-pong schedule
+# of its consumer groups), and the all-threads-copy ring ("RING")
 WG_ONE = (1, 32, 2, 0, 1)
 WG_SHORT_3 = (1, 16, 3, 0, 1)
 WG_TWO_GROUPS = (2, 16, 2, 0, 1)
+WG_PINGPONG = (2, 16, 2, 0, 1, 1)
 WG_RING = (1, 32, 2, 0, 0)
 WG_RING_3 = (1, 16, 3, 0, 0)
 WG_RING_TWO_GROUPS = (2, 16, 2, 0, 0)
@@ -203,6 +205,8 @@ WGMMA_CASES = [
     (1, 33, 70, 1, 1, 64, "float16", False, (9, 4), WG_SHORT_3),          # window, 5 blocks
     (2, 130, 20, 1, 1, 64, "bfloat16", True, (-1, -1), WG_TWO_GROUPS),    # empty rows, 2 groups
     (1, 20, 37, 3, 1, 128, "float16", True, (5, -1), WG_ONE),             # MQA, headdim 128
+    (1, 130, 70, 2, 2, 64, "float16", False, (-1, -1), WG_PINGPONG),      # ping-pong, 5 blocks
+    (1, 150, 20, 1, 1, 64, "bfloat16", True, (-1, -1), WG_PINGPONG),      # ... a block of none
     (1, 40, 50, 2, 1, 64, "bfloat16", False, (-1, -1), WG_RING),          # the ring form ...
     (1, 33, 70, 1, 1, 40, "float16", True, (9, -1), WG_RING_3),
     (1, 100, 40, 1, 1, 64, "float16", True, (-1, -1), WG_RING_TWO_GROUPS),
@@ -541,6 +545,10 @@ _RACECHECK_SCRIPT = textwrap.dedent("""
         q, k, v = (torch.randn(300, 2, 128, dtype=torch.bfloat16, device="cuda")
                    for _ in range(3))
         flash_attn_varlen(q, k, v, cu, cu, 170, 170, causal=True)
+    with overrides(flash_attn={"impl": "wgmma", "config": (2, 128, 2, 1, 0)}):  # ring form
+        q, k, v = (torch.randn(1, 200, 2, 128, dtype=torch.float16, device="cuda")
+                   for _ in range(3))
+        flash_attn(q, k, v, causal=True)
     torch.cuda.synchronize()
     print("launched")
 """)

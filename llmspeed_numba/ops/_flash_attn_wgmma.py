@@ -54,6 +54,7 @@ from ._attention_common import (NEG_INF, block_is_full, finish_row, fmax, key_bo
 from ._gemm_tensor_core import tile_loader
 
 PANEL = 64            # b16 elements in one 128-byte swizzle row
+MAX, SUM, SCALED, ALPHA = 0, 1, 2, 3   # rows of a thread's row state (``softmax``)
 _ALIGN_BYTES = 1024   # the 128-byte swizzle repeats every 8 rows of 128 bytes
 
 #: setmaxnreg count of the producer warpgroup by padded head dimension: its copy loops keep every
@@ -94,12 +95,15 @@ def shared_bytes(dim, groups, block_n, stages):
 
 
 def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen, min_blocks=0,
-                     producer=False):
+                     producer=False, pingpong=False):
     """The kernel for a padded head dimension ``dim`` (multiple of 64) holding ``head_dim``;
     parameters as ``_flash_attn_tc._tc_kernel_fn`` (the block table and its numbers unused).
     ``min_blocks`` (launch bounds) only enters the closure, for numba's disk cache key.
-    ``producer``: the warp-specialised form (``_producer_kernel``), else every thread copies
-    (``_ring_kernel``)."""
+    ``producer``: the warp-specialised form (``producer_kernel``), else every thread copies
+    (``ring_kernel``); ``pingpong`` (warp-specialised, two or more consumer groups): the
+    groups take turns issuing their MMAs, so one group's softmax runs while another's MMAs
+    do (FlashAttention 3's ping-pong schedule)."""
+    assert not pingpong or (producer and groups >= 2)
     assert dim % PANEL == 0 and head_dim <= dim <= 256
     assert block_n % 16 == 0 and 16 <= block_n <= 256 and stages >= 2
     block_m = 64 * groups
@@ -122,6 +126,8 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
     copy_threads = 128 if producer else 128 * groups     # threads that copy K and V
     consumer_threads = 128 * groups
     n_bars = 2 * stages              # producer kernel: full[s], then empty[s]
+    two_in_flight = stages >= 3      # ... the producer's copies of two blocks run at once
+    sched0 = 2 + groups              # ... ping-pong: named barrier of group g's turn: sched0 + g
     lead = stages - 1                # ring kernel: key blocks loaded ahead of the one computed
     pending = stages - 2             # ... cp.async groups that may run when a block is needed
     producer_regs, consumer_regs = maxnreg_split(groups, dim)
@@ -148,6 +154,17 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                 + ((((col % PANEL) // 8) ^ (row % 8)) * 8) + col % 8)
 
     @_device
+    def init_state(acc_o, rows):
+        """O = 0; the rows' maxima -inf and sums 0."""
+        # not a literal 0: LLVM would make the zero fill a memset over local memory
+        zero = ptx.ex2_approx(NEG_INF)
+        for i in range(o_regs):
+            acc_o[i] = zero
+        for h in range(2):
+            rows[MAX, h] = NEG_INF
+            rows[SUM, h] = zero
+
+    @_device
     def issue_s(tiles, stage, q_desc0, acc_s):
         """Issue S = Q K^T of the K tile in ``stage`` as one wgmma group (S overwritten)."""
         s_k = s_kv + stage * 2 * kv_elems
@@ -168,11 +185,26 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         ptx.wgmma_commit()
 
     @_device
-    def softmax(acc_s, row_max, row_sum, max_scaled, row_scale, warp_row0, g, t, col0,
-                offset, seqlen_k, window_left, window_right, scale_log2):
-        """Mask S (blocks crossing an edge only), then the online-softmax step: new row maxima
-        (quad reduction), ``row_scale`` = the factor O must be rescaled by, the sums rescaled
-        and increased, and S replaced by P (unnormalised)."""
+    def turn_begin(wg):
+        """Ping-pong: wait for this group's turn to issue MMAs (the previous group's arrive,
+        and this group's own 128 threads)."""
+        if pingpong:
+            ptx.named_barrier_sync(sched0 + wg, 256)
+
+    @_device
+    def turn_end(wg, last):
+        """Ping-pong: hand the turn to the next group; the last group's last turn hands over
+        nothing (its first was given by its initial arrive), so every barrier ends balanced."""
+        if pingpong and not (last and wg == groups - 1):
+            ptx.named_barrier_arrive(sched0 + (wg + 1) % groups, 256)
+
+    @_device
+    def softmax(acc_s, rows, warp_row0, g, t, col0, offset, seqlen_k, window_left,
+                window_right, scale_log2):
+        """Mask S (blocks crossing an edge only), then the online-softmax step on the state of
+        the thread's two rows ``rows[MAX | SUM | SCALED | ALPHA, h]`` (maximum, this lane's
+        part of the sum, the maximum times scale_log2, the factor O must be rescaled by): new
+        maxima (quad reduction), sums rescaled and increased, S replaced by P (unnormalised)."""
         if not block_is_full(warp_row0, warp_row0 + 16, col0, col0 + block_n, offset,
                              seqlen_k, window_left, window_right):
             for h in range(2):
@@ -187,41 +219,41 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                         if j < first_rel or j > last_rel:
                             acc_s[4 * nt + 2 * h + e] = NEG_INF
         for h in range(2):
-            new_max = row_max[h]
+            new_max = rows[MAX, h]
             for nt in range(n_tiles):
                 new_max = fmax(new_max, fmax(acc_s[4 * nt + 2 * h], acc_s[4 * nt + 2 * h + 1]))
             new_max = fmax(new_max, ptx.shfl_xor_f32(new_max, 1))
             new_max = fmax(new_max, ptx.shfl_xor_f32(new_max, 2))
-            max_scaled[h] = scaled_max(new_max, scale_log2)
-            alpha = rescale_factor(row_max[h], max_scaled[h], scale_log2)
-            row_max[h] = new_max
-            row_sum[h] *= alpha
-            row_scale[h] = alpha
+            rows[SCALED, h] = scaled_max(new_max, scale_log2)
+            alpha = rescale_factor(rows[MAX, h], rows[SCALED, h], scale_log2)
+            rows[MAX, h] = new_max
+            rows[SUM, h] *= alpha
+            rows[ALPHA, h] = alpha
         for i in range(s_regs):
-            p = ptx.ex2_approx(cuda.fma(acc_s[i], scale_log2, -max_scaled[(i // 2) % 2]))
+            p = ptx.ex2_approx(cuda.fma(acc_s[i], scale_log2, -rows[SCALED, (i // 2) % 2]))
             acc_s[i] = p
-            row_sum[(i // 2) % 2] += p
+            rows[SUM, (i // 2) % 2] += p
 
     @_device
-    def rescale_and_pack(acc_o, acc_s, p_frag, row_scale):
+    def rescale_and_pack(acc_o, acc_s, p_frag, rows):
         """O *= the rows' factors; P packed to b16 pairs (the A fragments of P V)."""
         for i in range(o_regs):
-            acc_o[i] *= row_scale[(i // 2) % 2]
+            acc_o[i] *= rows[ALPHA, (i // 2) % 2]
         for i in range(p_regs):
             p_frag[i] = pack(acc_s[2 * i], acc_s[2 * i + 1])
 
     @_device
-    def finish(tiles, acc_o, row_max, row_sum, out, lse, wg, warp, g, t, wtid, row0, q_start,
+    def finish(tiles, acc_o, rows, out, lse, wg, warp, g, t, wtid, row0, q_start,
                seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh, softmax_scale,
                barrier):
         """Normalise once, stage the warpgroup's rows in its own Q rows (no other warpgroup
         reads them), write 16-byte chunks; ``barrier``: the warpgroup's named barrier."""
         ptx.fence_proxy_async()   # wgmma's reads of Q (async proxy) before these writes
         for h in range(2):
-            total = row_sum[h]
+            total = rows[SUM, h]
             total += ptx.shfl_xor_f32(total, 1)
             total += ptx.shfl_xor_f32(total, 2)
-            inv_sum, row_lse = finish_row(row_max[h], total, softmax_scale)
+            inv_sum, row_lse = finish_row(rows[MAX, h], total, softmax_scale)
             r = wg * 64 + warp * 16 + g + 8 * h
             for jb in range(o_regs // 4):
                 base = swizzled(r, 8 * jb + 2 * t, block_m)
@@ -270,17 +302,8 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         acc_s = cuda.local.array(s_regs, np.float32)
         acc_o = cuda.local.array(o_regs, np.float32)
         p_frag = cuda.local.array(p_regs, np.uint32)
-        row_max = cuda.local.array(2, np.float32)
-        row_sum = cuda.local.array(2, np.float32)     # this lane's partial sums
-        max_scaled = cuda.local.array(2, np.float32)
-        row_scale = cuda.local.array(2, np.float32)
-        # not a literal 0: LLVM would make the zero fill a memset over local memory
-        zero = ptx.ex2_approx(NEG_INF)
-        for i in range(o_regs):
-            acc_o[i] = zero
-        for h in range(2):
-            row_max[h] = NEG_INF
-            row_sum[h] = zero
+        rows = cuda.local.array((4, 2), np.float32)
+        init_state(acc_o, rows)
 
         q_base = batch * q_sb + (q_start + row0) * q_sn + head * q_sh
         load_q(tiles, 0, q, q_base, q_sn, seqlen_q - row0, head_dim, tid)
@@ -313,9 +336,9 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             ptx.wgmma_fence()
             issue_s(tiles, stage, q_desc0, acc_s)
             ptx.wgmma_wait(acc_s, s_regs, 0)
-            softmax(acc_s, row_max, row_sum, max_scaled, row_scale, warp_row0, g, t, col0,
-                    offset, seqlen_k, window_left, window_right, scale_log2)
-            rescale_and_pack(acc_o, acc_s, p_frag, row_scale)
+            softmax(acc_s, rows, warp_row0, g, t, col0, offset, seqlen_k, window_left,
+                    window_right, scale_log2)
+            rescale_and_pack(acc_o, acc_s, p_frag, rows)
             ptx.wgmma_fence()
             issue_pv(tiles, stage, p_frag, acc_o)
             ptx.wgmma_wait(acc_o, o_regs, 0)
@@ -325,7 +348,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         if is_varlen:                # read again rather than kept in registers over the loop
             q_start = cu_seqlens_q[batch]
             seqlen_q = cu_seqlens_q[batch + 1] - q_start
-        finish(tiles, acc_o, row_max, row_sum, out, lse, wg, warp, g, t, tid % 128, row0,
+        finish(tiles, acc_o, rows, out, lse, wg, warp, g, t, tid % 128, row0,
                q_start, seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh,
                softmax_scale, 1 + wg)
 
@@ -365,9 +388,11 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         n_blocks = n_end - lo // block_n if hi > lo else 0
 
         if tid < 128:
-            # producer: block b goes to stage b % stages once the consumers released it; its
-            # copies are announced (wait, proxy fence, release-arrive) after the next block's
-            # are issued, so two blocks are in flight
+            # producer: block b goes to stage b % stages once the consumers released it; with 3+
+            # stages its copies are announced (wait, proxy fence, release-arrive) after the
+            # next block's are issued, so two blocks are in flight. Not with 2: the consumers
+            # hold block j until they have block j + 1, so announcing j + 1 must not wait for
+            # a stage that only j's release frees (a deadlock).
             ptx.setmaxnreg_dec(producer_regs)
             k_base = batch * k_sb + k_start * k_sn + head_k * k_sh
             v_base = batch * v_sb + k_start * v_sn + head_k * v_sh
@@ -377,11 +402,15 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                 load_kv(tiles, s, k, v, k_base, v_base, k_sn, v_sn, (n_end - 1 - b) * block_n,
                         seqlen_k, tid)
                 ptx.cp_async_commit()
-                if b > 0:
+                if not two_in_flight:
+                    ptx.cp_async_wait(0)
+                    ptx.fence_proxy_async()
+                    ptx.mbarrier_arrive(bars, s)
+                elif b > 0:
                     ptx.cp_async_wait(1)
                     ptx.fence_proxy_async()
                     ptx.mbarrier_arrive(bars, (b - 1) % stages)
-            if n_blocks > 0:
+            if two_in_flight and n_blocks > 0:
                 ptx.cp_async_wait(0)
                 ptx.fence_proxy_async()
                 ptx.mbarrier_arrive(bars, (n_blocks - 1) % stages)
@@ -398,16 +427,8 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         acc_s = cuda.local.array(s_regs, np.float32)
         acc_o = cuda.local.array(o_regs, np.float32)
         p_frag = cuda.local.array(p_regs, np.uint32)
-        row_max = cuda.local.array(2, np.float32)
-        row_sum = cuda.local.array(2, np.float32)     # this lane's partial sums
-        max_scaled = cuda.local.array(2, np.float32)
-        row_scale = cuda.local.array(2, np.float32)
-        zero = ptx.ex2_approx(NEG_INF)
-        for i in range(o_regs):
-            acc_o[i] = zero
-        for h in range(2):
-            row_max[h] = NEG_INF
-            row_sum[h] = zero
+        rows = cuda.local.array((4, 2), np.float32)
+        init_state(acc_o, rows)
 
         q_base = batch * q_sb + (q_start + row0) * q_sn + head * q_sh
         load_q(tiles, 0, q, q_base, q_sn, seqlen_q - row0, head_dim, ctid)
@@ -418,40 +439,46 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         q_desc0 = wg * 64 * PANEL            # this warpgroup's rows of Q
 
         if n_blocks > 0:
+            if pingpong and wg == groups - 1:
+                ptx.named_barrier_arrive(sched0, 256)   # group 0 goes first
             ptx.mbarrier_wait_parity(bars, 0, 0)
+            turn_begin(wg)
             ptx.wgmma_fence()
             issue_s(tiles, 0, q_desc0, acc_s)
+            turn_end(wg, False)
             ptx.wgmma_wait(acc_s, s_regs, 0)
-            softmax(acc_s, row_max, row_sum, max_scaled, row_scale, warp_row0, g, t,
-                    (n_end - 1) * block_n, offset, seqlen_k, window_left, window_right,
-                    scale_log2)
-            rescale_and_pack(acc_o, acc_s, p_frag, row_scale)
+            softmax(acc_s, rows, warp_row0, g, t, (n_end - 1) * block_n, offset, seqlen_k,
+                    window_left, window_right, scale_log2)
+            rescale_and_pack(acc_o, acc_s, p_frag, rows)
         # block j: S of j + 1 and P V of j in flight together, then the softmax of j + 1
         for j in range(n_blocks - 1):
             s = j % stages
             s_next = (j + 1) % stages
             ptx.mbarrier_wait_parity(bars, s_next, ((j + 1) // stages) & 1)
+            turn_begin(wg)
             ptx.wgmma_fence()
             issue_s(tiles, s_next, q_desc0, acc_s)
             issue_pv(tiles, s, p_frag, acc_o)
+            turn_end(wg, False)
             ptx.wgmma_wait(acc_s, s_regs, 1)       # S of j + 1 is done, P V of j may run
-            softmax(acc_s, row_max, row_sum, max_scaled, row_scale, warp_row0, g, t,
-                    (n_end - 2 - j) * block_n, offset, seqlen_k, window_left, window_right,
-                    scale_log2)
+            softmax(acc_s, rows, warp_row0, g, t, (n_end - 2 - j) * block_n, offset, seqlen_k,
+                    window_left, window_right, scale_log2)
             ptx.wgmma_wait(acc_o, o_regs, 0)
             ptx.mbarrier_arrive(bars, stages + s)  # K and V of block j are no longer read
-            rescale_and_pack(acc_o, acc_s, p_frag, row_scale)
+            rescale_and_pack(acc_o, acc_s, p_frag, rows)
         if n_blocks > 0:
             s = (n_blocks - 1) % stages
+            turn_begin(wg)
             ptx.wgmma_fence()
             issue_pv(tiles, s, p_frag, acc_o)
+            turn_end(wg, True)
             ptx.wgmma_wait(acc_o, o_regs, 0)
             ptx.mbarrier_arrive(bars, stages + s)
 
         if is_varlen:                # read again rather than kept in registers over the loop
             q_start = cu_seqlens_q[batch]
             seqlen_q = cu_seqlens_q[batch + 1] - q_start
-        finish(tiles, acc_o, row_max, row_sum, out, lse, wg, warp, g, t, ctid % 128, row0,
+        finish(tiles, acc_o, rows, out, lse, wg, warp, g, t, ctid % 128, row0,
                q_start, seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh,
                softmax_scale, 2 + wg)
 
@@ -489,9 +516,9 @@ def launch_options(groups, min_blocks, producer):
 
 @functools.lru_cache(maxsize=None)
 def wgmma_kernel(signature, head_dim, dim, groups, block_n, stages, min_blocks, producer,
-                 is_bf16, is_varlen):
+                 pingpong, is_bf16, is_varlen):
     """The wgmma kernel for one configuration; ``min_blocks`` 0 leaves registers to ptxas."""
     return Kernel(jit(_wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16,
-                                       is_varlen, min_blocks, producer),
+                                       is_varlen, min_blocks, producer, pingpong),
                       **launch_options(groups, min_blocks, producer)),
                   signature, "flash_attn_wgmma_kernel")

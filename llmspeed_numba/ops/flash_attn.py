@@ -64,14 +64,16 @@ TC_CONFIGS = {64: (4, 2, 64, 0), 128: (4, 1, 64, 3), 256: (4, 1, 64, 0)}
 #: emulated mma costs ~0.2 s per warp).
 SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 
-#: wgmma configurations ``(groups, block_n, stages, min_blocks, producer)`` by head dimension
-#: (the kernel pads to a multiple of 64; other head dimensions take the mma.sync kernel on
-#: Hopper too): a block owns ``64 * groups`` query rows (one consumer warpgroup each) and
-#: streams ``block_n`` keys at a time through a ring of ``stages`` K / V buffers;
+#: wgmma configurations ``(groups, block_n, stages, min_blocks, producer, pingpong)`` by head
+#: dimension (the kernel pads to a multiple of 64; other head dimensions take the mma.sync
+#: kernel on Hopper too): a block owns ``64 * groups`` query rows (one consumer warpgroup each)
+#: and streams ``block_n`` keys at a time through a ring of ``stages`` K / V buffers;
 #: ``min_blocks`` > 0 sets launch bounds; ``producer`` 1: a producer warpgroup copies K / V
-#: (mbarrier hand-over, setmaxnreg split), 0: every thread copies (block barrier a key block).
+#: (mbarrier hand-over, setmaxnreg split), 0: every thread copies (block barrier a key block);
+#: ``pingpong`` 1 (with a producer, 2+ groups): the groups take turns issuing their MMAs.
 #: Registers a consumer thread: S ``block_n / 2`` + O ``headdim / 2`` fp32 + P ``block_n / 4``.
-#: 64 / 128: 128-key blocks (S 64 registers; 166 / 224 registers, offline). Head dimension 256
+#: 64 / 128: 128-key blocks (S 64 registers; the consumers get 176 / 200 registers, see
+#: ``_flash_attn_wgmma.maxnreg_split``, and use them without spilling, offline). Head dimension 256
 #: stays with the mma.sync kernel: O alone is 128 registers a thread, and with 64-key blocks the
 #: kernel (255 registers) keeps its accumulators on a 544-byte stack (offline sm_90a).
 WGMMA_CONFIGS = {64: (2, 128, 3, 1, 1), 128: (2, 128, 3, 1, 1)}
@@ -121,6 +123,12 @@ def wgmma_config(dim):
         if dim <= limit:
             return WGMMA_CONFIGS[limit]
     raise ValueError(f"headdim {dim} above {max(WGMMA_CONFIGS)}")
+
+
+def _wgmma_fields(config):
+    """The six fields of a wgmma configuration (missing trailing ones 0)."""
+    config = tuple(config)
+    return config + (0,) * (6 - len(config))
 
 
 def tc_config(headdim):
@@ -263,11 +271,11 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
     if impl == "wgmma":
         dim = _flash_attn_wgmma.padded_dim(headdim)
         config = tuple(config or (SIMULATOR_WGMMA_CONFIG if SIMULATOR else wgmma_config(dim)))
-        groups, block_n, stages, min_blocks, producer = config + (0,) * (5 - len(config))
+        groups, block_n, stages, min_blocks, producer, pingpong = _wgmma_fields(config)
         block_m = 64 * groups
         kernel = _flash_attn_wgmma.wgmma_kernel(_SIGNATURE, headdim, dim, groups, block_n,
-                                                stages, min_blocks, bool(producer), is_bf16,
-                                                is_varlen)
+                                                stages, min_blocks, bool(producer),
+                                                bool(pingpong), is_bf16, is_varlen)
         threads = _flash_attn_wgmma.threads_for(groups, producer)
         shared = _flash_attn_wgmma.shared_bytes(dim, groups, block_n, stages)
     elif impl == "tc":
@@ -512,9 +520,11 @@ def _wgmma_compile_target(headdim, is_bf16, is_varlen, config=None):
     linked whole-program as numba does there, which setmaxnreg needs)."""
     def build():
         dim = _flash_attn_wgmma.padded_dim(headdim)
-        groups, block_n, stages, min_blocks, producer = config or wgmma_config(dim)
+        groups, block_n, stages, min_blocks, producer, pingpong = _wgmma_fields(
+            config or wgmma_config(dim))
         fn = _flash_attn_wgmma._wgmma_kernel_fn(headdim, dim, groups, block_n, stages, is_bf16,
-                                                is_varlen, min_blocks, bool(producer))
+                                                is_varlen, min_blocks, bool(producer),
+                                                bool(pingpong))
         options = _flash_attn_wgmma.launch_options(groups, min_blocks, producer)
         return fn, _SIGNATURE, dict(options, lto=True)
 
