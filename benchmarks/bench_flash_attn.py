@@ -39,9 +39,11 @@ VARLEN_HEADS, VARLEN_HEADDIM = 32, 128
 #: tried by --sweep (see TC_CONFIGS in llmspeed_numba/ops/flash_attn.py)
 SWEEP_CONFIGS = [(4, 1, 64, 3), (4, 1, 64, 0), (4, 2, 64, 0), (4, 2, 32, 0), (8, 1, 64, 0),
                  (4, 1, 128, 0), (4, 1, 32, 4)]
-#: wgmma configurations (warpgroups, keys per block, stages, launch-bounds blocks) for --sweep
-WGMMA_SWEEP_CONFIGS = [(2, 128, 2, 1), (2, 128, 3, 1), (1, 128, 2, 1), (2, 64, 2, 1),
-                       (3, 128, 2, 1), (2, 64, 3, 2)]
+#: wgmma configurations (consumer warpgroups, keys per block, stages, launch-bounds blocks,
+#: producer warpgroup, ping-pong) for --sweep (see WGMMA_CONFIGS in ops/flash_attn.py)
+WGMMA_SWEEP_CONFIGS = [(2, 128, 3, 1, 1, 0), (2, 128, 3, 1, 1, 1), (2, 128, 2, 1, 1, 1),
+                       (2, 64, 3, 1, 1, 1), (3, 64, 3, 1, 1, 1), (2, 128, 2, 1, 0, 0),
+                       (2, 128, 3, 1, 0, 0), (1, 128, 3, 1, 0, 0)]
 BACKENDS = ("sdpa-flash2", "sdpa-cudnn")
 
 
