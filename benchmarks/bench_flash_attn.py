@@ -2,12 +2,16 @@
 backends (same process, same data, same stream).
 
     python benchmarks/bench_flash_attn.py [--quick] [--dtype float16|bfloat16] [--sweep]
+        [--impls wgmma,tc] [--shapes "4,32,32,4096,128;4,32,32,4096,64"]
 
 TFLOP/s = 4 * batch * nheads * seqlen_q * seqlen_k * headdim / time, halved for causal (per
 sequence for varlen). SDPA gets (batch, heads, seq, dim) transposed views of our
-(batch, seq, heads, dim) tensors. Rows go to ``flash_attn.csv`` (``$OUT`` or
-``benchmarks/results/``), with a PNG beside it; ``--sweep`` also times every Tensor Core
-configuration in ``SWEEP_CONFIGS`` on the headline shapes (to pick ``TC_CONFIGS``).
+(batch, seq, heads, dim) tensors. "ours" is the planned kernel (on an H200: the wgmma kernel for
+headdims 64 and 128, mma.sync otherwise); ``--impls`` adds rows timing each listed kernel forced
+("wgmma", "tc": mma.sync) against the planned one, in the same run (baseline ``ours-<impl>``).
+Rows go to ``flash_attn.csv`` (``$OUT`` or ``benchmarks/results/``), with a PNG beside it;
+``--sweep`` also times every configuration in ``SWEEP_CONFIGS`` (mma.sync) or
+``WGMMA_SWEEP_CONFIGS`` (wgmma, with ``--sweep-impl wgmma``) on the headline shapes.
 """
 
 import argparse
@@ -25,7 +29,8 @@ from llmspeed_numba._overrides import overrides
 from llmspeed_numba.ops.flash_attn import flash_attn, flash_attn_varlen
 
 #: (batch, nheads, nheads_k, seqlen, headdim)
-SHAPES = [(4, 32, 32, 4096, 128), (8, 32, 32, 2048, 64), (1, 32, 32, 16384, 128)]
+SHAPES = [(4, 32, 32, 4096, 128), (8, 32, 32, 2048, 64), (1, 32, 32, 16384, 128),
+          (4, 32, 32, 4096, 256), (2, 32, 8, 8192, 128)]
 GQA_SHAPE = (4, 32, 8, 4096, 128)
 #: varlen: sequence lengths (mixed, ~32K tokens), heads, headdim
 VARLEN_LENGTHS = [4096, 512, 3000, 1024, 2048, 8192, 333, 4000, 1500, 2700, 777, 3500]
@@ -34,6 +39,11 @@ VARLEN_HEADS, VARLEN_HEADDIM = 32, 128
 #: tried by --sweep (see TC_CONFIGS in llmspeed_numba/ops/flash_attn.py)
 SWEEP_CONFIGS = [(4, 1, 64, 3), (4, 1, 64, 0), (4, 2, 64, 0), (4, 2, 32, 0), (8, 1, 64, 0),
                  (4, 1, 128, 0), (4, 1, 32, 4)]
+#: wgmma configurations (consumer warpgroups, keys per block, stages, launch-bounds blocks,
+#: producer warpgroup, ping-pong) for --sweep (see WGMMA_CONFIGS in ops/flash_attn.py)
+WGMMA_SWEEP_CONFIGS = [(2, 128, 3, 1, 1, 0), (2, 128, 3, 1, 1, 1), (2, 128, 2, 1, 1, 1),
+                       (2, 64, 3, 1, 1, 1), (3, 64, 3, 1, 1, 1), (2, 128, 2, 1, 0, 0),
+                       (2, 128, 3, 1, 0, 0), (1, 128, 3, 1, 0, 0)]
 BACKENDS = ("sdpa-flash2", "sdpa-cudnn")
 
 
@@ -120,7 +130,7 @@ def _backends(names):
 
 
 def bench_batched(results, batch, nheads, nheads_k, seqlen, headdim, causal, dtype, reps,
-                  config=None, label=None, backends=BACKENDS):
+                  config=None, label=None, backends=BACKENDS, impl=None, impls=()):
     q = _random((batch, seqlen, nheads, headdim), dtype)
     k = _random((batch, seqlen, nheads_k, headdim), dtype)
     v = _random((batch, seqlen, nheads_k, headdim), dtype)
@@ -128,13 +138,25 @@ def bench_batched(results, batch, nheads, nheads_k, seqlen, headdim, causal, dty
     def ours():
         return flash_attn(q, k, v, causal=causal)
 
-    with overrides(flash_attn={"config": config}):  # None: the planned configuration
+    # None: the planned kernel and configuration
+    with overrides(flash_attn={"impl": impl, "config": config}):
         out = ours()
         ours_t = time_gpu(ours, rep=reps)
     f = flops(batch, nheads, seqlen, seqlen, headdim, causal)
     case = label or ("causal" if causal else "non-causal")
     shape = f"B{batch} H{nheads}/{nheads_k} S{seqlen} D{headdim}"
     dname = str(dtype).replace("torch.", "")
+    for other in impls:   # our other kernels, same data, same run
+        try:
+            with overrides(flash_attn={"impl": other}):
+                diff = _max_diff(out, ours())
+                other_t = time_gpu(ours, rep=reps)
+        except Exception as exc:  # noqa: BLE001  (a kernel that does not cover the shape)
+            print(f"{other} {shape}: {type(exc).__name__}: {exc}")
+            continue
+        results.add("flash_attn", case, shape, dname, ours_t, f"ours-{other}", other_t,
+                    "TFLOP/s", tflops(f, ours_t), tflops(f, other_t),
+                    note=f"max |planned - {other}| {diff:.2e}")
     for name, backend in _backends(backends):
         call, note = _sdpa(backend, q, k, v, causal, nheads != nheads_k)
         if call is None:
@@ -184,8 +206,8 @@ def bench_varlen(results, lengths, nheads, headdim, causal, dtype, reps):
 def headline(results, sweep=False):
     """Markdown rows for the README table: ours vs FA2 and cuDNN, per case (``sweep``: the
     configuration sweep's rows instead)."""
-    lines = ["| shape | case | ours TFLOP/s | vs SDPA FA2 | vs SDPA cuDNN |",
-             "|---|---|---|---|---|"]
+    lines = ["| shape | case | ours TFLOP/s | vs SDPA FA2 | vs SDPA cuDNN | vs ours mma.sync |",
+             "|---|---|---|---|---|---|"]
     by_case = {}
     for row in results.rows:
         if row["case"].startswith("sweep") != sweep:
@@ -198,7 +220,7 @@ def headline(results, sweep=False):
 
     for (shape, case), e in by_case.items():
         lines.append(f"| {shape} | {case} | {e['ours']} | {ratio(e, 'sdpa-flash2')} | "
-                     f"{ratio(e, 'sdpa-cudnn')} |")
+                     f"{ratio(e, 'sdpa-cudnn')} | {ratio(e, 'ours-tc')} |")
     return "\n".join(lines)
 
 
@@ -213,7 +235,17 @@ def main(argv=None):
                              "(e.g. '4,1,64,3;4,1,64,0')")
     parser.add_argument("--sweep-only", action="store_true",
                         help="with --sweep: skip the main cases")
+    parser.add_argument("--sweep-impl", default="tc", choices=("tc", "wgmma"),
+                        help="the kernel --sweep times (default: tc, the mma.sync kernel)")
+    parser.add_argument("--impls", default="tc",
+                        help="our kernels also timed, forced, against the planned one "
+                             "(comma-separated: wgmma, tc, simt; '' for none)")
+    parser.add_argument("--shapes", default=None,
+                        help="batched shapes instead of the built-in list: "
+                             "'batch,nheads,nheads_k,seqlen,headdim;...'")
+    parser.add_argument("--no-varlen", action="store_true", help="skip the varlen cases")
     args = parser.parse_args(argv)
+    impls = tuple(i for i in args.impls.split(",") if i)
 
     import torch
 
@@ -221,17 +253,23 @@ def main(argv=None):
     reps = 5 if args.quick else 20
     results = Results("flash_attn")
     shapes = [] if args.sweep_only else SHAPES[:1] if args.quick else SHAPES
+    if args.shapes:
+        shapes = [tuple(int(x) for x in c.split(",")) for c in args.shapes.split(";")]
     for batch, nheads, nheads_k, seqlen, headdim in shapes:
         for causal in (False, True):
-            bench_batched(results, batch, nheads, nheads_k, seqlen, headdim, causal, dtype, reps)
+            bench_batched(results, batch, nheads, nheads_k, seqlen, headdim, causal, dtype, reps,
+                          label=("GQA " if nheads != nheads_k else "")
+                          + ("causal" if causal else "non-causal"), impls=impls)
     batch, nheads, nheads_k, seqlen, headdim = GQA_SHAPE
-    for causal in (() if args.sweep_only else (True,) if args.quick else (False, True)):
+    skip = args.sweep_only or args.shapes
+    for causal in (() if skip else (True,) if args.quick else (False, True)):
         bench_batched(results, batch, nheads, nheads_k, seqlen, headdim, causal, dtype, reps,
-                      label=f"GQA {'causal' if causal else 'non-causal'}")
-    for causal in (() if args.sweep_only else (True,) if args.quick else (False, True)):
+                      label=f"GQA {'causal' if causal else 'non-causal'}", impls=impls)
+    for causal in (() if skip or args.no_varlen else (True,) if args.quick else (False, True)):
         bench_varlen(results, VARLEN_LENGTHS, VARLEN_HEADS, VARLEN_HEADDIM, causal, dtype, reps)
     if args.sweep:
-        configs = SWEEP_CONFIGS if args.configs is None else [
+        default = WGMMA_SWEEP_CONFIGS if args.sweep_impl == "wgmma" else SWEEP_CONFIGS
+        configs = default if args.configs is None else [
             tuple(int(v) for v in c.split(",")) for c in args.configs.split(";")]
         for batch, nheads, nheads_k, seqlen, headdim in SHAPES[:2]:
             for config in configs:
@@ -240,8 +278,9 @@ def main(argv=None):
                 for causal in (False, True):
                     try:
                         bench_batched(results, batch, nheads, nheads_k, seqlen, headdim, causal,
-                                      dtype, reps, config=config,
-                                      label=f"sweep {config}{' causal' if causal else ''}",
+                                      dtype, reps, config=config, impl=args.sweep_impl,
+                                      label=f"sweep {args.sweep_impl} {config}"
+                                      f"{' causal' if causal else ''}",
                                       backends=("sdpa-flash2",))
                     except Exception as exc:  # a config that does not fit: report, go on
                         print(f"config {config} D{headdim}: {type(exc).__name__}: {exc}")

@@ -5,12 +5,19 @@ most twice that of the plain same-precision attention (scores, probabilities and
 to fp16 / bf16) plus half an ulp at 1, for the output; the log-sum-exp likewise with a 1e-5
 relative allowance.
 
-Under the simulator the SIMT kernel takes the broad hypothesis coverage and the Tensor Core kernel
-(the same code as on the GPU, at a tiny configuration: 1-2 warps, 16-key blocks) a handful of
-named shapes; the GPU suite (``-m gpu``) runs the real configurations with many examples.
+Under the simulator the SIMT kernel takes the broad hypothesis coverage, and the Tensor Core
+kernel (the same code as on the GPU, at a tiny configuration: 1-2 warps, 16-key blocks) and the
+Hopper wgmma kernel (1-2 warpgroups, 16-32-key blocks) a handful of named shapes each; the GPU
+suite (``-m gpu``) runs the real configurations with many examples, and compute-sanitizer's
+racecheck over the wgmma kernel's variants.
 """
 
 import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -19,7 +26,8 @@ from hypothesis import given, settings, strategies as st
 from llmspeed_numba import SIMULATOR
 from llmspeed_numba._checks import tensor
 from llmspeed_numba._overrides import overrides
-from llmspeed_numba.ops.flash_attn import _pick_impl, flash_attn, flash_attn_varlen
+from llmspeed_numba.ops.flash_attn import (WGMMA_CONFIGS, _pick_impl, flash_attn,
+                                           flash_attn_varlen)
 from llmspeed_numba.reference.attention import attention, attention_mask, attention_varlen
 from llmspeed_numba.testing import (derived_check, f64, poison, random_array,
                                     to_device, to_host)
@@ -31,6 +39,16 @@ KIND = "numba" if SIMULATOR else "torch"
 TC_ONE_WARP = (1, 1, 16)
 TC_TWO_WARPS = (2, 1, 16)
 TC_TWO_TILES = (1, 2, 16)
+# ... and of the wgmma kernel: (consumer warpgroups, keys per block, ring stages, launch-bounds
+# blocks, producer warpgroup, ping-pong): the warp-specialised form (with the ping-pong schedule
+# of its consumer groups), and the all-threads-copy ring ("RING")
+WG_ONE = (1, 32, 2, 0, 1)
+WG_SHORT_3 = (1, 16, 3, 0, 1)
+WG_TWO_GROUPS = (2, 16, 2, 0, 1)
+WG_PINGPONG = (2, 16, 2, 0, 1, 1)
+WG_RING = (1, 32, 2, 0, 0)
+WG_RING_3 = (1, 16, 3, 0, 0)
+WG_RING_TWO_GROUPS = (2, 16, 2, 0, 0)
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -178,9 +196,51 @@ def test_tensor_core_kernel(case):
     _check(out, lse, q, k, v, dtype, causal=causal, window_size=window)
 
 
+# ---- Hopper wgmma kernel: the GPU code at tiny configurations ----------------------------------
+
+WGMMA_CASES = [
+    # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, causal, window, config)
+    (1, 40, 50, 2, 1, 64, "float16", False, (-1, -1), WG_ONE),            # GQA, ragged blocks
+    (1, 70, 45, 1, 1, 40, "bfloat16", True, (-1, -1), WG_SHORT_3),        # padded dim, 3 stages
+    (1, 33, 70, 1, 1, 64, "float16", False, (9, 4), WG_SHORT_3),          # window, 5 blocks
+    (2, 130, 20, 1, 1, 64, "bfloat16", True, (-1, -1), WG_TWO_GROUPS),    # empty rows, 2 groups
+    (1, 20, 37, 3, 1, 128, "float16", True, (5, -1), WG_ONE),             # MQA, headdim 128
+    (1, 130, 70, 2, 2, 64, "float16", False, (-1, -1), WG_PINGPONG),      # ping-pong, 5 blocks
+    (1, 150, 20, 1, 1, 64, "bfloat16", True, (-1, -1), WG_PINGPONG),      # ... a block of none
+    (1, 40, 50, 2, 1, 64, "bfloat16", False, (-1, -1), WG_RING),          # the ring form ...
+    (1, 33, 70, 1, 1, 40, "float16", True, (9, -1), WG_RING_3),
+    (1, 100, 40, 1, 1, 64, "float16", True, (-1, -1), WG_RING_TWO_GROUPS),
+]
+
+
+@pytest.mark.parametrize("case", WGMMA_CASES, ids=lambda c: "-".join(map(str, c[:8])))
+def test_wgmma_kernel(case):
+    batch, sq, sk, h, hk, d, dtype, causal, window, config = case
+    rng = np.random.default_rng(sq * 1000 + sk)
+    q, k, v = _qkv(rng, batch, sq, sk, h, hk, d, dtype)
+    out, lse = _run(q, k, v, impl="wgmma", config=config, causal=causal, window_size=window)
+    _check(out, lse, q, k, v, dtype, causal=causal, window_size=window)
+
+
+def test_wgmma_register_split_fits_the_block():
+    """setmaxnreg.inc only takes registers a dec gave back to the block: the split must fit the
+    block's launch allocation (else the consumers wait forever), in multiples of 8."""
+    from llmspeed_numba.ops._flash_attn_wgmma import PRODUCER_REGS, maxnreg_split, threads_for
+
+    for groups in (1, 2, 3):
+        threads = threads_for(groups, True)
+        at_launch = 65536 // threads // 8 * 8
+        for dim in PRODUCER_REGS:
+            producer, consumer = maxnreg_split(groups, dim)
+            assert 128 * producer + 128 * groups * consumer <= threads * at_launch
+            assert producer % 8 == 0 and consumer % 8 == 0 and 24 <= consumer <= 256
+            assert consumer >= at_launch, "the consumers should gain registers, not lose them"
+
+
 # ---- masks, layouts, options ---------------------------------------------------------------
 
-@pytest.mark.parametrize("impl,config", [("simt", None), ("tc", TC_ONE_WARP)])
+@pytest.mark.parametrize("impl,config", [("simt", None), ("tc", TC_ONE_WARP),
+                                         ("wgmma", WG_SHORT_3)])
 def test_fully_masked_rows_are_zero_with_minus_inf_lse(rng, impl, config):
     # causal with seqlen_q 21 > seqlen_k 4: rows 0..16 attend nothing (the first 16-row block has
     # no key block at all); window (0, 0) leaves exactly one key for each remaining row
@@ -199,9 +259,11 @@ def test_window_excluding_everything(rng):
     assert np.array_equal(f64(out)[0, 0], f64(v)[0, 4])
 
 
-@pytest.mark.parametrize("impl,config", [("simt", None), ("tc", TC_ONE_WARP)])
+@pytest.mark.parametrize("impl,config", [("simt", None), ("tc", TC_ONE_WARP),
+                                         ("wgmma", WG_ONE)])
 def test_packed_qkv_strides_without_copies(rng, impl, config):
-    qkv = random_array((2, 11, 3, 2, 16), "float16", rng)       # (batch, seq, 3, heads, dim)
+    dim = 64 if impl == "wgmma" else 16
+    qkv = random_array((2, 11, 3, 2, dim), "float16", rng)      # (batch, seq, 3, heads, dim)
     q, k, v = (qkv[:, :, i] for i in range(3))
     out, lse = _run(q, k, v, impl=impl, config=config, causal=True)
     _check(out, lse, q, k, v, "float16", causal=True)
@@ -271,9 +333,12 @@ def _check_varlen_case(lengths, group, headdim, causal, window, dtype, seed, **r
         *a, cu_q, cu_k, **o), **options)
 
 
-def test_varlen_tensor_core_kernel(rng):
-    q, k, v, cu_q, cu_k = _varlen_problem(rng, [3, 0, 18], [20, 4, 17], 2, 1, 16, "bfloat16")
-    out, lse = _run_varlen(q, k, v, cu_q, cu_k, impl="tc", config=TC_ONE_WARP, causal=True)
+@pytest.mark.parametrize("impl,config,headdim", [("tc", TC_ONE_WARP, 16),
+                                                ("wgmma", WG_SHORT_3, 64)])
+def test_varlen_tensor_core_kernels(rng, impl, config, headdim):
+    q, k, v, cu_q, cu_k = _varlen_problem(rng, [3, 0, 18], [20, 4, 17], 2, 1, headdim,
+                                          "bfloat16")
+    out, lse = _run_varlen(q, k, v, cu_q, cu_k, impl=impl, config=config, causal=True)
     _check(out, lse, q, k, v, "bfloat16", causal=True, reference=lambda *a, **o:
            attention_varlen(*a, cu_q, cu_k, **o))
 
@@ -440,3 +505,67 @@ def test_gpu_matches_torch_sdpa(rng):
     err = (got.float() - expected.float()).abs().max().item()
     assert err < 4e-3, err
     assert math.isfinite(err)
+
+
+@pytest.mark.gpu
+@settings(max_examples=40)
+@given(problem=attention_problems(max_seqlen=300, headdims=(64, 128), max_batch=3))
+def test_gpu_wgmma_matches_reference(problem):
+    """The wgmma kernel forced (on sm_90 the planner gives it these head dimensions anyway; the
+    simulator tests cover its padding of others)."""
+    _solve(problem, impl="wgmma")
+
+
+@pytest.mark.gpu
+def test_gpu_planner_takes_wgmma_on_hopper():
+    from llmspeed_numba.ops.gemm_configs import wgmma_supported
+
+    q = tensor(to_device(np.zeros((1, 8, 2, 128), np.float16), "torch"), "q")
+    expected = "wgmma" if wgmma_supported() else "tc"
+    assert _pick_impl({"q": q}, 128) == expected
+    assert _pick_impl({"q": q}, 96) == "tc"
+    assert 128 in WGMMA_CONFIGS and 256 not in WGMMA_CONFIGS
+
+
+# every compiled variant of the wgmma kernel (causal and windows are run-time arguments)
+_RACECHECK_SCRIPT = textwrap.dedent("""
+    import numpy as np, torch
+    from llmspeed_numba._overrides import overrides
+    from llmspeed_numba.ops.flash_attn import flash_attn, flash_attn_varlen
+    torch.manual_seed(0)
+    with overrides(flash_attn={"impl": "wgmma"}):
+        for d in (64, 128):
+            for dtype in (torch.float16, torch.bfloat16):
+                q, k, v = (torch.randn(1, 200, 2, d, dtype=dtype, device="cuda")
+                           for _ in range(3))
+                for causal in (False, True):
+                    flash_attn(q, k, v, causal=causal)
+                flash_attn(q, k, v, window_size=(70, 3))
+        cu = torch.tensor([0, 130, 300], dtype=torch.int32, device="cuda")
+        q, k, v = (torch.randn(300, 2, 128, dtype=torch.bfloat16, device="cuda")
+                   for _ in range(3))
+        flash_attn_varlen(q, k, v, cu, cu, 170, 170, causal=True)
+    with overrides(flash_attn={"impl": "wgmma", "config": (2, 128, 2, 1, 0)}):  # ring form
+        q, k, v = (torch.randn(1, 200, 2, 128, dtype=torch.float16, device="cuda")
+                   for _ in range(3))
+        flash_attn(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    print("launched")
+""")
+
+
+@pytest.mark.gpu
+def test_gpu_wgmma_racecheck():
+    """compute-sanitizer racecheck (shared-memory hazards) over small cases of every wgmma
+    variant; skipped where the tool is absent."""
+    tool = shutil.which("compute-sanitizer")
+    if tool is None:
+        pytest.skip("compute-sanitizer not found")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    run = subprocess.run([tool, "--tool", "racecheck", "--report-api-errors", "no",
+                          "--error-exitcode", "9", sys.executable, "-c", _RACECHECK_SCRIPT],
+                         capture_output=True, text=True, timeout=900, env=env)
+    report = run.stdout[-4000:] + run.stderr[-4000:]
+    assert run.returncode == 0 and "launched" in run.stdout, report
+    assert "RACECHECK SUMMARY: 0 hazards" in report, report

@@ -49,7 +49,7 @@ def test_lists_become_tuples():
     ({"softmaxx": {}}, "unknown scope 'softmaxx'"),
     ({"softmax": {"split": 2}}, "softmax has no knob 'split'"),
     ({"softmax": {"split_path": "two_kernels"}}, r"softmax.split_path: expected one of"),
-    ({"flash_attn": {"impl": "wgmma"}}, r"flash_attn.impl: expected one of"),
+    ({"flash_attn": {"impl": "cudnn"}}, r"flash_attn.impl: expected one of"),
 ])
 def test_unknown_scopes_knobs_and_values(scopes, message):
     with pytest.raises(ValueError, match=message):

@@ -1,6 +1,7 @@
-"""The Hopper warpgroup MMA ops (``wgmma_m64k16``, ``smem_desc``, fences, commit / wait) against
-NumPy: one warpgroup computes C (64 x n) = A (64 x K) @ B (K x n) through 128-byte-swizzled
-shared tiles, for every operand orientation (K-major or M- / N-major).
+"""The Hopper warpgroup MMA ops (``wgmma_m64k16``, ``wgmma_m64k16_rs``, ``smem_desc``, fences,
+commit / wait) against NumPy: one warpgroup computes C (64 x n) = A (64 x K) @ B (K x n) through
+128-byte-swizzled shared tiles, for every operand orientation (K-major or M- / N-major), and with
+A from registers (``_rs``: mma.sync's A fragment layout, B K- or N-major).
 
 Under the simulator the twins run (each thread decodes the descriptors and reads the swizzled
 tiles itself); on the H200 the same kernel runs the real instructions, which ties the twin's
@@ -115,6 +116,91 @@ def test_wgmma_tile(n, dtype, a_mn, b_mn, rng):
     # products of b16 values are exact in f32; what remains is f32 accumulation over K terms
     bound = k * 2.0 ** -23 * (np.abs(a64) @ np.abs(b64))
     err = np.abs(c.reshape(64, n) - ref)
+    assert np.all(err <= bound), (
+        f"max error {err.max():.3g} at {np.unravel_index(err.argmax(), err.shape)}, "
+        f"bound there {bound.ravel()[err.argmax()]:.3g}")
+
+
+@functools.cache
+def _register_a_kernel(n, is_bf16, b_mn_major):
+    """C[64, n] = A @ B with A (64, K) row-major read straight into each warp's A fragments
+    (rows 16 w .. 16 w + 15 of warp w) and B staged in shared memory as ``_tile_kernel`` does."""
+    regs = n // 2
+    b_rows, b_inner = (SLAB, n) if b_mn_major else (n, SLAB)
+    b_lbo = b_rows * 128 if b_mn_major else 16
+
+    @cuda.jit(device=True, inline="always")
+    def pair(a, i):
+        return np.uint32(a[i]) | (np.uint32(a[i + 1]) << np.uint32(16))
+
+    def kernel(a, b, c, k_total):
+        smem = cuda.shared.array(0, np.uint16)
+        tid = cuda.threadIdx.x
+        base = ((1024 - (ptx.shared_address(smem, 0) & 1023)) & 1023) // 2
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        acc = cuda.local.array(regs, np.float32)
+        for i in range(regs):
+            acc[i] = np.float32(np.nan)     # overwritten: the first step has scale-d = 0
+        for k0 in range(0, k_total, SLAB):
+            for e in range(tid, b_rows * b_inner, 128):
+                r = e // b_inner
+                i = e % b_inner
+                src = (k0 + r) * n + i if b_mn_major else r * k_total + k0 + i
+                smem[base + (i // 64) * b_rows * 64 + r * 64 + ((((i % 64) // 8) ^ (r % 8)) * 8)
+                     + i % 8] = b[src]
+            ptx.fence_proxy_async()
+            cuda.syncthreads()
+            ptx.wgmma_fence()
+            for j in range(SLAB // 16):
+                row = (16 * warp + g) * k_total + k0 + 16 * j + 2 * t
+                a0 = pair(a, row)
+                a1 = pair(a, row + 8 * k_total)
+                a2 = pair(a, row + 8)
+                a3 = pair(a, row + 8 * k_total + 8)
+                step = j * 16 * 64 if b_mn_major else j * 16
+                db = ptx.smem_desc(smem, base + step, b_lbo, 1024, 1)
+                ptx.wgmma_m64k16_rs(acc, a0, a1, a2, a3, db, 0 if k0 == 0 and j == 0 else 1,
+                                    n, is_bf16, b_mn_major)
+            ptx.wgmma_commit()
+            ptx.wgmma_wait(acc, regs, 0)
+            cuda.syncthreads()
+        for jb in range(n // 8):
+            for q in range(4):
+                row = 16 * warp + g + 8 * (q // 2)
+                col = 8 * jb + 2 * t + q % 2
+                c[row * n + col] = acc[jb * 4 + q]
+
+    return cuda.jit(kernel)
+
+
+RS_CASES = [  # (n, dtype, B N-major)
+    (64, np.float16, False),
+    (128, BF16, True),
+    (64, BF16, False),
+    (256, np.float16, True),
+]
+if SIMULATOR:
+    RS_CASES = RS_CASES[:2]
+
+
+@pytest.mark.parametrize("n,dtype,b_mn", RS_CASES,
+                         ids=[f"n{c[0]}-{np.dtype(c[1]).name}-{'KN'[c[2]]}" for c in RS_CASES])
+def test_wgmma_register_a(n, dtype, b_mn, rng):
+    k = 128
+    a = rng.standard_normal((64, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    b_given = np.ascontiguousarray(b if b_mn else b.T).view(np.uint16).ravel()
+    c = np.full(64 * n, np.nan, np.float32)
+    shared = 2 * n * SLAB + 1024
+    _register_a_kernel(n, int(dtype == BF16), int(b_mn))[1, 128, 0, shared](
+        a.view(np.uint16).ravel(), b_given, c, np.int32(k))
+    a64 = a.astype(np.float64)
+    b64 = b.astype(np.float64)
+    bound = k * 2.0 ** -23 * (np.abs(a64) @ np.abs(b64))
+    err = np.abs(c.reshape(64, n) - a64 @ b64)
     assert np.all(err <= bound), (
         f"max error {err.max():.3g} at {np.unravel_index(err.argmax(), err.shape)}, "
         f"bound there {bound.ravel()[err.argmax()]:.3g}")

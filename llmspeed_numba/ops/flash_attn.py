@@ -14,15 +14,17 @@ seqlen_q``, query ``i`` attends key ``j`` iff ``i + offset - window_left <= j <=
 window_right`` (a bound of -1 is absent); ``causal`` means ``window_right = 0``. A query row
 whose mask is empty gets output 0 and lse ``-inf``.
 
-Kernels (``_flash_attn_tc.py``, ``_flash_attn_simt.py``): the Tensor Core kernel (mma.sync,
-cp.async, ldmatrix, online softmax in registers) runs every head dimension (padded up to a
-multiple of 16) when q, k, v and out are 16-byte aligned (pointers and strides multiples of 8
-elements); otherwise, and under the CUDA simulator, the SIMT kernel of the same algorithm runs.
+Kernels (``_flash_attn_wgmma.py``, ``_flash_attn_tc.py``, ``_flash_attn_simt.py``), when q, k, v
+and out are 16-byte aligned (pointers and strides multiples of 8 elements): on Hopper (sm_90) the
+wgmma kernel for the head dimensions of ``WGMMA_CONFIGS``; else the Tensor Core kernel (mma.sync,
+cp.async, ldmatrix, online softmax in registers), every head dimension (padded up to a multiple
+of 16). Misaligned inputs, and the CUDA simulator, run the SIMT kernel of the same algorithm.
 The grid is (query blocks, nheads, batch); query blocks run longest-first.
 
 Tests and the benchmark's sweep force a kernel through ``TUNING`` (scope ``flash_attn`` of
-``_overrides.overrides``, for ``flash_attn`` and ``flash_attn_varlen``): ``impl`` "tc" / "simt",
-``config`` a ``TC_CONFIGS`` tuple, or ``(block_m, block_n)`` for SIMT.
+``_overrides.overrides``, for ``flash_attn`` and ``flash_attn_varlen``): ``impl`` "wgmma" / "tc"
+/ "simt", ``config`` a ``WGMMA_CONFIGS`` or ``TC_CONFIGS`` tuple, or ``(block_m, block_n)`` for
+SIMT.
 """
 
 
@@ -42,7 +44,8 @@ from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
 from .._workspace import workspace
 from ._attention_common import LOG2E
-from . import _flash_attn_simt, _flash_attn_tc
+from . import _flash_attn_simt, _flash_attn_tc, _flash_attn_wgmma
+from .gemm_configs import wgmma_supported
 
 HALF_DTYPES = ("float16", "bfloat16")
 MAX_HEADDIM = 256
@@ -61,12 +64,30 @@ TC_CONFIGS = {64: (4, 2, 64, 0), 128: (4, 1, 64, 3), 256: (4, 1, 64, 0)}
 #: emulated mma costs ~0.2 s per warp).
 SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 
+#: wgmma configurations ``(groups, block_n, stages, min_blocks, producer, pingpong)`` by head
+#: dimension (the kernel pads to a multiple of 64; other head dimensions take the mma.sync
+#: kernel on Hopper too): a block owns ``64 * groups`` query rows (one consumer warpgroup each)
+#: and streams ``block_n`` keys at a time through a ring of ``stages`` K / V buffers;
+#: ``min_blocks`` > 0 sets launch bounds; ``producer`` 1: a producer warpgroup copies K / V
+#: (mbarrier hand-over, setmaxnreg split), 0: every thread copies (block barrier a key block);
+#: ``pingpong`` 1 (with a producer, 2+ groups): the groups take turns issuing their MMAs.
+#: Registers a consumer thread: S ``block_n / 2`` + O ``headdim / 2`` fp32 + P ``block_n / 4``.
+#: 64 / 128: 128-key blocks (S 64 registers; the consumers get 176 / 200 registers, see
+#: ``_flash_attn_wgmma.maxnreg_split``, and use them without spilling, offline). Head dimension 256
+#: stays with the mma.sync kernel: O alone is 128 registers a thread, and with 64-key blocks the
+#: kernel (255 registers) keeps its accumulators on a 544-byte stack (offline sm_90a).
+WGMMA_CONFIGS = {64: (2, 128, 3, 1, 1), 128: (2, 128, 3, 1, 1)}
+
+#: Simulator configuration of the wgmma kernel: one consumer warpgroup, 32-key blocks.
+SIMULATOR_WGMMA_CONFIG = (1, 32, 2, 0, 1)
+
 #: SIMT kernel ``(block_m, block_n)`` on the GPU and in the simulator.
 SIMT_CONFIG = (_flash_attn_simt.BLOCK_M, _flash_attn_simt.BLOCK_N)
 SIMULATOR_SIMT_CONFIG = (16, 16)
 
 #: The kernel forced (None: chosen): ``impl`` "tc" / "simt", ``config`` its configuration.
-TUNING = Knobs("flash_attn", choices={"impl": (None, "tc", "simt")}, impl=None, config=None)
+TUNING = Knobs("flash_attn", choices={"impl": (None, "wgmma", "tc", "simt")}, impl=None,
+               config=None)
 
 #: Kernel parameters (see ``_flash_attn_tc._tc_kernel_fn``): q, k, v, out, lse, cu_seqlens_q,
 #: cu_seqlens_k, block_table, seqlen_q, seqlen_k, the strides of q, k, v, out (3 each), lse and
@@ -94,6 +115,20 @@ def _register_cap(min_blocks, is_varlen):
     """Launch-bounds blocks per SM for the kernel: the varlen kernel keeps more live values (its
     sequence offsets) and spills 24 B at the d128 cap, so it runs uncapped."""
     return 0 if is_varlen else min_blocks
+
+
+def wgmma_config(dim):
+    """The ``WGMMA_CONFIGS`` entry of the smallest listed head dimension holding ``dim``."""
+    for limit in sorted(WGMMA_CONFIGS):
+        if dim <= limit:
+            return WGMMA_CONFIGS[limit]
+    raise ValueError(f"headdim {dim} above {max(WGMMA_CONFIGS)}")
+
+
+def _wgmma_fields(config):
+    """The six fields of a wgmma configuration (missing trailing ones 0)."""
+    config = tuple(config)
+    return config + (0,) * (6 - len(config))
 
 
 def tc_config(headdim):
@@ -203,13 +238,13 @@ def _dummy_int32(like):
     return Buffer(like.ptr, 1, np.dtype(np.int32), like.obj)   # never read (not varlen)
 
 
-def _pick_impl(tensors):
+def _pick_impl(tensors, headdim=None):
     impl = TUNING.impl
     if impl is not None:
         return impl
-    if SIMULATOR:
+    if SIMULATOR or not all(aligned(n, t, 8) for n, t in tensors.items()):
         return "simt"
-    return "tc" if all(aligned(n, t, 8) for n, t in tensors.items()) else "simt"
+    return "wgmma" if headdim in WGMMA_CONFIGS and wgmma_supported() else "tc"
 
 
 def lse_output(tq, shape, return_lse, stream):
@@ -231,9 +266,19 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
     headdim = tq.shape[-1]
     is_bf16 = tq.dtype == "bfloat16"
     is_varlen = cu_q is not None
-    impl = _pick_impl({"q": tq, "k": tk, "v": tv, "out": to})
+    impl = _pick_impl({"q": tq, "k": tk, "v": tv, "out": to}, headdim)
     config = TUNING.config
-    if impl == "tc":
+    if impl == "wgmma":
+        dim = _flash_attn_wgmma.padded_dim(headdim)
+        config = tuple(config or (SIMULATOR_WGMMA_CONFIG if SIMULATOR else wgmma_config(dim)))
+        groups, block_n, stages, min_blocks, producer, pingpong = _wgmma_fields(config)
+        block_m = 64 * groups
+        kernel = _flash_attn_wgmma.wgmma_kernel(_SIGNATURE, headdim, dim, groups, block_n,
+                                                stages, min_blocks, bool(producer),
+                                                bool(pingpong), is_bf16, is_varlen)
+        threads = _flash_attn_wgmma.threads_for(groups, producer)
+        shared = _flash_attn_wgmma.shared_bytes(dim, groups, block_n, stages)
+    elif impl == "tc":
         config = tuple(config or (SIMULATOR_TC_CONFIG if SIMULATOR else tc_config(headdim)))
         warps, m_tiles, block_n, min_blocks = config + (0,) * (4 - len(config))
         min_blocks = _register_cap(min_blocks, is_varlen)
@@ -261,7 +306,7 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
             seqlen_q, seqlen_k, *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
             0, 0, nheads // nheads_k, np.float32(scale), np.float32(scale * LOG2E), left, right,
             0, 0)
-    if impl == "tc" and not SIMULATOR:
+    if impl != "simt" and not SIMULATOR:
         _prefer_shared_memory(kernel)
     kernel(grid, threads, args, stream_handle(stream, (tq, tk, tv)), shared)
 
@@ -468,3 +513,39 @@ for _headdim, _bf16, _varlen in ((64, False, False), (128, False, False), (128, 
         allowed_local_bytes=32 if (_headdim, _bf16) == (128, False) else 0,
         why="d128 register cap: faster despite a 24 B spill with older ptxas"
         if (_headdim, _bf16) == (128, False) else "")
+
+
+def _wgmma_compile_target(headdim, is_bf16, is_varlen, config=None):
+    """The wgmma kernel exactly as launched on the H200 (same closure, same launch bounds,
+    linked whole-program as numba does there, which setmaxnreg needs)."""
+    def build():
+        dim = _flash_attn_wgmma.padded_dim(headdim)
+        groups, block_n, stages, min_blocks, producer, pingpong = _wgmma_fields(
+            config or wgmma_config(dim))
+        fn = _flash_attn_wgmma._wgmma_kernel_fn(headdim, dim, groups, block_n, stages, is_bf16,
+                                                is_varlen, min_blocks, bool(producer),
+                                                bool(pingpong))
+        options = _flash_attn_wgmma.launch_options(groups, min_blocks, producer)
+        return fn, _SIGNATURE, dict(options, lto=True)
+
+    return build
+
+
+_WGMMA_PTX = ("wgmma.mma_async.sync.aligned", "cp.async.cg.shared.global", "ex2.approx")
+_WGMMA_SASS = ("HGMMA", "LDGSTS", "MUFU.EX2")
+# causal and windows are run-time arguments of the same kernel; fp16 and bf16 differ in the
+# instruction's type only (bf16 is checked with varlen)
+for _headdim, _bf16, _varlen in ((64, False, False), (128, False, False), (128, True, True)):
+    _producer = wgmma_config(_headdim)[4]
+    compile_check.register(
+        f"flash_attn_wgmma_d{_headdim}_{'bf16' if _bf16 else 'f16'}"
+        f"{'_varlen' if _varlen else ''}",
+        _wgmma_compile_target(_headdim, _bf16, _varlen),
+        ptx_must_have=_WGMMA_PTX + (("setmaxnreg.inc", "mbarrier.try_wait.parity")
+                                    if _producer else ()),
+        sass_must_have=_WGMMA_SASS + (("USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC")
+                                      if _producer else ()))
+# the all-threads-copy form (no producer), kept as the simpler fallback configuration
+compile_check.register(
+    "flash_attn_wgmma_ring_d128_f16", _wgmma_compile_target(128, False, False, (2, 128, 2, 1, 0)),
+    ptx_must_have=_WGMMA_PTX, sass_must_have=_WGMMA_SASS)

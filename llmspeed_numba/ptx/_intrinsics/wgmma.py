@@ -1,5 +1,5 @@
 """Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a): shared-memory matrix descriptors, the
-MMA itself, its fences, commit and wait."""
+MMA itself (A from shared memory or from registers), its fences, commit and wait."""
 
 from llvmlite import ir
 from numba import types
@@ -10,7 +10,7 @@ from .common import (_F32, _I32, _I64, _asm, _check_memory_operand, _element_poi
                      _literal_int, _make_plain, _shared_address)
 
 __all__ = ["wgmma_fence", "wgmma_commit", "fence_proxy_async", "smem_desc", "wgmma_m64k16",
-           "wgmma_wait"]
+           "wgmma_m64k16_rs", "wgmma_wait"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -113,6 +113,61 @@ def wgmma_m64k16(typingctx, acc, desc_a, desc_b, accumulate, n, is_bf16, trans_a
         return context.get_dummy_value()
 
     return types.void(acc, desc_a, desc_b, accumulate, n, is_bf16, trans_a, trans_b), codegen
+
+
+@intrinsic
+def wgmma_m64k16_rs(typingctx, acc, a0, a1, a2, a3, desc_b, accumulate, n, is_bf16, trans_b):
+    """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{f16|bf16}`` with A from registers: acc
+    (a float32 local array of ``n // 2``, updated in place) = A (64x16) @ B (16xn) [+ acc when
+    ``accumulate`` != 0], B from the shared-memory descriptor ``desc_b``.
+
+    A's fragment: warp w of the warpgroup holds rows ``16w .. 16w + 15`` in the layout of an
+    ``mma.sync`` m16n8k16 A operand (``a0..a3``: packed b16 pairs, ``ptx/__init__.py``), which
+    is also where the accumulator of an earlier wgmma puts those rows: ``acc[8j .. 8j + 7]``
+    packed in pairs are the A fragment of columns ``16j .. 16j + 15`` (P of attention goes from
+    one MMA's output to the next one's input without shared memory).
+
+    ``n`` (8..256, multiple of 8), ``is_bf16`` and ``trans_b`` (0: B K-major, 1: N-major) are
+    compile-time integers. The A registers are read asynchronously: ptxas keeps them until the
+    ``wgmma_wait`` that retires the group."""
+    _check_accumulator(acc, "wgmma_m64k16_rs")
+    width = _literal_int(n, "wgmma_m64k16_rs n")
+    bf16 = _literal_int(is_bf16, "wgmma_m64k16_rs is_bf16")
+    tb = _literal_int(trans_b, "wgmma_m64k16_rs trans_b")
+    if width % 8 or not 8 <= width <= 256 or tb not in (0, 1):
+        raise TypingError(f"wgmma_m64k16_rs: n must be a multiple of 8 in [8, 256] and trans_b "
+                          f"0 or 1, got n={width}, trans_b={tb}")
+    for name, a in (("a0", a0), ("a1", a1), ("a2", a2), ("a3", a3)):
+        if not isinstance(a, types.Integer):
+            raise TypingError(f"wgmma_m64k16_rs: {name} must be a uint32 (two packed b16), "
+                              f"got {a}")
+    regs = width // 2
+    kind = "bf16" if bf16 else "f16"
+    outs = ",".join(f"${i}" for i in range(regs))
+    a_regs = ",".join(f"${regs + i}" for i in range(4))
+    text = ("{ .reg .pred p; "
+            f"setp.ne.b32 p, ${regs + 5}, 0; "
+            f"wgmma.mma_async.sync.aligned.m64n{width}k16.f32.{kind}.{kind} "
+            f"{{{outs}}}, {{{a_regs}}}, ${regs + 4}, p, 1, 1, {tb}; }}")
+    constraints = ",".join(["=f"] * regs + ["r"] * 4 + ["l", "r"]
+                           + [str(i) for i in range(regs)] + ["~{memory}"])
+
+    def codegen(context, builder, signature, args):
+        ptrs = _accumulator_pointers(context, builder, signature.args[0], args[0], regs)
+        values = [builder.load(p) for p in ptrs]
+        a = [context.cast(builder, args[1 + i], signature.args[1 + i], types.uint32)
+             for i in range(4)]
+        db = context.cast(builder, args[5], signature.args[5], types.uint64)
+        scale = context.cast(builder, args[6], signature.args[6], types.int32)
+        out = _asm(builder, ir.LiteralStructType([_F32] * regs), [_I32] * 4 + [_I64, _I32]
+                   + [_F32] * regs, text, constraints, a + [db, scale] + values,
+                   side_effect=True)
+        for i, p in enumerate(ptrs):
+            builder.store(builder.extract_value(out, i), p)
+        return context.get_dummy_value()
+
+    return (types.void(acc, a0, a1, a2, a3, desc_b, accumulate, n, is_bf16, trans_b),
+            codegen)
 
 
 @intrinsic

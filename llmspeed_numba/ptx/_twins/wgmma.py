@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .common import _lane_context
+from .common import _bf16_bits_to_f32, _exchange, _f16_bits_to_f32, _lane_context, _unpack
 
 # ---- Hopper wgmma (the warpgroup's operands come from shared memory, so each thread computes
 # its own accumulator fragment from the tiles: no rendezvous is needed) ----------------------
@@ -67,6 +67,32 @@ def wgmma_m64k16(acc, desc_a, desc_b, accumulate, n, is_bf16, trans_a, trans_b):
     a = _b16_values(desc_a, rows, ks, trans_a, is_bf16)          # (2, 16)
     b = _b16_values(desc_b, cols, ks, trans_b, is_bf16).T        # (16, n / 4)
     d = a @ b                                                    # (2, n / 4)
+    i = np.arange(n // 2)
+    frag = d[(i // 2) % 2, (i // 4) * 2 + i % 2]
+    base = np.asarray(acc[: n // 2], np.float64) if accumulate else 0.0
+    acc[: n // 2] = (base + frag).astype(np.float32)
+
+
+def _a_fragment(posted, to_f32):
+    """The warp's 16 x 16 A slice from its lanes' (a0, a1, a2, a3): mma.sync's A layout."""
+    a = np.zeros((16, 16), np.float64)
+    for lane, regs in enumerate(posted):
+        g, col = lane // 4, 2 * (lane % 4)
+        for reg, (row, k0) in zip(regs, ((g, col), (g + 8, col), (g, col + 8),
+                                         (g + 8, col + 8))):
+            a[row, k0], a[row, k0 + 1] = _unpack(reg, to_f32)
+    return a
+
+
+def wgmma_m64k16_rs(acc, a0, a1, a2, a3, desc_b, accumulate, n, is_bf16, trans_b):
+    # A lives in registers: the lanes of each warp pool their fragments (a warp rendezvous)
+    to_f32 = _bf16_bits_to_f32 if is_bf16 else _f16_bits_to_f32
+    lane, a = _exchange((int(a0), int(a1), int(a2), int(a3)),
+                        lambda posted: _a_fragment(posted, to_f32))
+    rows = a[lane // 4 + np.array([0, 8])]                       # (2, 16)
+    cols = (8 * np.arange(n // 8)[:, None] + 2 * (lane % 4) + np.array([0, 1])).reshape(-1)
+    b = _b16_values(desc_b, cols, np.arange(16), trans_b, is_bf16).T   # (16, n / 4)
+    d = rows @ b
     i = np.arange(n // 2)
     frag = d[(i // 2) % 2, (i // 4) * 2 + i % 2]
     base = np.asarray(acc[: n // 2], np.float64) if accumulate else 0.0

@@ -1,0 +1,524 @@
+"""FlashAttention forward on Hopper's warpgroup MMA (``wgmma.mma_async``, sm_90a).
+
+A block of ``GROUPS`` consumer warpgroups owns ``BLOCK_M = 64 * GROUPS`` query rows of one
+(batch, head); warpgroup ``wg`` owns rows ``64 wg .. 64 wg + 63`` and computes, per key block
+of ``BLOCK_N`` keys:
+
+1. ``S = Q K^T`` (fp32, ``BLOCK_N / 2`` registers a thread): ``DIM / 16`` wgmma m64n{BLOCK_N}k16,
+   Q (A, K-major) and K (B, K-major: a key row is a column of K^T) both read from shared memory
+   through descriptors. The first step overwrites S (scale-d = 0).
+2. Mask (only blocks that cross an edge: causal diagonal, window, ``seqlen_k``) and online
+   softmax on the accumulator fragment: thread (warp w, lane l) holds rows ``16 w + l / 4`` and
+   ``+ 8`` of its warpgroup, columns ``8 j + 2 (l % 4)`` and ``+ 1`` in registers ``4 j ..
+   4 j + 3`` (``_intrinsics/wgmma.py``), so each row's max and sum live in the 4 lanes of a quad
+   (two ``shfl.bfly``), as in the mma.sync kernel (``_flash_attn_tc``).
+3. ``O += P V``: P packed to fp16 / bf16 pairs in registers is the A operand of ``BLOCK_N / 16``
+   wgmma m64n{DIM}k16 (``wgmma_m64k16_rs``; the S fragment of columns ``16 kk ..`` *is* the A
+   fragment of k16 step kk); V (B, N-major: keys along K, the head dimension contiguous) from
+   shared memory with the transpose bit.
+4. At the end O is divided by the row sum once, staged through the warpgroup's own rows of the
+   Q tile and written with 16-byte stores; ``lse = max * scale + log(sum)``.
+
+Key blocks are visited from the last to the first (the masked ones first); blocks wholly outside
+the causal mask / window are never visited. Mask and softmax conventions: ``_attention_common``.
+
+Shared memory (one ``uint16`` buffer realigned to 1024 bytes: the hardware swizzle follows
+address bits 7-9): the Q tile, then ``STAGES`` (K tile, V tile) pairs. Every tile is stored as
+``DIM / 64`` panels of ``rows x 64`` elements (128-byte rows, 16-byte chunks XOR-ed with
+``row % 8``: wgmma's 128-byte-swizzle layout, ``_gemm_tensor_core.tile_loader``), so one loader
+fills Q, K and V and only the descriptors differ: K-major (Q, K) steps 32 bytes along a panel
+row per k16 step and 8-row groups are 1024 bytes apart; N-major V steps 16 rows (2048 bytes) per
+k16 step, its 64-column panels ``BLOCK_N * 128`` bytes apart.
+
+Loads: cp.async 16-byte copies by every thread into a ring of ``STAGES`` (K, V) buffers,
+``STAGES - 1`` key blocks ahead; a block barrier per key block hands a stage from the copies
+to the MMAs (``fence.proxy.async`` makes the copies visible to wgmma's async proxy) and back.
+Edges: rows past ``seqlen_q`` / ``seqlen_k`` and columns past ``head_dim`` are zero-filled by
+cp.async's ``src_bytes``. Q, K, V and out must allow 16-byte copies (pointers and strides
+multiples of 8 elements): the caller runs another kernel otherwise.
+
+Every wgmma group is waited for (``wgmma_wait(0)``) before any other instruction touches its
+accumulator: ptxas serialises all wgmma of a kernel (warning C7515) when a non-wgmma
+instruction defines an accumulator while a group that uses it may be in flight.
+"""
+
+import functools
+
+import numpy as np
+
+from .. import ptx
+from .._env import cuda
+from .._launch import Kernel, jit
+from ._attention_common import (NEG_INF, block_is_full, finish_row, fmax, key_bounds,
+                                rescale_factor, row_key_range, scaled_max)
+from ._gemm_tensor_core import tile_loader
+
+PANEL = 64            # b16 elements in one 128-byte swizzle row
+MAX, SUM, SCALED, ALPHA = 0, 1, 2, 3   # rows of a thread's row state (``softmax``)
+_ALIGN_BYTES = 1024   # the 128-byte swizzle repeats every 8 rows of 128 bytes
+
+#: setmaxnreg count of the producer warpgroup by padded head dimension: its copy loops keep every
+#: chunk's address offsets live across the key-block loop (LLVM hoists them), so it spills below
+#: these (offline sm_90a: d64 36 B at 120, d128 4 B at 64, varlen d128 8 B at 80); the
+#: consumers get the rest (``maxnreg_split``: 176 at d64, 200 at d128, two consumer groups).
+PRODUCER_REGS = {64: 144, 128: 96, 192: 96, 256: 96}
+
+_device = cuda.jit(device=True, inline="always")
+
+
+def padded_dim(headdim):
+    """Head dimension the kernel computes with: the next multiple of 64 (whole panels)."""
+    return -(-headdim // PANEL) * PANEL
+
+
+def threads_for(groups, producer):
+    """Threads of a block: ``groups`` consumer warpgroups, after the producer warpgroup."""
+    return 128 * (groups + (1 if producer else 0))
+
+
+def maxnreg_split(groups, dim):
+    """``setmaxnreg`` counts (producer, consumer) of the warp-specialised kernel. The block
+    starts with ``65536 / threads`` registers a thread (rounded down to 8: the launch bounds);
+    ``setmaxnreg.inc`` takes only what ``.dec`` gave back to the block's pool, so the producer
+    warpgroup keeps ``PRODUCER_REGS[dim]`` (at most what it starts with) and the consumers share
+    the rest of the block's allocation (a larger ``inc`` would wait forever)."""
+    threads = threads_for(groups, True)
+    at_launch = 65536 // threads // 8 * 8
+    producer = min(PRODUCER_REGS[dim], at_launch)
+    consumer = min(256, (threads * at_launch - 128 * producer) // (128 * groups) // 8 * 8)
+    return producer, consumer
+
+
+def shared_bytes(dim, groups, block_n, stages):
+    """Dynamic shared memory of one block: Q tile, ``stages`` K and V tiles, realignment."""
+    return 2 * dim * (64 * groups + 2 * stages * block_n) + _ALIGN_BYTES
+
+
+def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen, min_blocks=0,
+                     producer=False, pingpong=False):
+    """The kernel for a padded head dimension ``dim`` (multiple of 64) holding ``head_dim``;
+    parameters as ``_flash_attn_tc._tc_kernel_fn`` (the block table and its numbers unused).
+    ``min_blocks`` (launch bounds) only enters the closure, for numba's disk cache key.
+    ``producer``: the warp-specialised form (``producer_kernel``), else every thread copies
+    (``ring_kernel``); ``pingpong`` (warp-specialised, two or more consumer groups): the
+    groups take turns issuing their MMAs, so one group's softmax runs while another's MMAs
+    do (FlashAttention 3's ping-pong schedule)."""
+    assert not pingpong or (producer and groups >= 2)
+    assert dim % PANEL == 0 and head_dim <= dim <= 256
+    assert block_n % 16 == 0 and 16 <= block_n <= 256 and stages >= 2
+    block_m = 64 * groups
+    s_regs = block_n // 2            # S accumulator registers a thread
+    o_regs = dim // 2                # O accumulator registers a thread
+    n_tiles = block_n // 8           # n8 column tiles of S
+    k_steps = dim // 16              # k16 steps of Q K^T
+    p_steps = block_n // 16          # k16 steps of P V
+    p_regs = 4 * p_steps             # P as packed b16 pairs: the A fragments of P V
+    q_panel = block_m * PANEL        # elements of one panel of the Q tile
+    kv_panel = block_n * PANEL       # ... of a K or V tile
+    kv_elems = block_n * dim
+    s_kv = block_m * dim             # first K tile; stage s: K at s_kv + 2 s kv_elems, V after
+    v_lbo = block_n * 128            # bytes between the 64-column panels of V (N-major)
+    out_chunks = 64 * dim // 8 // 128    # 16-byte output chunks a thread
+    chunks_per_row = dim // 8
+    is_bf16 = int(is_bf16)
+    pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
+    from_f32 = ptx.f32_to_bf16 if is_bf16 else ptx.f32_to_f16
+    copy_threads = 128 if producer else 128 * groups     # threads that copy K and V
+    consumer_threads = 128 * groups
+    n_bars = 2 * stages              # producer kernel: full[s], then empty[s]
+    two_in_flight = stages >= 3      # ... the producer's copies of two blocks run at once
+    sched0 = 2 + groups              # ... ping-pong: named barrier of group g's turn: sched0 + g
+    lead = stages - 1                # ring kernel: key blocks loaded ahead of the one computed
+    pending = stages - 2             # ... cp.async groups that may run when a block is needed
+    producer_regs, consumer_regs = maxnreg_split(groups, dim)
+    load_q = tile_loader(block_m, dim, 128 * groups, True, False, panels=True)
+    load_edge = tile_loader(block_n, dim, copy_threads, True, False, panels=True)
+    load_full = tile_loader(block_n, dim, copy_threads, True, True, panels=True)
+
+    @_device
+    def load_kv(tiles, stage, k, v, k_base, v_base, k_sn, v_sn, col, seqlen_k, tid):
+        """Copy key block ``col .. col + block_n`` of K and V into ring stage ``stage``."""
+        s_k = s_kv + stage * 2 * kv_elems
+        if head_dim == dim and col + block_n <= seqlen_k:
+            load_full(tiles, s_k, k, k_base + col * k_sn, k_sn, block_n, dim, tid)
+            load_full(tiles, s_k + kv_elems, v, v_base + col * v_sn, v_sn, block_n, dim, tid)
+        else:
+            load_edge(tiles, s_k, k, k_base + col * k_sn, k_sn, seqlen_k - col, head_dim, tid)
+            load_edge(tiles, s_k + kv_elems, v, v_base + col * v_sn, v_sn, seqlen_k - col,
+                      head_dim, tid)
+
+    @_device
+    def swizzled(row, col, rows):
+        """Element offset of (row, col) in a panelled tile of ``rows`` rows."""
+        return ((col // PANEL) * rows * PANEL + row * PANEL
+                + ((((col % PANEL) // 8) ^ (row % 8)) * 8) + col % 8)
+
+    @_device
+    def init_state(acc_o, rows):
+        """O = 0; the rows' maxima -inf and sums 0."""
+        # not a literal 0: LLVM would make the zero fill a memset over local memory
+        zero = ptx.ex2_approx(NEG_INF)
+        for i in range(o_regs):
+            acc_o[i] = zero
+        for h in range(2):
+            rows[MAX, h] = NEG_INF
+            rows[SUM, h] = zero
+
+    @_device
+    def issue_s(tiles, stage, q_desc0, acc_s):
+        """Issue S = Q K^T of the K tile in ``stage`` as one wgmma group (S overwritten)."""
+        s_k = s_kv + stage * 2 * kv_elems
+        for j in range(k_steps):
+            dq = ptx.smem_desc(tiles, q_desc0 + (j // 4) * q_panel + (j % 4) * 16, 16, 1024, 1)
+            dk = ptx.smem_desc(tiles, s_k + (j // 4) * kv_panel + (j % 4) * 16, 16, 1024, 1)
+            ptx.wgmma_m64k16(acc_s, dq, dk, 0 if j == 0 else 1, block_n, is_bf16, 0, 0)
+        ptx.wgmma_commit()
+
+    @_device
+    def issue_pv(tiles, stage, p_frag, acc_o):
+        """Issue O += P V of the V tile in ``stage`` as one wgmma group."""
+        s_v = s_kv + stage * 2 * kv_elems + kv_elems
+        for kk in range(p_steps):
+            dv = ptx.smem_desc(tiles, s_v + kk * 16 * PANEL, v_lbo, 1024, 1)
+            ptx.wgmma_m64k16_rs(acc_o, p_frag[4 * kk], p_frag[4 * kk + 1], p_frag[4 * kk + 2],
+                                p_frag[4 * kk + 3], dv, 1, dim, is_bf16, 1)
+        ptx.wgmma_commit()
+
+    @_device
+    def turn_begin(wg):
+        """Ping-pong: wait for this group's turn to issue MMAs (the previous group's arrive,
+        and this group's own 128 threads)."""
+        if pingpong:
+            ptx.named_barrier_sync(sched0 + wg, 256)
+
+    @_device
+    def turn_end(wg, last):
+        """Ping-pong: hand the turn to the next group; the last group's last turn hands over
+        nothing (its first was given by its initial arrive), so every barrier ends balanced."""
+        if pingpong and not (last and wg == groups - 1):
+            ptx.named_barrier_arrive(sched0 + (wg + 1) % groups, 256)
+
+    @_device
+    def softmax(acc_s, rows, warp_row0, g, t, col0, offset, seqlen_k, window_left,
+                window_right, scale_log2):
+        """Mask S (blocks crossing an edge only), then the online-softmax step on the state of
+        the thread's two rows ``rows[MAX | SUM | SCALED | ALPHA, h]`` (maximum, this lane's
+        part of the sum, the maximum times scale_log2, the factor O must be rescaled by): new
+        maxima (quad reduction), sums rescaled and increased, S replaced by P (unnormalised)."""
+        if not block_is_full(warp_row0, warp_row0 + 16, col0, col0 + block_n, offset,
+                             seqlen_k, window_left, window_right):
+            for h in range(2):
+                first, last = row_key_range(warp_row0 + g + 8 * h, offset, seqlen_k,
+                                            window_left, window_right)
+                lane_col = col0 + 2 * t
+                first_rel = np.int32(first - lane_col)
+                last_rel = np.int32(last - lane_col)
+                for nt in range(n_tiles):
+                    for e in range(2):
+                        j = np.int32(nt * 8 + e)
+                        if j < first_rel or j > last_rel:
+                            acc_s[4 * nt + 2 * h + e] = NEG_INF
+        for h in range(2):
+            new_max = rows[MAX, h]
+            for nt in range(n_tiles):
+                new_max = fmax(new_max, fmax(acc_s[4 * nt + 2 * h], acc_s[4 * nt + 2 * h + 1]))
+            new_max = fmax(new_max, ptx.shfl_xor_f32(new_max, 1))
+            new_max = fmax(new_max, ptx.shfl_xor_f32(new_max, 2))
+            rows[SCALED, h] = scaled_max(new_max, scale_log2)
+            alpha = rescale_factor(rows[MAX, h], rows[SCALED, h], scale_log2)
+            rows[MAX, h] = new_max
+            rows[SUM, h] *= alpha
+            rows[ALPHA, h] = alpha
+        for i in range(s_regs):
+            p = ptx.ex2_approx(cuda.fma(acc_s[i], scale_log2, -rows[SCALED, (i // 2) % 2]))
+            acc_s[i] = p
+            rows[SUM, (i // 2) % 2] += p
+
+    @_device
+    def rescale_and_pack(acc_o, acc_s, p_frag, rows):
+        """O *= the rows' factors; P packed to b16 pairs (the A fragments of P V)."""
+        for i in range(o_regs):
+            acc_o[i] *= rows[ALPHA, (i // 2) % 2]
+        for i in range(p_regs):
+            p_frag[i] = pack(acc_s[2 * i], acc_s[2 * i + 1])
+
+    @_device
+    def finish(tiles, acc_o, rows, out, lse, wg, warp, g, t, wtid, row0, q_start,
+               seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh, softmax_scale,
+               barrier):
+        """Normalise once, stage the warpgroup's rows in its own Q rows (no other warpgroup
+        reads them), write 16-byte chunks; ``barrier``: the warpgroup's named barrier."""
+        ptx.fence_proxy_async()   # wgmma's reads of Q (async proxy) before these writes
+        for h in range(2):
+            total = rows[SUM, h]
+            total += ptx.shfl_xor_f32(total, 1)
+            total += ptx.shfl_xor_f32(total, 2)
+            inv_sum, row_lse = finish_row(rows[MAX, h], total, softmax_scale)
+            r = wg * 64 + warp * 16 + g + 8 * h
+            for jb in range(o_regs // 4):
+                base = swizzled(r, 8 * jb + 2 * t, block_m)
+                tiles[base] = from_f32(acc_o[4 * jb + 2 * h] * inv_sum)
+                tiles[base + 1] = from_f32(acc_o[4 * jb + 2 * h + 1] * inv_sum)
+            if t == 0 and row0 + r < seqlen_q:
+                lse[batch * lse_sb + head * lse_sh + q_start + row0 + r] = row_lse
+        ptx.named_barrier_sync(barrier, 128)   # the warpgroup's rows are staged
+        o_base = batch * o_sb + (q_start + row0) * o_sn + head * o_sh
+        for c in range(out_chunks):
+            i = wtid + 128 * c
+            r = wg * 64 + i // chunks_per_row
+            col = (i % chunks_per_row) * 8
+            if row0 + r < seqlen_q and col < head_dim:
+                w0, w1, w2, w3 = ptx.load_u32x4(tiles, swizzled(r, col, block_m))
+                ptx.store_u32x4(out, o_base + r * o_sn + col, w0, w1, w2, w3)
+
+    def ring_kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table, seqlen_q_arg,
+                    seqlen_k_arg, q_sb, q_sn, q_sh, k_sb, k_sn, k_sh, v_sb, v_sn, v_sh, o_sb,
+                    o_sn, o_sh, lse_sb, lse_sh, bt_sb, bt_ss, group, softmax_scale, scale_log2,
+                    window_left, window_right, num_pages, bs_shift):
+        """Every thread copies and computes: ``stages - 1`` key blocks are loaded ahead by
+        cp.async into the ring, and a block barrier per key block hands a stage from the
+        copies to the MMAs and back. Each warpgroup runs S, softmax and P V of a block in
+        turn."""
+        min_blocks  # noqa: B018  (cache key only, see the factory)
+        tiles = _tiles(cuda.shared.array(0, np.uint16))
+        tid = np.int32(cuda.threadIdx.x)
+        wg = tid // 128
+        warp = (tid % 128) // 32
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        m_block = cuda.gridDim.x - 1 - cuda.blockIdx.x   # longest causal rows first
+        head = cuda.blockIdx.y
+        batch = cuda.blockIdx.z
+        q_start, seqlen_q, k_start, seqlen_k = _sequence(
+            cu_seqlens_q, cu_seqlens_k, batch, seqlen_q_arg, seqlen_k_arg, is_varlen)
+        row0 = m_block * block_m
+        if row0 >= seqlen_q:
+            return
+        offset = seqlen_k - seqlen_q
+        head_k = head // group
+        warp_row0 = row0 + wg * 64 + warp * 16     # this warp's 16 query rows
+
+        acc_s = cuda.local.array(s_regs, np.float32)
+        acc_o = cuda.local.array(o_regs, np.float32)
+        p_frag = cuda.local.array(p_regs, np.uint32)
+        rows = cuda.local.array((4, 2), np.float32)
+        init_state(acc_o, rows)
+
+        q_base = batch * q_sb + (q_start + row0) * q_sn + head * q_sh
+        load_q(tiles, 0, q, q_base, q_sn, seqlen_q - row0, head_dim, tid)
+        ptx.cp_async_commit()
+        k_base = batch * k_sb + k_start * k_sn + head_k * k_sh
+        v_base = batch * v_sb + k_start * v_sn + head_k * v_sh
+
+        lo, hi = key_bounds(row0, min(row0 + block_m, seqlen_q), offset, seqlen_k,
+                            window_left, window_right)
+        n_end = (hi + block_n - 1) // block_n
+        n_blocks = n_end - lo // block_n if hi > lo else 0
+        for s in range(lead):
+            if s < n_blocks:
+                load_kv(tiles, s, k, v, k_base, v_base, k_sn, v_sn, (n_end - 1 - s) * block_n,
+                        seqlen_k, tid)
+            ptx.cp_async_commit()
+
+        q_desc0 = wg * 64 * PANEL            # this warpgroup's rows of Q
+        stage = 0
+        for it in range(n_blocks):
+            col0 = (n_end - 1 - it) * block_n
+            ptx.cp_async_wait(pending)       # this thread's copies of the block landed
+            ptx.fence_proxy_async()          # ... visible to wgmma's async proxy
+            cuda.syncthreads()               # everyone's; every warpgroup is done with it - 1
+            nxt = it + lead
+            if nxt < n_blocks:
+                load_kv(tiles, (stage + lead) % stages, k, v, k_base, v_base, k_sn, v_sn,
+                        (n_end - 1 - nxt) * block_n, seqlen_k, tid)
+            ptx.cp_async_commit()
+            ptx.wgmma_fence()
+            issue_s(tiles, stage, q_desc0, acc_s)
+            ptx.wgmma_wait(acc_s, s_regs, 0)
+            softmax(acc_s, rows, warp_row0, g, t, col0, offset, seqlen_k, window_left,
+                    window_right, scale_log2)
+            rescale_and_pack(acc_o, acc_s, p_frag, rows)
+            ptx.wgmma_fence()
+            issue_pv(tiles, stage, p_frag, acc_o)
+            ptx.wgmma_wait(acc_o, o_regs, 0)
+            stage = stage + 1 if stage < stages - 1 else 0
+
+        ptx.cp_async_wait(0)
+        if is_varlen:                # read again rather than kept in registers over the loop
+            q_start = cu_seqlens_q[batch]
+            seqlen_q = cu_seqlens_q[batch + 1] - q_start
+        finish(tiles, acc_o, rows, out, lse, wg, warp, g, t, tid % 128, row0,
+               q_start, seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh,
+               softmax_scale, 1 + wg)
+
+    def producer_kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
+                        seqlen_q_arg, seqlen_k_arg, q_sb, q_sn, q_sh, k_sb, k_sn, k_sh, v_sb,
+                        v_sn, v_sh, o_sb, o_sn, o_sh, lse_sb, lse_sh, bt_sb, bt_ss, group,
+                        softmax_scale, scale_log2, window_left, window_right, num_pages,
+                        bs_shift):
+        """Warp-specialised: warpgroup 0 copies K / V blocks (cp.async) into the ring and
+        hands each stage over through mbarriers; the consumer warpgroups only compute, each at
+        its own pace, with the S = Q K^T of block j + 1 in flight while block j's P V is
+        issued and the softmax of j + 1 runs while that P V is (FlashAttention 3's
+        intra-warpgroup overlap)."""
+        min_blocks  # noqa: B018  (cache key only, see the factory)
+        tiles = _tiles(cuda.shared.array(0, np.uint16))
+        bars = cuda.shared.array(n_bars, np.uint64)   # full[s] = bars[s], empty: + stages
+        tid = np.int32(cuda.threadIdx.x)
+        m_block = cuda.gridDim.x - 1 - cuda.blockIdx.x   # longest causal rows first
+        head = cuda.blockIdx.y
+        batch = cuda.blockIdx.z
+        q_start, seqlen_q, k_start, seqlen_k = _sequence(
+            cu_seqlens_q, cu_seqlens_k, batch, seqlen_q_arg, seqlen_k_arg, is_varlen)
+        row0 = m_block * block_m
+        if row0 >= seqlen_q:
+            return
+        if tid == 0:
+            for s in range(stages):
+                ptx.mbarrier_init(bars, s, 128)
+                ptx.mbarrier_init(bars, stages + s, consumer_threads)
+            ptx.fence_mbarrier_init()
+        cuda.syncthreads()
+        offset = seqlen_k - seqlen_q
+        head_k = head // group
+        lo, hi = key_bounds(row0, min(row0 + block_m, seqlen_q), offset, seqlen_k,
+                            window_left, window_right)
+        n_end = (hi + block_n - 1) // block_n
+        n_blocks = n_end - lo // block_n if hi > lo else 0
+
+        if tid < 128:
+            # producer: block b goes to stage b % stages once the consumers released it; with 3+
+            # stages its copies are announced (wait, proxy fence, release-arrive) after the
+            # next block's are issued, so two blocks are in flight. Not with 2: the consumers
+            # hold block j until they have block j + 1, so announcing j + 1 must not wait for
+            # a stage that only j's release frees (a deadlock).
+            ptx.setmaxnreg_dec(producer_regs)
+            k_base = batch * k_sb + k_start * k_sn + head_k * k_sh
+            v_base = batch * v_sb + k_start * v_sn + head_k * v_sh
+            for b in range(n_blocks):
+                s = b % stages
+                ptx.mbarrier_wait_parity(bars, stages + s, ((b // stages) & 1) ^ 1)
+                load_kv(tiles, s, k, v, k_base, v_base, k_sn, v_sn, (n_end - 1 - b) * block_n,
+                        seqlen_k, tid)
+                ptx.cp_async_commit()
+                if not two_in_flight:
+                    ptx.cp_async_wait(0)
+                    ptx.fence_proxy_async()
+                    ptx.mbarrier_arrive(bars, s)
+                elif b > 0:
+                    ptx.cp_async_wait(1)
+                    ptx.fence_proxy_async()
+                    ptx.mbarrier_arrive(bars, (b - 1) % stages)
+            if two_in_flight and n_blocks > 0:
+                ptx.cp_async_wait(0)
+                ptx.fence_proxy_async()
+                ptx.mbarrier_arrive(bars, (n_blocks - 1) % stages)
+            return
+
+        ptx.setmaxnreg_inc(consumer_regs)
+        ctid = tid - 128
+        wg = ctid // 128
+        warp = (ctid % 128) // 32
+        lane = ctid % 32
+        g = lane // 4
+        t = lane % 4
+        warp_row0 = row0 + wg * 64 + warp * 16     # this warp's 16 query rows
+        acc_s = cuda.local.array(s_regs, np.float32)
+        acc_o = cuda.local.array(o_regs, np.float32)
+        p_frag = cuda.local.array(p_regs, np.uint32)
+        rows = cuda.local.array((4, 2), np.float32)
+        init_state(acc_o, rows)
+
+        q_base = batch * q_sb + (q_start + row0) * q_sn + head * q_sh
+        load_q(tiles, 0, q, q_base, q_sn, seqlen_q - row0, head_dim, ctid)
+        ptx.cp_async_commit()
+        ptx.cp_async_wait(0)
+        ptx.fence_proxy_async()
+        ptx.named_barrier_sync(1, consumer_threads)    # the whole Q tile landed
+        q_desc0 = wg * 64 * PANEL            # this warpgroup's rows of Q
+
+        if n_blocks > 0:
+            if pingpong and wg == groups - 1:
+                ptx.named_barrier_arrive(sched0, 256)   # group 0 goes first
+            ptx.mbarrier_wait_parity(bars, 0, 0)
+            turn_begin(wg)
+            ptx.wgmma_fence()
+            issue_s(tiles, 0, q_desc0, acc_s)
+            turn_end(wg, False)
+            ptx.wgmma_wait(acc_s, s_regs, 0)
+            softmax(acc_s, rows, warp_row0, g, t, (n_end - 1) * block_n, offset, seqlen_k,
+                    window_left, window_right, scale_log2)
+            rescale_and_pack(acc_o, acc_s, p_frag, rows)
+        # block j: S of j + 1 and P V of j in flight together, then the softmax of j + 1
+        for j in range(n_blocks - 1):
+            s = j % stages
+            s_next = (j + 1) % stages
+            ptx.mbarrier_wait_parity(bars, s_next, ((j + 1) // stages) & 1)
+            turn_begin(wg)
+            ptx.wgmma_fence()
+            issue_s(tiles, s_next, q_desc0, acc_s)
+            issue_pv(tiles, s, p_frag, acc_o)
+            turn_end(wg, False)
+            ptx.wgmma_wait(acc_s, s_regs, 1)       # S of j + 1 is done, P V of j may run
+            softmax(acc_s, rows, warp_row0, g, t, (n_end - 2 - j) * block_n, offset, seqlen_k,
+                    window_left, window_right, scale_log2)
+            ptx.wgmma_wait(acc_o, o_regs, 0)
+            ptx.mbarrier_arrive(bars, stages + s)  # K and V of block j are no longer read
+            rescale_and_pack(acc_o, acc_s, p_frag, rows)
+        if n_blocks > 0:
+            s = (n_blocks - 1) % stages
+            turn_begin(wg)
+            ptx.wgmma_fence()
+            issue_pv(tiles, s, p_frag, acc_o)
+            turn_end(wg, True)
+            ptx.wgmma_wait(acc_o, o_regs, 0)
+            ptx.mbarrier_arrive(bars, stages + s)
+
+        if is_varlen:                # read again rather than kept in registers over the loop
+            q_start = cu_seqlens_q[batch]
+            seqlen_q = cu_seqlens_q[batch + 1] - q_start
+        finish(tiles, acc_o, rows, out, lse, wg, warp, g, t, ctid % 128, row0,
+               q_start, seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh,
+               softmax_scale, 2 + wg)
+
+    kernel = producer_kernel if producer else ring_kernel
+    kernel.__name__ = "flash_attn_wgmma_kernel"
+    return kernel
+
+
+@_device
+def _sequence(cu_seqlens_q, cu_seqlens_k, batch, seqlen_q_arg, seqlen_k_arg, is_varlen):
+    """``(q_start, seqlen_q, k_start, seqlen_k)`` of sequence ``batch``."""
+    if is_varlen:
+        q_start = cu_seqlens_q[batch]
+        k_start = cu_seqlens_k[batch]
+        return (q_start, cu_seqlens_q[batch + 1] - q_start, k_start,
+                cu_seqlens_k[batch + 1] - k_start)
+    return 0, seqlen_q_arg, 0, seqlen_k_arg
+
+
+@_device
+def _tiles(smem):
+    """The dynamic shared buffer from its first 1024-byte-aligned element on (the 128-byte
+    swizzle follows address bits 7-9)."""
+    pad = ((_ALIGN_BYTES - (ptx.shared_address(smem, 0) & (_ALIGN_BYTES - 1)))
+           & (_ALIGN_BYTES - 1)) >> 1
+    return smem[pad:]
+
+
+def launch_options(groups, min_blocks, producer):
+    """``cuda.jit`` options: launch bounds (both bounds: setmaxnreg needs them)."""
+    if not min_blocks:
+        return {}
+    return {"launch_bounds": (threads_for(groups, producer), min_blocks)}
+
+
+@functools.lru_cache(maxsize=None)
+def wgmma_kernel(signature, head_dim, dim, groups, block_n, stages, min_blocks, producer,
+                 pingpong, is_bf16, is_varlen):
+    """The wgmma kernel for one configuration; ``min_blocks`` 0 leaves registers to ptxas."""
+    return Kernel(jit(_wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16,
+                                       is_varlen, min_blocks, producer, pingpong),
+                      **launch_options(groups, min_blocks, producer)),
+                  signature, "flash_attn_wgmma_kernel")
