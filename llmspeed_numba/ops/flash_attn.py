@@ -76,7 +76,8 @@ SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 #: ``_flash_attn_wgmma.maxnreg_split``, and use them without spilling, offline). Head dimension 256
 #: stays with the mma.sync kernel: O alone is 128 registers a thread, and with 64-key blocks the
 #: kernel (255 registers) keeps its accumulators on a 544-byte stack (offline sm_90a).
-WGMMA_CONFIGS = {64: (2, 128, 3, 1, 1), 128: (2, 128, 3, 1, 1)}
+#: Head dimension 128 takes turns (ping-pong: +2-3% on the H200, benchmarks/NOTES.md).
+WGMMA_CONFIGS = {64: (2, 128, 3, 1, 1), 128: (2, 128, 3, 1, 1, 1)}
 
 #: Simulator configuration of the wgmma kernel: one consumer warpgroup, 32-key blocks.
 SIMULATOR_WGMMA_CONFIG = (1, 32, 2, 0, 1)

@@ -151,7 +151,6 @@ CONFIGS = {c.name: c for c in (
     # Hopper, few rows (batched decode, M = 17-256): one warpgroup of 64 rows
     GemmConfig("tensor_core", 64, 128, 64, stages=4, wgmma=True),
     GemmConfig("tensor_core", 64, 128, 64, stages=6, wgmma=True),
-    GemmConfig("tensor_core", 64, 128, 64, stages=8, wgmma=True),
     GemmConfig("tensor_core", 64, 256, 64, stages=3, wgmma=True),
     GemmConfig("tensor_core", 64, 256, 64, stages=4, wgmma=True),
     # SIMT: 8 x 8 per thread, 256 threads, two blocks per SM (128 registers); BK = 16 halves
@@ -189,8 +188,8 @@ SMALL_M_CANDIDATES = ("tc_16x128x64_w1x4_s4", "tc_16x256x64_w1x8_s4", "tc_32x128
 SMALL_M_WGMMA_MAX = 256
 #: The least K a split of a wgmma tile takes (``split_count``).
 SPLIT_MIN_K_WGMMA = 3072
-SMALL_M_WGMMA_CANDIDATES = ("wg_64x128x64_s4", "wg_64x128x64_s6", "wg_64x128x64_s8",
-                            "wg_64x256x64_s3", "wg_64x256x64_s4")
+SMALL_M_WGMMA_CANDIDATES = ("wg_64x128x64_s4", "wg_64x128x64_s6", "wg_64x256x64_s3",
+                            "wg_64x256x64_s4")
 
 #: The simulator's tiles (a few emulated warps).
 SIM_TC = CONFIGS["tc_16x16x16_w1x1_s2"]
