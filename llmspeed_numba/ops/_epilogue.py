@@ -97,6 +97,12 @@ def packer(dtype):
     return _pack_bf16 if dtype == "bfloat16" else _pack_f16
 
 
+def epilogue_tile_ld(block_n):
+    """fp32 row stride of a staged epilogue tile: +4 floats puts the 8 rows a warp writes at once
+    in different banks (4 * row + column) and keeps rows 16-byte aligned."""
+    return block_n + 4
+
+
 @functools.cache
 def epilogue_value(c_dtype, bias_dtype, act, fast=False):
     """Device function ``(acc, n, c, c_index, bias, alpha, beta) -> float32`` computing
@@ -242,6 +248,15 @@ def tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bias_d
     row_step = threads // groups_per_row
 
     @cuda.jit(device=True, inline="always")
+    def store_scalars(tile, t_off, col, cols, m, n, out, out_base, so_m, so_n, c, sc_m, sc_n,
+                      bias, alpha, beta):
+        """Columns ``col .. col + vec - 1`` of a row one by one (edge columns, strided out)."""
+        for e in range(vec):
+            if col + e < cols:
+                apply_epilogue(tile[t_off + e], n + e, out, out_base + m * so_m + (n + e) * so_n,
+                               c, m * sc_m + (n + e) * sc_n, bias, alpha, beta)
+
+    @cuda.jit(device=True, inline="always")
     def store_tile(tile, tid, m0, n0, M, N, out, out_base, so_m, so_n, c, sc_m, sc_n, bias,
                    alpha, beta, out_vec):
         rows = min(block_m, M - m0)
@@ -257,11 +272,8 @@ def tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bias_d
                     apply_vector(tile, t_off, bias_values, out, out_base + m * so_m + n, c,
                                  m * sc_m + n * sc_n, sc_n, alpha, beta)
                 else:
-                    for e in range(vec):
-                        if col + e < cols:
-                            apply_epilogue(tile[t_off + e], n + e, out,
-                                           out_base + m * so_m + (n + e) * so_n, c,
-                                           m * sc_m + (n + e) * sc_n, bias, alpha, beta)
+                    store_scalars(tile, t_off, col, cols, m, n, out, out_base, so_m, so_n, c,
+                                  sc_m, sc_n, bias, alpha, beta)
             return
         for gi in range(tid, rows * groups_per_row, threads):
             r = gi // groups_per_row
@@ -273,11 +285,8 @@ def tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bias_d
                 apply_vector(tile, t_off, load_biases(bias, n, N), out, out_base + m * so_m + n,
                              c, m * sc_m + n * sc_n, sc_n, alpha, beta)
             else:
-                for e in range(vec):
-                    if col + e < cols:
-                        apply_epilogue(tile[t_off + e], n + e, out,
-                                       out_base + m * so_m + (n + e) * so_n, c,
-                                       m * sc_m + (n + e) * sc_n, bias, alpha, beta)
+                store_scalars(tile, t_off, col, cols, m, n, out, out_base, so_m, so_n, c, sc_m,
+                              sc_n, bias, alpha, beta)
 
     return store_tile
 
@@ -421,7 +430,8 @@ def gated_raw_store(block_m, block_n, tile_ld, threads, out_dtype, bias_dtype, g
 @functools.cache
 def split_tile_finish(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bias_dtype, act):
     """Split K finished in the GEMM's own launch. Device function ``(tile, tid, m0, n0, M, N,
-    ws, counters, out, so_m, so_n, c, sc_m, sc_n, bias, alpha, beta, out_vec)`` for a block
+    out, out_base, so_m, so_n, c, sc_m, sc_n, bias, alpha, beta, out_vec, ws, counters)`` (a
+    plain store's parameters, ``out_base`` unused, then the workspace and tickets) for a block
     whose raw fp32 sums (its K split, ``blockIdx.y`` of ``gridDim.y``) are staged in ``tile``:
     it writes them to ``ws`` (splits, M, N) and draws a ticket from ``counters[blockIdx.x]``
     (int32, zero before the launch and left zero); the block of the tile that finishes last
@@ -441,8 +451,8 @@ def split_tile_finish(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bi
     groups = block_n // 4
 
     @cuda.jit(device=True, inline="always")
-    def finish(tile, tid, m0, n0, M, N, ws, counters, out, so_m, so_n, c, sc_m, sc_n, bias,
-               alpha, beta, out_vec):
+    def finish(tile, tid, m0, n0, M, N, out, out_base, so_m, so_n, c, sc_m, sc_n, bias, alpha,
+               beta, out_vec, ws, counters):
         mn = M * N
         ws_vec = np.int32((N & 3) == 0)   # 16-byte rows (the workspace is 16-byte aligned)
         save_raw(tile, tid, m0, n0, M, N, ws, cuda.blockIdx.y * mn, N, 1, ws, 0, 0, ws, _ONE,
@@ -495,3 +505,25 @@ def split_tile_finish(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bi
                         beta, out_vec)
 
     return finish
+
+
+def staged_store(split_finish, staged_epilogue, block_m, block_n, threads, out_dtype, c_dtype,
+                 bias_dtype, act):
+    """``(stage_acc, store)`` of a Tensor Core kernel: ``staged_epilogue(out_dtype, c_dtype,
+    bias_dtype, act)`` is the kernel's own ``(stage_acc, store_tile)`` factory. ``store(tile,
+    tid, m0, n0, M, N, out, out_base, so_m, so_n, c, sc_m, sc_n, bias, alpha, beta, out_vec, ws,
+    counters)``: with ``split_finish`` the raw sums are staged and ``split_tile_finish`` adds the
+    splits and runs the epilogue; else the staged epilogue (``ws``, ``counters`` unused)."""
+    if split_finish:
+        stage_acc, _ = staged_epilogue("float32", None, None, None)
+        return stage_acc, split_tile_finish(block_m, block_n, epilogue_tile_ld(block_n), threads,
+                                            out_dtype, c_dtype, bias_dtype, act)
+    stage_acc, store_tile = staged_epilogue(out_dtype, c_dtype, bias_dtype, act)
+
+    @cuda.jit(device=True, inline="always")
+    def store(tile, tid, m0, n0, M, N, out, out_base, so_m, so_n, c, sc_m, sc_n, bias, alpha,
+              beta, out_vec, ws, counters):
+        store_tile(tile, tid, m0, n0, M, N, out, out_base, so_m, so_n, c, sc_m, sc_n, bias,
+                   alpha, beta, out_vec)
+
+    return stage_acc, store

@@ -48,8 +48,8 @@ import numpy as np
 from .. import ptx
 from .._env import cuda
 from ._activations_device import GATED_ACTIVATIONS
-from ._epilogue import (block_work, gated_fragment, gated_tile_store, split_tile_finish,
-                        tile_epilogue)
+from ._epilogue import (block_work, epilogue_tile_ld, gated_fragment, gated_tile_store,
+                        staged_store, tile_epilogue)
 
 
 def _swizzle_params(inner):
@@ -194,14 +194,10 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
     b_stage = block_n * block_k
     b_base = stages * a_stage
     wait_pending = stages - 2
-    if split_finish:   # raw sums staged; the epilogue runs after the splits are added
-        stage_acc, _ = _staged_epilogue(block_m, block_n, wm, wn, threads, "float32", None, None,
-                                        None)
-        store_tile = split_tile_finish(block_m, block_n, epilogue_tile_ld(block_n), threads,
-                                       out_dtype, c_dtype, bias_dtype, act)
-    else:
-        stage_acc, store_tile = _staged_epilogue(block_m, block_n, wm, wn, threads, out_dtype,
-                                                 c_dtype, bias_dtype, act)
+    stage_acc, store_tile = staged_store(
+        split_finish,
+        lambda *dtypes: _staged_epilogue(block_m, block_n, wm, wn, threads, *dtypes),
+        block_m, block_n, threads, out_dtype, c_dtype, bias_dtype, act)
 
     a_inner = block_k if a_k_inner else block_m
     b_inner = block_k if b_k_inner else block_n
@@ -417,12 +413,8 @@ def make_kernel(block_m, block_n, block_k, warps_m, warps_n, stages, group_m,
         tile = cuda.shared.array(0, np.float32)
         stage_acc(tile, acc, lane, wm0, wn0, n0, N, bias, alpha)
         cuda.syncthreads()
-        if split_finish:
-            store_tile(tile, tid, m0, n0, M, N, ws, counters, out, so_m, so_n, c, sc_m, sc_n,
-                       bias, alpha, beta, out_vec)
-        else:
-            store_tile(tile, tid, m0, n0, M, N, out, z * out_z, so_m, so_n, c, sc_m, sc_n, bias,
-                       alpha, beta, out_vec)
+        store_tile(tile, tid, m0, n0, M, N, out, z * out_z, so_m, so_n, c, sc_m, sc_n, bias,
+                   alpha, beta, out_vec, ws, counters)
 
     return gemm_tensor_core_kernel
 
@@ -507,12 +499,6 @@ def _staged_epilogue(block_m, block_n, wm, wn, threads, out_dtype, c_dtype, bias
                 stage_column(tile, acc, 3, lane, wm0, wn0, n0, N, bias, alpha)
 
     return stage_gated, gated_tile_store(block_m, block_n, tile_ld, threads, out_dtype)
-
-
-def epilogue_tile_ld(block_n):
-    # fp32 row stride of the epilogue tile: +4 floats puts the 8 rows a warp writes at once in
-    # different banks (4 * row + column) and keeps rows 16-byte aligned
-    return block_n + 4
 
 
 def shared_bytes(block_m, block_n, block_k, stages):

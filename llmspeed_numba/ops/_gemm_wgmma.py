@@ -39,9 +39,9 @@ import numpy as np
 from .. import ptx
 from .._env import cuda
 from ._activations_device import GATED_ACTIVATIONS
-from ._epilogue import (block_work, gated_fragment, gated_tile_store, split_tile_finish,
-                        tile_epilogue)
-from ._gemm_tensor_core import either_loader, epilogue_tile_ld, stage_loader
+from ._epilogue import (block_work, epilogue_tile_ld, gated_fragment, gated_tile_store,
+                        staged_store, tile_epilogue)
+from ._gemm_tensor_core import either_loader, stage_loader
 
 BLOCK_K = 64          # one 128-byte swizzle row of b16 per tile row along K
 _ALIGN_BYTES = 1024   # the 128-byte swizzle repeats every 8 rows of 128 bytes
@@ -70,13 +70,9 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
     b_step = 16 if b_k_inner else 16 * 64
     # warpgroup g's 64 rows of A: 64 rows of 64 (K-major) or panel g (M-major), 4096 elements
     a_group = 64 * 64
-    if split_finish:   # raw sums staged; the epilogue runs after the splits are added
-        stage_acc, _ = _staged_epilogue(block_m, block_n, threads, "float32", None, None, None)
-        store_tile = split_tile_finish(block_m, block_n, epilogue_tile_ld(block_n), threads,
-                                       out_dtype, c_dtype, bias_dtype, act)
-    else:
-        stage_acc, store_tile = _staged_epilogue(block_m, block_n, threads, out_dtype, c_dtype,
-                                                 bias_dtype, act)
+    stage_acc, store_tile = staged_store(
+        split_finish, lambda *dtypes: _staged_epilogue(block_m, block_n, threads, *dtypes),
+        block_m, block_n, threads, out_dtype, c_dtype, bias_dtype, act)
     load_edge = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
                              True, True, False, panels=True)
     load_full = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
@@ -172,12 +168,8 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
         tile = cuda.shared.array(0, np.float32)
         stage_acc(tile, acc, tid, n0, N, bias, alpha)
         cuda.syncthreads()
-        if split_finish:
-            store_tile(tile, tid, m0, n0, M, N, ws, counters, out, so_m, so_n, c, sc_m, sc_n,
-                       bias, alpha, beta, out_vec)
-        else:
-            store_tile(tile, tid, m0, n0, M, N, out, z * out_z, so_m, so_n, c, sc_m, sc_n, bias,
-                       alpha, beta, out_vec)
+        store_tile(tile, tid, m0, n0, M, N, out, z * out_z, so_m, so_n, c, sc_m, sc_n, bias,
+                   alpha, beta, out_vec, ws, counters)
 
     return gemm_wgmma_kernel
 

@@ -48,8 +48,8 @@ from .. import ptx
 from .._arrays import STORAGE
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
-from ._epilogue import block_work, loader, packer
-from ._gemm_tensor_core import _staged_epilogue, _swizzle_params, epilogue_tile_ld, tile_loader
+from ._epilogue import block_work, epilogue_tile_ld, loader, packer
+from ._gemm_tensor_core import _staged_epilogue, _swizzle_params, tile_loader
 from ._quant_kernels import _code, _group_offset
 
 _F0 = np.float32(0.0)
