@@ -5,6 +5,7 @@ Simulator: tiny head dims (16, 32), a few 16-key tiles, two warps of two stages.
 real sizes, every block size 8..256, head dims 64 / 128 / 256, long sequences, many examples.
 """
 
+import inspect
 import math
 import zlib
 
@@ -14,6 +15,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from llmspeed_numba._overrides import overrides
 from llmspeed_numba.ops import _paged_decode_fast as fast, _paged_decode_kernel as kernel
+from llmspeed_numba.ops import _paged_decode_layout as layout
 from llmspeed_numba.ops import _paged_decode_plan as plan_mod
 from llmspeed_numba.ops.paged_decode import paged_decode_attention
 from llmspeed_numba.ops.paged_kv_append import paged_kv_append
@@ -202,7 +204,7 @@ def test_swizzled_rings(rng):
     """Head dims in ``SWIZZLE_DIMS`` keep their K/V rows unpadded and XOR-swizzled in shared
     memory (the cp.async destinations and the ldmatrix rows must agree): the smallest such dim,
     a ragged last tile and 8-key pages (a tile from two pages)."""
-    assert 64 in kernel.SWIZZLE_DIMS
+    assert 64 in layout.SWIZZLE_DIMS
     case = Case(rng, batch=1, seq_lens=[27], block_size=8, nheads=2, nheads_k=1,
                 headdim=64, dtype="bfloat16")
     case.check(num_splits=1)
@@ -301,6 +303,21 @@ def test_short_jobs_take_small_blocks():
     assert not plan_mod.short_jobs_take_small_blocks(256, 512, 264)
     assert not plan_mod.short_jobs_take_small_blocks(4096, 512, 264)
     assert not plan_mod.short_jobs_take_small_blocks(1024, 4096, 264)
+
+
+def test_kernel_parameters_follow_one_list():
+    """The kernel's parameters, its numba signature and its launch arguments all follow
+    ``PARAMS``: a kernel whose Python parameters differ from it is refused when built."""
+    fn = kernel._decode_kernel_fn(16, False, False, True, 2, 2, False, 0)
+    assert tuple(inspect.signature(fn).parameters) == kernel.DecodeArgs._fields
+    assert len(kernel.SIGNATURE) == len(kernel.PARAMS) == len(kernel.DecodeArgs._fields)
+    assert kernel.ARRAY_PARAMS == fast._POINTERS
+
+    def drifted(q, kc, vc):
+        pass
+
+    with pytest.raises(TypeError, match="differ from PARAMS"):
+        kernel._check_params(drifted)
 
 
 def test_lse_natural_log_scale(rng):

@@ -22,6 +22,13 @@ from .._arrays import Buffer, kernel_buffer, stream_handle, torch_current_stream
 from .._checks import tensor
 from .._env import SIMULATOR, cuda
 from .._launch import PreparedLaunch, collecting
+from ._paged_decode_kernel import ARRAY_PARAMS
+
+#: The kernel's array parameters in the order ``_FastCall`` patches their pointers.
+_POINTERS = ("q", "kc", "vc", "bt", "sl", "out", "lse", "part_o", "part_lse", "tickets")
+if _POINTERS != ARRAY_PARAMS:
+    raise ImportError(f"_paged_decode_fast patches pointers {_POINTERS}, the kernel's arrays are "
+                      f"{ARRAY_PARAMS}")
 
 #: Signatures kept (first come, first kept).
 _FAST_MAX = 256

@@ -22,8 +22,9 @@ import functools
 from .. import _recording, compile_check
 from .._env import SIMULATOR
 from .._launch import sm_count
-from ._paged_decode_kernel import (L2_PREFETCH, Q_IN_SHARED_FROM, TILE, _decode_kernel,
-                                   _decode_kernel_fn, _DECODE_SIGNATURE, shared_bytes)
+from ._paged_decode_copy import L2_PREFETCH
+from ._paged_decode_kernel import SIGNATURE, _decode_kernel, _decode_kernel_fn
+from ._paged_decode_layout import Q_IN_SHARED_FROM, TILE, shared_bytes
 
 #: ``(warps, stages)`` by head dimension. A stage of a warp is K + V of 16 keys, 16 x D (D + 8
 #: outside SWIZZLE_DIMS) x 2 x 2 B (8 KB at D 128); 8 warps x 2 stages is 128 KB a block at
@@ -162,7 +163,7 @@ _recording.on_clear(launch_plan.cache_clear)
 # ---- compile-only check -------------------------------------------------------------------
 
 def _compile_target(*config):
-    return lambda: (_decode_kernel_fn(*config), _DECODE_SIGNATURE)
+    return lambda: (_decode_kernel_fn(*config), SIGNATURE)
 
 
 # D 128 m8 bf16 is the benchmarked batch-1 / batch-32 decode (GQA 4 and MHA alike); "batch":

@@ -47,7 +47,8 @@ from .._overrides import Knobs
 from .._typing import ArrayLike, StreamLike
 from ._attention_common import LOG2E
 from ._paged_decode_fast import fast_key, remember, replay, workspace
-from ._paged_decode_kernel import _decode_kernel, shared_bytes
+from ._paged_decode_kernel import DecodeArgs, _decode_kernel
+from ._paged_decode_layout import shared_bytes
 from ._paged_decode_plan import MAX_SPLITS, launch_plan
 
 HALF_DTYPES = ("float16", "bfloat16")
@@ -257,14 +258,18 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
         tickets = _dummy(np.int32)
     lse_buf = kernel_buffer(tl) if return_lse else _dummy(np.float32)
     kernel = _decode_kernel(*config)
-    main = (blocks * num_splits, 32 * warps,
-            (kernel_buffer(tq), kernel_buffer(tk), kernel_buffer(tv), kernel_buffer(tbt),
-             kernel_buffer(tsl), kernel_buffer(to), lse_buf, po, pl, tickets,
-             sqb, sqt, sqh, sqd, *tk.strides[:3], *tv.strides[:3], *tbt.strides,
-             tsl.strides[0], sob, sot, soh, sod, slb, slh, slt,
-             q_len, nheads, nheads_k, group, rows_total, row_tiles, max_slots, num_blocks,
-             block_size.bit_length() - 1, left, num_splits, scale * LOG2E, int(return_lse)),
-            shared_bytes(headdim, warps, stages, q_smem))
+    sk, sv = tk.strides, tv.strides
+    args = DecodeArgs(
+        q=kernel_buffer(tq), kc=kernel_buffer(tk), vc=kernel_buffer(tv), bt=kernel_buffer(tbt),
+        sl=kernel_buffer(tsl), out=kernel_buffer(to), lse=lse_buf, part_o=po, part_lse=pl,
+        tickets=tickets, sqb=sqb, sqt=sqt, sqh=sqh, sqd=sqd, skb=sk[0], skt=sk[1], skh=sk[2],
+        svb=sv[0], svt=sv[1], svh=sv[2], sbtb=tbt.strides[0], sbts=tbt.strides[1],
+        ssl=tsl.strides[0], sob=sob, sot=sot, soh=soh, sod=sod, slb=slb, slh=slh, slt=slt,
+        q_len=q_len, nheads=nheads, nheads_k=nheads_k, group=group, rows_total=rows_total,
+        row_tiles=row_tiles, max_slots=max_slots, num_blocks=num_blocks,
+        bs_shift=block_size.bit_length() - 1, window_left=left, num_splits=num_splits,
+        scale_log2=scale * LOG2E, want_lse=int(return_lse))
+    main = (blocks * num_splits, 32 * warps, args, shared_bytes(headdim, warps, stages, q_smem))
     kernel(main[0], main[1], main[2], handle, main[3])
     if key is not None and not check_bounds:
         remember(key, kernel, main, out_given, tq, lse_shape if return_lse else None,
