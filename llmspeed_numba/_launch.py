@@ -243,7 +243,13 @@ class Kernel:
 
     def blocks_per_sm(self, threads, shared_bytes=0):
         """Blocks of ``threads`` threads (and ``shared_bytes`` dynamic shared memory) one SM
-        holds at once (the driver's occupancy calculator)."""
+        holds at once: the driver's occupancy calculator, on this kernel's registers and the
+        device's own limits (registers, shared memory, threads, blocks an SM). The one
+        occupancy model of the package; 1 under the simulator."""
+        if SIMULATOR:
+            return 1
+        if shared_bytes > self._shared_optin:  # above the default limit the query needs it too
+            self._opt_in_shared(shared_bytes)
         occupancy = self._core_kernel().occupancy
         return occupancy.max_active_blocks_per_multiprocessor(threads, shared_bytes)
 

@@ -566,6 +566,32 @@ def test_gpu_fast_path_repeat_calls(splits):
 
 
 @pytest.mark.gpu
+def test_gpu_resident_blocks_from_the_device_limits():
+    """The planner's blocks an SM (the driver's occupancy calculator) equal a count from the
+    device's own limits: registers (allocated 256 a warp), shared memory (with the per-block
+    reservation), threads and blocks an SM, for the configurations the planner takes."""
+    from numba import cuda
+
+    dev = cuda.get_current_device()
+    configs = [(dim, m16, page8, bf16, *table[dim], dim >= layout.Q_IN_SHARED_FROM,
+                plan_mod.L2_PREFETCH)
+               for dim, m16, page8, bf16 in ((128, False, False, True), (128, True, False, True),
+                                             (64, False, True, False), (256, False, False, True))
+               for table in (plan_mod.CONFIGS, plan_mod.BATCH_CONFIGS, plan_mod.SHORT_JOB_CONFIGS)
+               if dim in table]
+    for config in configs:
+        warps, stages, q_smem = config[4:7]
+        regs = kernel._decode_kernel(*config).resources()["registers"]
+        by_regs = dev.MAX_REGISTERS_PER_MULTIPROCESSOR // (-(-regs * 32 // 256) * 256 * warps)
+        smem = layout.shared_bytes(config[0], warps, stages, q_smem)
+        by_smem = dev.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR // (
+            smem + dev.RESERVED_SHARED_MEMORY_PER_BLOCK)
+        by_threads = dev.MAX_THREADS_PER_MULTIPROCESSOR // (32 * warps)
+        expected = min(by_regs, by_smem, by_threads, dev.MAX_BLOCKS_PER_MULTIPROCESSOR)
+        assert plan_mod.resident_blocks_per_sm(*config) == expected, config
+
+
+@pytest.mark.gpu
 def test_gpu_split_merge_and_graph_replay():
     """The split merge on the GPU; the kernel captured in a CUDA graph rewrites every output on
     each replay (its last blocks set the tickets back to 0)."""
