@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
+from llmspeed_numba import _workspace
 from llmspeed_numba._overrides import overrides
 from llmspeed_numba.ops import _paged_decode_fast as fast, _paged_decode_kernel as kernel
 from llmspeed_numba.ops import _paged_decode_layout as layout
@@ -122,8 +123,10 @@ def test_matches_reference(case, window):
 
 
 def _tickets_zero():
-    return all(ws.tickets is None or not np.asarray(to_host(ws.tickets)).any()
-               for ws in fast._WORKSPACES.values())
+    tickets = [buf for key, buf in _workspace._WORKSPACE.items()
+               if key[2] == "paged_decode_tickets"]
+    tickets += [buf for name, buf in _workspace._CAPTURED if name == "paged_decode_tickets"]
+    return all(not np.asarray(to_host(t)).any() for t in tickets)
 
 
 @settings(max_examples=2)

@@ -40,13 +40,14 @@ Tests and benchmark sweeps force a configuration through ``TUNING`` (scope ``pag
 import numpy as np
 
 from .. import _checks
-from .._arrays import Buffer, empty, host_ints, kernel_buffer, stream_handle
+from .._arrays import empty, host_ints, kernel_buffer, stream_handle
 from .._checks import boolean, output, same_dtype, shape, tensor
 from .._env import SIMULATOR
 from .._overrides import Knobs
 from .._typing import ArrayLike, StreamLike
+from .._workspace import unused
 from ._attention_common import LOG2E
-from ._paged_decode_fast import fast_key, remember, replay, workspace
+from ._paged_decode_fast import fast_key, remember, replay, split_workspace
 from ._paged_decode_kernel import DecodeArgs, _decode_kernel
 from ._paged_decode_layout import shared_bytes
 from ._paged_decode_plan import MAX_SPLITS, launch_plan
@@ -107,19 +108,6 @@ def check_tables(block_table, seq_lens, num_blocks, block_size, q_len=None):
             raise ValueError(f"block_table: expected page ids in [0, {num_blocks}) for the "
                              f"{used.size} pages sequence {b} uses, got block_table[{b}, {j}] = "
                              f"{int(used[j])}")
-
-
-_DUMMIES = {}
-
-
-def _dummy(dtype):
-    """A one-element buffer for a kernel parameter the launch does not use."""
-    if dtype not in _DUMMIES:
-        if SIMULATOR:
-            _DUMMIES[dtype] = np.zeros(1, dtype)
-        else:
-            _DUMMIES[dtype] = Buffer(0, 1, np.dtype(dtype))
-    return _DUMMIES[dtype]
 
 
 def _validate(q, k_cache, v_cache, block_table, seq_lens):
@@ -252,11 +240,11 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
     rows = batch * q_len * nheads
     work = (rows * num_splits * headdim, rows * num_splits, blocks)
     if split:
-        po, pl, tickets = workspace(tq, handle, *work)
+        po, pl, tickets = split_workspace(tq, handle, *work)
     else:
-        po = pl = _dummy(np.float32)
-        tickets = _dummy(np.int32)
-    lse_buf = kernel_buffer(tl) if return_lse else _dummy(np.float32)
+        po = pl = unused(tq, np.float32)
+        tickets = unused(tq, np.int32)
+    lse_buf = kernel_buffer(tl) if return_lse else unused(tq, np.float32)
     kernel = _decode_kernel(*config)
     sk, sv = tk.strides, tv.strides
     args = DecodeArgs(
