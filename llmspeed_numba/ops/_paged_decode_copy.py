@@ -18,7 +18,7 @@ from .._env import cuda
 from ._paged_decode_layout import TILE, ring_offset, ring_pitch
 
 #: L2 prefetch-size hint of the K/V copies (bytes, ``ptx.cp_async_16_l2``; 0: none). 128 was
-#: faster than none in every comparison on the H200; 256 was erratic.
+#: faster than none in every comparison on the H200; 256 was erratic (benchmarks/NOTES.md).
 L2_PREFETCH = 128
 
 
