@@ -40,7 +40,7 @@ def workspace(like, stream, name, size, dtype, own_in_graph=False):
     buf = _buffer(kind, device, stream, name, size, dtype, own_in_graph)
     if SIMULATOR:
         return buf
-    _recording.note_workspace(buf, device, name, size, dtype, kind)
+    _recording.note_workspace(buf, device, name, size, dtype, kind, own_in_graph)
     return Buffer(device_address(buf), buf.shape[0], np.dtype(dtype), buf)
 
 
@@ -54,7 +54,7 @@ def workspace_pointer(kind, device, stream, name, size, dtype):
 
 def own_in_graph_pointers(device, stream, specs):
     """Addresses of the torch ``own_in_graph`` workspaces ``specs`` (``(name, size, dtype)``
-    each) for a replayed call (paged decode's fast path): one capture check for them all."""
+    each) for a replayed call (``_replay``): one capture check for them all."""
     if _capturing(device, stream):
         bufs = [_own(device, stream, name, size, dtype) for name, size, dtype in specs]
     else:

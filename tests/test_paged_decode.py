@@ -15,7 +15,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from llmspeed_numba import _workspace
 from llmspeed_numba._overrides import overrides
-from llmspeed_numba.ops import _paged_decode_fast as fast, _paged_decode_kernel as kernel
+from llmspeed_numba.ops import _paged_decode_kernel as kernel
 from llmspeed_numba.ops import _paged_decode_layout as layout
 from llmspeed_numba.ops import _paged_decode_plan as plan_mod
 from llmspeed_numba.ops.paged_decode import paged_decode_attention
@@ -314,7 +314,6 @@ def test_kernel_parameters_follow_one_list():
     fn = kernel._decode_kernel_fn(16, False, False, True, 2, 2, False, 0)
     assert tuple(inspect.signature(fn).parameters) == kernel.DecodeArgs._fields
     assert len(kernel.SIGNATURE) == len(kernel.PARAMS) == len(kernel.DecodeArgs._fields)
-    assert kernel.ARRAY_PARAMS == fast._POINTERS
 
     def drifted(q, kc, vc):
         pass

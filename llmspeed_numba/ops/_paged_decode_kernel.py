@@ -78,8 +78,6 @@ PARAMS = (
 )
 #: A launch's arguments, by name (a tuple in parameter order).
 DecodeArgs = collections.namedtuple("DecodeArgs", [name for name, _ in PARAMS])
-#: The array parameters' names, in order (the launch fast path patches their pointers).
-ARRAY_PARAMS = tuple(name for name, ty in PARAMS if isinstance(ty, types.Array))
 SIGNATURE = tuple(ty for _, ty in PARAMS)
 
 
