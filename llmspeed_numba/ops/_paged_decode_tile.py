@@ -25,6 +25,21 @@ _ZERO_U32 = np.uint32(0)
 _F0 = np.float32(0.0)
 
 
+@cuda.jit(device=True, inline="always")
+def _mask_row(c0, lo, hi, a0, a1, b0, b1):
+    """A row's four scores of this lane (keys ``c0``, ``c0 + 1``, ``c0 + 8``, ``c0 + 9``),
+    -inf outside the row's keys ``[lo, hi]``."""
+    if c0 < lo or c0 > hi:
+        a0 = NEG_INF
+    if c0 + 1 < lo or c0 + 1 > hi:
+        a1 = NEG_INF
+    if c0 + 8 < lo or c0 + 8 > hi:
+        b0 = NEG_INF
+    if c0 + 9 < lo or c0 + 9 > hi:
+        b1 = NEG_INF
+    return a0, a1, b0, b1
+
+
 def q_registers_count(head_dim, m16, q_smem):
     """32-bit Q registers a lane keeps (1, unused, with the Q tile in shared memory)."""
     return 1 if q_smem else (4 if m16 else 2) * (head_dim // 16)
@@ -211,23 +226,9 @@ def tile_attention(head_dim, m16, is_bf16, q_smem):
             sb3 *= scale_log2
         if pos < full_lo or pos + TILE - 1 > full_hi:
             c0 = pos + 2 * t4
-            if c0 < lo_0 or c0 > hi_0:
-                sa0 = NEG_INF
-            if c0 + 1 < lo_0 or c0 + 1 > hi_0:
-                sa1 = NEG_INF
-            if c0 + 8 < lo_0 or c0 + 8 > hi_0:
-                sb0 = NEG_INF
-            if c0 + 9 < lo_0 or c0 + 9 > hi_0:
-                sb1 = NEG_INF
+            sa0, sa1, sb0, sb1 = _mask_row(c0, lo_0, hi_0, sa0, sa1, sb0, sb1)
             if m16:
-                if c0 < lo_1 or c0 > hi_1:
-                    sa2 = NEG_INF
-                if c0 + 1 < lo_1 or c0 + 1 > hi_1:
-                    sa3 = NEG_INF
-                if c0 + 8 < lo_1 or c0 + 8 > hi_1:
-                    sb2 = NEG_INF
-                if c0 + 9 < lo_1 or c0 + 9 > hi_1:
-                    sb3 = NEG_INF
+                sa2, sa3, sb2, sb3 = _mask_row(c0, lo_1, hi_1, sa2, sa3, sb2, sb3)
         # online softmax, row g (and g + 8)
         m_0, l_0, alpha_0, sa0, sa1, sb0, sb1 = softmax_step(m_0, l_0, sa0, sa1, sb0, sb1)
         alpha_1 = _F0
