@@ -11,9 +11,8 @@ SDPA, F.rms_norm, softmax...) timed the same way, written in the numba rows too;
 none, one bare ctypes ``cuLaunchKernelEx`` with its arguments ready (bench_launch's floor).
 ``--checked``: each op also timed with the repeated-call fast path off (``_replay.ENABLED``),
 every call through its checked path (validation, planning, packing), in rows whose variant ends
-in " checked": before and after, side by side in one CSV (paged_decode_attention keeps its own
-plan cache, outside ``_replay``: no checked row). ``--profile``: cProfile over 2000 calls of each
-op (torch kind), the top 15 functions by own time (us per op call) in
+in " checked": before and after, side by side in one CSV. ``--profile``: cProfile over 2000
+calls of each op (torch kind), the top 15 functions by own time (us per op call) in
 ``<results dir>/host_profile.txt``: where the time goes.
 
     python benchmarks/bench_host.py [--ops gemm,rms_norm] [--quick] [--checked] [--profile]

@@ -152,7 +152,7 @@ _RAW_STREAM = []
 
 def torch_current_stream(device_index=None):
     """Raw handle of torch's current stream on a device (default: the current one). The private
-    accessor is ~5x cheaper than ``torch.cuda.current_stream()`` (4.6 us on an H200 host); fall
+    accessor is ~5x cheaper than ``torch.cuda.current_stream()`` (NOTES, "Launch path"); fall
     back to the public one if a torch release drops it."""
     if not _RAW_STREAM:
         import torch
@@ -193,8 +193,8 @@ _NUMBA_TENSORS = weakref.WeakKeyDictionary()
 
 
 def _numba_device_array(obj):
-    """numba DeviceNDArray read directly. Reading one costs about 6 us (its pointer goes through
-    several properties), and a numba array never changes pointer, shape or dtype, so the
+    """numba DeviceNDArray read directly. Reading one is slow (its pointer goes through several
+    properties; NOTES, "Launch path"), and a numba array never changes pointer, shape or dtype, so the
     ``Tensor`` is remembered for as long as the array lives."""
     try:
         return _NUMBA_TENSORS[obj]

@@ -4,8 +4,8 @@ Every op launches through ``Kernel``: a ``@cuda.jit`` function compiled once per
 (cached on disk, ``cache=True``), whose function handle is kept and launched by one ctypes call of
 the driver's ``cuLaunchKernelEx`` (four pointer arguments: a per-thread ``CUlaunchConfig`` holds
 grid, block, shared bytes and stream) on a parameter block packed with one ``struct.pack_into``.
-numba's own dispatch (typing the arguments, wrapping foreign arrays) costs 21-65 us a call on an
-H200 host; the bare driver call from Python 5-7 us.
+numba's own dispatch (typing the arguments, wrapping foreign arrays) costs several times the bare
+driver call from Python (benchmarks/NOTES.md, "Launch path").
 
 Kernel parameters follow numba's ABI: a 1-D C-contiguous array parameter is seven 8-byte words
 (meminfo, parent, nitems, itemsize, data, shape[0], strides[0] in bytes); integers and floats are
@@ -243,7 +243,13 @@ class Kernel:
 
     def blocks_per_sm(self, threads, shared_bytes=0):
         """Blocks of ``threads`` threads (and ``shared_bytes`` dynamic shared memory) one SM
-        holds at once (the driver's occupancy calculator)."""
+        holds at once: the driver's occupancy calculator, on this kernel's registers and the
+        device's own limits (registers, shared memory, threads, blocks an SM). The one
+        occupancy model of the package; 1 under the simulator."""
+        if SIMULATOR:
+            return 1
+        if shared_bytes > self._shared_optin:  # above the default limit the query needs it too
+            self._opt_in_shared(shared_bytes)
         occupancy = self._core_kernel().occupancy
         return occupancy.max_active_blocks_per_multiprocessor(threads, shared_bytes)
 

@@ -58,7 +58,7 @@ class Recorder:
     def __init__(self):
         self.launches = []      # (kernel, grid, block, args, stream, shared_bytes)
         self.allocs = []        # (obj, kind, shape, dtype name, torch device or None)
-        self.workspaces = []    # (obj, device, name, size, numpy dtype, kind)
+        self.workspaces = []    # (obj, device, name, size, numpy dtype, kind, own_in_graph)
         self.persistent = []    # objects that live as long as the process (tables, dummies)
         self.overlaps = []      # (obj_a, obj_b, bytes_a, bytes_b) required disjoint
         self.rechecks = []      # (fn, objs)
@@ -76,10 +76,10 @@ def note_alloc(obj, kind, shape, dtype):
         rec.allocs.append((obj, kind, tuple(shape), dtype, device))
 
 
-def note_workspace(obj, device, name, size, dtype, kind):
+def note_workspace(obj, device, name, size, dtype, kind, own_in_graph=False):
     rec = getattr(_state, "recorder", None)
     if rec is not None:
-        rec.workspaces.append((obj, device, name, size, dtype, kind))
+        rec.workspaces.append((obj, device, name, size, dtype, kind, own_in_graph))
 
 
 def note_persistent(obj):

@@ -38,7 +38,7 @@ from ._env import SIMULATOR
 from ._launch import PreparedLaunch
 from ._recording import _ALL, Recorder, _state
 from ._recording import clear  # noqa: F401  (the public name of the reset)
-from ._workspace import workspace_pointer
+from ._workspace import own_in_graph_pointers, workspace_pointer
 
 #: ``LLMSPEED_NUMBA_REPLAY=0`` turns the fast path off (every call checked), for debugging and
 #: for timing the checked path (benchmarks/bench_host.py).
@@ -197,8 +197,8 @@ def _stream_of(source, arrays, stream):
 class Plan:
     """One signature's recorded work: allocations, workspaces, launches, result."""
 
-    __slots__ = ("name", "allocs", "workspaces", "launches", "result", "overlaps", "rechecks",
-                 "stream_source", "aliases")
+    __slots__ = ("name", "allocs", "workspaces", "own_specs", "launches", "result", "overlaps",
+                 "rechecks", "stream_source", "aliases")
 
     @classmethod
     def build(cls, name, rec, arrays, ptrs, stream, result):
@@ -254,6 +254,10 @@ class Plan:
         self.allocs = tuple((kind, shape, _torch_dtype(dtype) if kind == "torch" else dtype,
                              device) for _, kind, shape, dtype, device in rec.allocs)
         self.workspaces = tuple(w[1:] for w in rec.workspaces)
+        # torch workspaces of their own under graph capture: one capture check a replay
+        self.own_specs = tuple((name, size, dtype)
+                               for _, name, size, dtype, kind, own in self.workspaces
+                               if own and kind == "torch")
         # the result: None, one array, or a tuple of arrays / None
         def place(obj):
             if obj is None:
@@ -313,8 +317,14 @@ class Plan:
                 obj = _allocate(kind, shape, dtype, device)
                 made.append(obj)
                 bases.append(device_address(obj))
-            for device, name, size, dtype, kind in self.workspaces:
-                bases.append(workspace_pointer(kind, device, handle, name, size, dtype))
+            own = None
+            for device, name, size, dtype, kind, own_in_graph in self.workspaces:
+                if own_in_graph and kind == "torch":
+                    if own is None:
+                        own = iter(own_in_graph_pointers(device, handle, self.own_specs))
+                    bases.append(next(own))
+                else:
+                    bases.append(workspace_pointer(kind, device, handle, name, size, dtype))
         else:
             bases = ptrs
         for launch, sources in self.launches:

@@ -1,33 +1,46 @@
-"""Device workspaces kept per (device, stream, name): one runtime helper for every op.
+"""Device workspaces kept per (device, stream, name), and placeholder buffers: the one runtime
+helper every op takes its scratch memory from.
 
 Launches on one stream run in order, so they can share a scratch buffer as long as each kernel
 leaves it as it found it (zero, say). A workspace is made with torch when the caller's array is a
-torch tensor, so that a first call inside CUDA-graph capture allocates from the graph's pool and
+torch tensor, on the launch stream (torch's allocator then orders the memory's reuse after our
+kernels), so that a first call inside CUDA-graph capture allocates from the graph's pool and
 records the zeroing; with numba otherwise; a NumPy array under the simulator. A workspace that
-grows is replaced, and the old one kept alive: a captured CUDA graph may still point at it.
+grows is replaced (at least doubled), the old one kept alive: a captured CUDA graph may still
+point at it.
+
+CUDA graphs. A shared workspace is shared by every graph captured on its stream and by eager
+calls there. An op whose calls must not share (paged decode: a graph replayed concurrently
+with another, or from any state eager calls left) asks for ``own_in_graph``: then a call
+captured into a graph gets buffers of its own, made during the capture (their zeroing captured
+too, so each replay starts from zero), alive as long as the process; its eager workspace,
+never seen by a graph, is dropped when it grows.
 """
 
 import numpy as np
 
 from . import _recording
-from ._arrays import Buffer, device_address
+from ._arrays import Buffer, device_address, torch_current_stream
 from ._env import SIMULATOR, cuda
 
 _WORKSPACE: dict = {}
 _RETIRED: list = []  # replaced workspaces stay alive: a captured CUDA graph may still point at them
+_CAPTURED: list = []  # (name, buffer) of captured own_in_graph calls: graphs replay into them
+_UNUSED: dict = {}
 
 
-def workspace(like, stream, name, size, dtype):
+def workspace(like, stream, name, size, dtype, own_in_graph=False):
     """A device buffer of at least ``size`` elements of ``dtype``, zero when first made, one per
-    (device, ``stream``, ``name``); ``like`` is the call's input ``Tensor`` (its kind and device
-    decide how the buffer is made). Returns a ``Buffer`` (a NumPy array under the simulator)."""
+    (device, ``stream``, ``name``) (``own_in_graph``: one per captured call under CUDA-graph
+    capture, see above); ``like`` is the call's input ``Tensor`` (its kind and device decide
+    how the buffer is made). Returns a ``Buffer`` (a NumPy array under the simulator)."""
     device = 0 if SIMULATOR else (like.obj.device.index if like.kind == "torch"
                                   else cuda.get_current_device().id)
     kind = "torch" if like.kind == "torch" else "numba"
-    buf = _buffer(kind, device, stream, name, size, dtype)
+    buf = _buffer(kind, device, stream, name, size, dtype, own_in_graph)
     if SIMULATOR:
         return buf
-    _recording.note_workspace(buf, device, name, size, dtype, kind)
+    _recording.note_workspace(buf, device, name, size, dtype, kind, own_in_graph)
     return Buffer(device_address(buf), buf.shape[0], np.dtype(dtype), buf)
 
 
@@ -35,25 +48,84 @@ def workspace_pointer(kind, device, stream, name, size, dtype):
     """Address of ``workspace``'s buffer for a replayed call (``_replay``)."""
     buf = _WORKSPACE.get((device, stream, name))
     if buf is None or buf.shape[0] < size:
-        buf = _buffer(kind, device, stream, name, size, dtype)
+        buf = _buffer(kind, device, stream, name, size, dtype, False)
     return device_address(buf)
 
 
-def _buffer(kind, device, stream, name, size, dtype):
+def own_in_graph_pointers(device, stream, specs):
+    """Addresses of the torch ``own_in_graph`` workspaces ``specs`` (``(name, size, dtype)``
+    each) for a replayed call (``_replay``): one capture check for them all."""
+    if _capturing(device, stream):
+        bufs = [_own(device, stream, name, size, dtype) for name, size, dtype in specs]
+    else:
+        bufs = [_shared("torch", device, stream, name, size, dtype, True)
+                for name, size, dtype in specs]
+    return [device_address(b) for b in bufs]
+
+
+def unused(like, dtype):
+    """A one-element buffer for a kernel parameter the launch does not read (an absent operand,
+    a scalar given in place of an array): zero, one per (device, dtype), kept for the life of
+    the process."""
+    if SIMULATOR:
+        return np.zeros(1, dtype)
+    device = like.obj.device.index if like.kind == "torch" else cuda.get_current_device().id
+    key = (device, np.dtype(dtype).name)
+    buf = _UNUSED.get(key)
+    if buf is None:
+        buf = _UNUSED[key] = cuda.to_device(np.zeros(1, dtype))
+    _recording.note_persistent(buf)
+    return Buffer(device_address(buf), 1, np.dtype(dtype), buf)
+
+
+def _capturing(device, stream):
+    """Whether torch is capturing ``stream`` (a raw handle) into a CUDA graph."""
+    import torch
+
+    if stream == torch_current_stream(device):
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device)):
+        return torch.cuda.is_current_stream_capturing()
+
+
+def _make(kind, device, stream, n, dtype):
+    """A zero buffer of ``n`` elements, made on ``stream``."""
+    if SIMULATOR:
+        return np.zeros(n, dtype)
+    if kind == "numba":
+        buf = cuda.to_device(np.zeros(n, dtype))
+        cuda.synchronize()  # zero before any stream's kernel reads it (made rarely)
+        return buf
+    import torch
+
+    storage = {1: torch.uint8, 4: torch.int32, 8: torch.int64}[np.dtype(dtype).itemsize]
+    if stream == torch_current_stream(device):
+        return torch.zeros(n, dtype=storage, device=device)
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device)):
+        return torch.zeros(n, dtype=storage, device=device)
+
+
+def _own(device, stream, name, size, dtype):
+    """A captured call's own zero buffer (its zeroing captured into the graph)."""
+    buf = _make("torch", device, stream, max(size, 1), dtype)
+    _CAPTURED.append((name, buf))
+    return buf
+
+
+def _shared(kind, device, stream, name, size, dtype, own_in_graph):
     key = (device, stream, name)
     buf = _WORKSPACE.get(key)
     if buf is None or buf.shape[0] < size:
+        old = 0
         if buf is not None:
-            _RETIRED.append(buf)
-        n = max(size, 1024)
-        if SIMULATOR:
-            buf = np.zeros(n, dtype)
-        elif kind == "torch":
-            import torch
-
-            storage = {1: torch.uint8, 4: torch.int32, 8: torch.int64}[np.dtype(dtype).itemsize]
-            buf = torch.zeros(n, dtype=storage, device=device)
-        else:
-            buf = cuda.to_device(np.zeros(n, dtype))
-        _WORKSPACE[key] = buf
+            old = buf.shape[0]
+            if not own_in_graph:  # no graph points at an own_in_graph op's eager workspace
+                _RETIRED.append(buf)
+        buf = _WORKSPACE[key] = _make(kind, device, stream, max(size, 2 * old, 1024), dtype)
     return buf
+
+
+def _buffer(kind, device, stream, name, size, dtype, own_in_graph):
+    if own_in_graph and kind == "torch" and not SIMULATOR and _capturing(device, stream):
+        return _own(device, stream, name, size, dtype)
+    return _shared(kind, device, stream, name, size, dtype, own_in_graph)

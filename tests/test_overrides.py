@@ -7,7 +7,7 @@ import pytest
 from llmspeed_numba import _replay
 from llmspeed_numba._overrides import Knobs, known, overrides
 from llmspeed_numba._launch import sm_count
-from llmspeed_numba.ops import _paged_decode_fast, _rowwise, paged_decode
+from llmspeed_numba.ops import _paged_decode_plan, _rowwise, paged_decode
 from llmspeed_numba.ops import softmax as sm_mod
 
 
@@ -76,9 +76,9 @@ def test_a_scope_is_declared_with_one_set_of_knobs_and_names_checked():
 def test_entering_and_leaving_forget_recorded_plans():
     calls = _replay.OpCalls("test_overrides_op")
     calls.plans["key"] = object()
-    _paged_decode_fast._FAST["key"] = object()
+    _paged_decode_plan.launch_plan(1, 1, 4, 1, 16, 16, 2, "float16")
     with overrides(softmax={"splits": 2}):
-        assert not calls.plans and "key" not in _paged_decode_fast._FAST
+        assert not calls.plans and _paged_decode_plan.launch_plan.cache_info().currsize == 0
         calls.plans["inside"] = object()
-        _paged_decode_fast._FAST["inside"] = object()
-    assert not calls.plans and "inside" not in _paged_decode_fast._FAST
+        _paged_decode_plan.launch_plan(1, 1, 4, 1, 16, 16, 2, "float16")
+    assert not calls.plans and _paged_decode_plan.launch_plan.cache_info().currsize == 0

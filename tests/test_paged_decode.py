@@ -5,6 +5,7 @@ Simulator: tiny head dims (16, 32), a few 16-key tiles, two warps of two stages.
 real sizes, every block size 8..256, head dims 64 / 128 / 256, long sequences, many examples.
 """
 
+import inspect
 import math
 import zlib
 
@@ -12,8 +13,10 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
+from llmspeed_numba import _workspace
 from llmspeed_numba._overrides import overrides
-from llmspeed_numba.ops import _paged_decode_fast as fast, _paged_decode_kernel as kernel
+from llmspeed_numba.ops import _paged_decode_kernel as kernel
+from llmspeed_numba.ops import _paged_decode_layout as layout
 from llmspeed_numba.ops import _paged_decode_plan as plan_mod
 from llmspeed_numba.ops.paged_decode import paged_decode_attention
 from llmspeed_numba.ops.paged_kv_append import paged_kv_append
@@ -120,8 +123,10 @@ def test_matches_reference(case, window):
 
 
 def _tickets_zero():
-    return all(ws.tickets is None or not np.asarray(to_host(ws.tickets)).any()
-               for ws in fast._WORKSPACES.values())
+    tickets = [buf for key, buf in _workspace._WORKSPACE.items()
+               if key[2] == "paged_decode_tickets"]
+    tickets += [buf for name, buf in _workspace._CAPTURED if name == "paged_decode_tickets"]
+    return all(not np.asarray(to_host(t)).any() for t in tickets)
 
 
 @settings(max_examples=2)
@@ -202,7 +207,7 @@ def test_swizzled_rings(rng):
     """Head dims in ``SWIZZLE_DIMS`` keep their K/V rows unpadded and XOR-swizzled in shared
     memory (the cp.async destinations and the ldmatrix rows must agree): the smallest such dim,
     a ragged last tile and 8-key pages (a tile from two pages)."""
-    assert 64 in kernel.SWIZZLE_DIMS
+    assert 64 in layout.SWIZZLE_DIMS
     case = Case(rng, batch=1, seq_lens=[27], block_size=8, nheads=2, nheads_k=1,
                 headdim=64, dtype="bfloat16")
     case.check(num_splits=1)
@@ -301,6 +306,20 @@ def test_short_jobs_take_small_blocks():
     assert not plan_mod.short_jobs_take_small_blocks(256, 512, 264)
     assert not plan_mod.short_jobs_take_small_blocks(4096, 512, 264)
     assert not plan_mod.short_jobs_take_small_blocks(1024, 4096, 264)
+
+
+def test_kernel_parameters_follow_one_list():
+    """The kernel's parameters, its numba signature and its launch arguments all follow
+    ``PARAMS``: a kernel whose Python parameters differ from it is refused when built."""
+    fn = kernel._decode_kernel_fn(16, False, False, True, 2, 2, False, 0)
+    assert tuple(inspect.signature(fn).parameters) == kernel.DecodeArgs._fields
+    assert len(kernel.SIGNATURE) == len(kernel.PARAMS) == len(kernel.DecodeArgs._fields)
+
+    def drifted(q, kc, vc):
+        pass
+
+    with pytest.raises(TypeError, match="differ from PARAMS"):
+        kernel._check_params(drifted)
 
 
 def test_lse_natural_log_scale(rng):
@@ -546,6 +565,32 @@ def test_gpu_fast_path_repeat_calls(splits):
         assert isinstance(out, torch.Tensor) and out.shape == q.shape
         derived_check(f64(out), out64, plain, name="out")
         assert_close(f64(lse), lse64, atol=2e-4, rtol=2e-5, name="lse")
+
+
+@pytest.mark.gpu
+def test_gpu_resident_blocks_from_the_device_limits():
+    """The planner's blocks an SM (the driver's occupancy calculator) equal a count from the
+    device's own limits: registers (allocated 256 a warp), shared memory (with the per-block
+    reservation), threads and blocks an SM, for the configurations the planner takes."""
+    from numba import cuda
+
+    dev = cuda.get_current_device()
+    configs = [(dim, m16, page8, bf16, *table[dim], dim >= layout.Q_IN_SHARED_FROM,
+                plan_mod.L2_PREFETCH)
+               for dim, m16, page8, bf16 in ((128, False, False, True), (128, True, False, True),
+                                             (64, False, True, False), (256, False, False, True))
+               for table in (plan_mod.CONFIGS, plan_mod.BATCH_CONFIGS, plan_mod.SHORT_JOB_CONFIGS)
+               if dim in table]
+    for config in configs:
+        warps, stages, q_smem = config[4:7]
+        regs = kernel._decode_kernel(*config).resources()["registers"]
+        by_regs = dev.MAX_REGISTERS_PER_MULTIPROCESSOR // (-(-regs * 32 // 256) * 256 * warps)
+        smem = layout.shared_bytes(config[0], warps, stages, q_smem)
+        by_smem = dev.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR // (
+            smem + dev.RESERVED_SHARED_MEMORY_PER_BLOCK)
+        by_threads = dev.MAX_THREADS_PER_MULTIPROCESSOR // (32 * warps)
+        expected = min(by_regs, by_smem, by_threads, dev.MAX_BLOCKS_PER_MULTIPROCESSOR)
+        assert plan_mod.resident_blocks_per_sm(*config) == expected, config
 
 
 @pytest.mark.gpu

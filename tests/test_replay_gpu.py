@@ -158,6 +158,19 @@ def paged_prefill_case(rng, dt):
     return (q, k_cache, v_cache, table, cu, seq_lens, 5), {"causal": True, "out": out}
 
 
+def paged_decode_case(num_splits=None, return_lse=False, out=True):
+    def make(rng, dt):
+        table, _ = paged_tables(rng, 0)
+        seq_lens = ints(rng.integers(1, 65, 2))
+        q = rand(rng, dt, 2, 4, 64)
+        k_cache, v_cache = rand(rng, dt, 9, 16, 2, 64), rand(rng, dt, 9, 16, 2, 64)
+        kwargs = {"num_splits": num_splits, "return_lse": return_lse}
+        if out:
+            kwargs["out"] = nan(dt, 2, 4, 64)
+        return (q, k_cache, v_cache, table, seq_lens), kwargs
+    return make
+
+
 def sample_case(arrays=False):
     def make(rng, dt):
         logits = rand(rng, "float32", 4, 1000)
@@ -217,6 +230,11 @@ CASES = [  # (id, op, make, kind, dtype of the half-precision arrays)
     ("embedding allocating", lsn.embedding, embedding_case(np.int32, out=False), "torch", F16),
     ("paged_kv_append", lsn.paged_kv_append, paged_kv_append_case, "torch", BF16),
     ("paged_prefill_attention", lsn.paged_prefill_attention, paged_prefill_case, "torch", BF16),
+    ("paged_decode_attention", lsn.paged_decode_attention, paged_decode_case(), "torch", BF16),
+    ("paged_decode_attention split lse allocating", lsn.paged_decode_attention,
+     paged_decode_case(num_splits=3, return_lse=True, out=False), "torch", F16),
+    ("paged_decode_attention numba split", lsn.paged_decode_attention,
+     paged_decode_case(num_splits=2), "numba", BF16),
     ("sample", lsn.sample, sample_case(), "torch", BF16),
     ("sample per-row arrays", lsn.sample, sample_case(arrays=True), "torch", BF16),
     ("warp_tile_matmul", warp_tile_matmul, warp_tile_case(), "torch", F16),

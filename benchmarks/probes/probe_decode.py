@@ -84,8 +84,8 @@ def main(argv=None):
                     help="time this copy of the op module instead (A/B against a revision, "
                          "e.g. git show REV:llmspeed_numba/ops/paged_decode.py saved as "
                          "llmspeed_numba/ops/_paged_decode_rev.py; from the module split on, "
-                         "REV's _paged_decode_kernel.py and _paged_decode_plan.py copied beside "
-                         "it too, and its imports pointed at the copies)")
+                         "REV's other _paged_decode_*.py modules copied beside it too, and the "
+                         "imports pointed at the copies)")
     ap.add_argument("--variants", default=None,
                     help="comma-separated variants run on every shape instead of PLAN's")
     args = ap.parse_args(argv)

@@ -22,8 +22,9 @@ import functools
 from .. import _recording, compile_check
 from .._env import SIMULATOR
 from .._launch import sm_count
-from ._paged_decode_kernel import (L2_PREFETCH, Q_IN_SHARED_FROM, TILE, _decode_kernel,
-                                   _decode_kernel_fn, _DECODE_SIGNATURE, shared_bytes)
+from ._paged_decode_copy import L2_PREFETCH
+from ._paged_decode_kernel import SIGNATURE, _decode_kernel, _decode_kernel_fn
+from ._paged_decode_layout import Q_IN_SHARED_FROM, TILE, shared_bytes
 
 #: ``(warps, stages)`` by head dimension. A stage of a warp is K + V of 16 keys, 16 x D (D + 8
 #: outside SWIZZLE_DIMS) x 2 x 2 B (8 KB at D 128); 8 warps x 2 stages is 128 KB a block at
@@ -61,25 +62,12 @@ BLOCK_OVERHEAD_KEYS = 128
 FOLDED_MERGE_KEYS = 256
 FOLDED_MERGE_KEYS_PER_SPLIT = 1
 
-#: Per-SM limits of sm_90 (Hopper), from which ``resident_blocks_per_sm`` counts.
-_SM_REGISTERS = 65536
-_SM_SHARED = 233472      # bytes per SM on sm_90 (228 KB)
-_SM_THREADS = 2048
-_SM_BLOCKS = 32
-
-
 @functools.lru_cache(maxsize=None)
 def resident_blocks_per_sm(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch):
-    """Blocks of the decode kernel one SM holds at once (registers, shared memory, threads)."""
-    if SIMULATOR:
-        return 1
+    """Blocks of the decode kernel one SM holds at once (``Kernel.blocks_per_sm``: the driver's
+    occupancy calculator on the device's limits; compiles the kernel)."""
     kernel = _decode_kernel(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch)
-    regs = max(kernel.resources()["registers"], 1)
-    warp_regs = -(-regs * 32 // 256) * 256
-    by_regs = _SM_REGISTERS // (warp_regs * warps)
-    by_smem = _SM_SHARED // (shared_bytes(head_dim, warps, stages, q_smem) + 1024)
-    by_threads = _SM_THREADS // (32 * warps)
-    return max(1, min(by_regs, by_smem, by_threads, _SM_BLOCKS))
+    return max(1, kernel.blocks_per_sm(32 * warps, shared_bytes(head_dim, warps, stages, q_smem)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -162,7 +150,7 @@ _recording.on_clear(launch_plan.cache_clear)
 # ---- compile-only check -------------------------------------------------------------------
 
 def _compile_target(*config):
-    return lambda: (_decode_kernel_fn(*config), _DECODE_SIGNATURE)
+    return lambda: (_decode_kernel_fn(*config), SIGNATURE)
 
 
 # D 128 m8 bf16 is the benchmarked batch-1 / batch-32 decode (GQA 4 and MHA alike); "batch":

@@ -32,6 +32,7 @@ from .._arrays import STORAGE
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
 from ._epilogue import epilogue, loader
+from ._last_block import last_block
 
 #: 2^23 as float bits: OR-ing a code into the mantissa makes the float 2^23 + code.
 _MAGIC = np.uint32(0x4B000000)
@@ -259,15 +260,7 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
             for m in range(m_block):
                 if m < M:
                     work[(cuda.blockIdx.y * M + m) * N + n] = acc[m]
-        cuda.threadfence()  # release: this thread's partials are visible before the ticket
-        cuda.syncthreads()
-        last = 0
-        if t == 0:
-            if cuda.atomic.add(counters, cuda.blockIdx.x, np.int32(1)) == splits - 1:
-                last = 1
-                counters[cuda.blockIdx.x] = 0  # every split has drawn: zero for the next launch
-            cuda.threadfence()  # acquire: the other splits' partials, fenced before their tickets
-        if cuda.syncthreads_or(last) == 0 or not live:
+        if last_block(counters, cuda.blockIdx.x, 1, splits) == 0 or not live:
             return
         vals = cuda.local.array(REDUCE_UNROLL, np.float32)
         for m in range(m_block):

@@ -16,6 +16,7 @@ from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit
 from . import _rowwise as rw
 from . import _split_rows as rs
+from ._last_block import draw_ticket
 
 #: Nanoseconds a waiting block sleeps between polls.
 SPIN_SLEEP_NS = 128
@@ -398,11 +399,9 @@ def one_kernel_fn(x_kind, o_kind, vec, tpr, cpt, unroll, polls):
         row_z = _F0
         for j in range(splits):
             row_m, row_z = _merge(row_m, row_z, part_m[j], part_z[j], scale)
-        if splits > 1 and t == 0 and (cuda.atomic.add(counts, 2 * row + 1, np.uint32(1))
-                                      == np.uint32(splits - 1)):
+        if splits > 1 and t == 0 and draw_ticket(counts, 2 * row + 1, np.uint32(splits - 1)):
             # the last block to leave: every block has arrived and read the partials
             cuda.atomic.exch(counts, 2 * row, np.uint32(0))
-            cuda.atomic.exch(counts, 2 * row + 1, np.uint32(0))
         inv = _F1 / row_z
         write_span(x, out, xo, oo, c_begin, c_end, row_m, inv, scale, words, a)
         write_tail(x, out, xo, oo, s == splits - 1, cols, row_m, inv, scale, w1, a)

@@ -29,13 +29,12 @@ BLOCKS_PER_SM = 4
 MIN_CHUNKS_PER_THREAD = 4
 #: Most blocks per row (softmax merges their partials through shared memory).
 MAX_SPLITS = 256
-#: Blocks that fit on the "GPU" at once under the simulator (which runs blocks one by one).
-SIM_RESIDENT_BLOCKS = 64
-
 #: The settings above that the planners read, overridable; ``resident_blocks``: blocks of a split
-#: kernel the GPU holds at once (None: the occupancy of the compiled kernel, ``resident_blocks``).
+#: kernel the GPU holds at once (None: the occupancy of the compiled kernel, ``resident_blocks``;
+#: under the simulator, which runs blocks one by one, 64).
 TUNING = Knobs("split_rows", split_threads=SPLIT_THREADS, blocks_per_sm=BLOCKS_PER_SM,
-               min_chunks_per_thread=MIN_CHUNKS_PER_THREAD, resident_blocks=None)
+               min_chunks_per_thread=MIN_CHUNKS_PER_THREAD,
+               resident_blocks=64 if SIMULATOR else None)
 
 
 def prepare(x, name="x"):
@@ -65,8 +64,6 @@ def resident_blocks(kernel, threads):
     """Blocks of ``kernel`` (``threads`` each) the GPU holds at once: occupancy x SMs."""
     if TUNING.resident_blocks is not None:
         return TUNING.resident_blocks
-    if SIMULATOR:
-        return SIM_RESIDENT_BLOCKS
     if collecting():  # the occupancy query compiles: the kernel is chosen already, so guess
         return 2 * sm_count()
     key = (cuda.get_current_device().id, kernel.name, id(kernel), threads)

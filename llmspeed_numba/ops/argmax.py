@@ -31,6 +31,7 @@ from .._typing import ArrayLike, StreamLike
 from .._workspace import workspace
 from . import _rowwise as rw
 from . import _split_rows as rs
+from ._last_block import draw_ticket
 
 #: Split rows: blocks per SM at most. The scan is issue-bound, so a third block an SM only adds
 #: merge work (measurements: benchmarks/NOTES.md, "argmax split count").
@@ -173,10 +174,9 @@ def _argmax_kernel_fn(x_kind, vec, tpr, rpb, unroll, split):
             out[row] = np.int64(_U32_MAX - lo)
             return
         cuda.atomic.max(keys, row, (np.uint64(hi) << _U64_32) | np.uint64(lo))
-        cuda.threadfence()
-        if cuda.atomic.add(tickets, row, np.uint32(1)) == np.uint32(splits - 1):
+        cuda.threadfence()  # release: the key is merged before the ticket is drawn
+        if draw_ticket(tickets, row, np.uint32(splits - 1)):
             best = cuda.atomic.exch(keys, row, np.uint64(0))
-            tickets[row] = np.uint32(0)
             out[row] = np.int64(_U32_MAX - np.uint32(best & _U64_LOW))
 
     return argmax_kernel

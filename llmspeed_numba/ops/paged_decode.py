@@ -22,8 +22,8 @@ into the kernel). Plan (``_paged_decode_plan.py``): the block configuration and 
 (``num_splits=None``), from the shapes alone (no device-to-host read): the longest possible
 sequence is ``max_blocks_per_seq * block_size``, so pass a trimmed block_table
 (``PagedKVCache.tables`` does) whose width tracks the real lengths. Repeated call signatures
-with torch tensors launch through a recorded fast path, split partials live in per-stream
-workspaces (``_paged_decode_fast.py``).
+replay through ``_replay``; split partials and tickets are ``_workspace`` workspaces (their
+own for each call captured into a CUDA graph).
 
 Bounds (``check_bounds``): the kernel is memory-safe for any block_table / seq_lens contents
 (lengths are clamped to ``[0, max_blocks_per_seq * block_size]``, page ids to
@@ -40,14 +40,16 @@ Tests and benchmark sweeps force a configuration through ``TUNING`` (scope ``pag
 import numpy as np
 
 from .. import _checks
-from .._arrays import Buffer, empty, host_ints, kernel_buffer, stream_handle
+from .._arrays import empty, host_ints, kernel_buffer, stream_handle
 from .._checks import boolean, output, same_dtype, shape, tensor
 from .._env import SIMULATOR
 from .._overrides import Knobs
 from .._typing import ArrayLike, StreamLike
+from .._replay import MISS, OpCalls
+from .._workspace import unused, workspace
 from ._attention_common import LOG2E
-from ._paged_decode_fast import fast_key, remember, replay, workspace
-from ._paged_decode_kernel import _decode_kernel, shared_bytes
+from ._paged_decode_kernel import DecodeArgs, _decode_kernel
+from ._paged_decode_layout import shared_bytes
 from ._paged_decode_plan import MAX_SPLITS, launch_plan
 
 HALF_DTYPES = ("float16", "bfloat16")
@@ -56,6 +58,12 @@ BLOCK_SIZES = tuple(1 << s for s in range(3, 9))  # 8 .. 256
 
 #: ``tuning``: ``(warps, stages, q_smem[, l2_prefetch])`` forced (None: planned).
 TUNING = Knobs("paged_decode", tuning=None)
+
+#: A split launch's workspaces (``_workspace``, their own under CUDA-graph capture: a captured
+#: call shares partials and tickets with no other graph or eager call, and each replay starts
+#: from zero tickets): partial outputs, partial log2-sum-exps, tickets.
+_WORK = (("paged_decode_part_o", np.float32), ("paged_decode_part_lse", np.float32),
+         ("paged_decode_tickets", np.int32))
 
 
 # ---- checks ---------------------------------------------------------------------------------
@@ -108,19 +116,6 @@ def check_tables(block_table, seq_lens, num_blocks, block_size, q_len=None):
                              f"{int(used[j])}")
 
 
-_DUMMIES = {}
-
-
-def _dummy(dtype):
-    """A one-element buffer for a kernel parameter the launch does not use."""
-    if dtype not in _DUMMIES:
-        if SIMULATOR:
-            _DUMMIES[dtype] = np.zeros(1, dtype)
-        else:
-            _DUMMIES[dtype] = Buffer(0, 1, np.dtype(dtype))
-    return _DUMMIES[dtype]
-
-
 def _validate(q, k_cache, v_cache, block_table, seq_lens):
     tq = tensor(q, "q", ndim=(3, 4), dtypes=HALF_DTYPES)
     tk = tensor(k_cache, "k_cache", ndim=4)
@@ -161,6 +156,9 @@ def _validate(q, k_cache, v_cache, block_table, seq_lens):
 
 
 
+_PAGED_DECODE_ATTENTION_CALLS = OpCalls("paged_decode_attention")
+
+
 def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
                            block_table: ArrayLike, seq_lens: ArrayLike, *,
                            softmax_scale: float | None = None,
@@ -192,12 +190,20 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
     (shapes, strides, alignment, option values; with checks on, seq_lens / block_table
     contents), ``NotImplementedError`` (headdim, block_size, window_size[1] > 0).
     """
-    key = fast_key(q, k_cache, v_cache, block_table, seq_lens, out, softmax_scale, window_size,
-                   return_lse, stream, num_splits, check_bounds)
-    if key is not None:
-        result = replay(key, q, k_cache, v_cache, block_table, seq_lens, out, stream)
-        if result is not None:
-            return result
+    result = _PAGED_DECODE_ATTENTION_CALLS.replay(
+        (q, k_cache, v_cache, block_table, seq_lens, out),
+        (softmax_scale, window_size, return_lse, num_splits, check_bounds), stream)
+    if result is MISS:
+        result = _PAGED_DECODE_ATTENTION_CALLS.record(
+            _paged_decode_attention_checked, q, k_cache, v_cache, block_table, seq_lens,
+            softmax_scale, window_size, return_lse, out, stream, num_splits, check_bounds)
+    return result
+
+
+def _paged_decode_attention_checked(q, k_cache, v_cache, block_table, seq_lens, softmax_scale,
+                                    window_size, return_lse, out, stream, num_splits,
+                                    check_bounds):
+    """The checked path of ``paged_decode_attention`` (validation, planning, launch)."""
     tq, tk, tv, tbt, tsl = _validate(q, k_cache, v_cache, block_table, seq_lens)
     batch = tq.shape[0]
     nheads, headdim = tq.shape[-2], tq.shape[-1]
@@ -208,7 +214,6 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
     if check_bounds is not None:
         boolean("check_bounds", check_bounds)
     lse_shape = (batch, nheads, q_len) if tq.ndim == 4 else (batch, nheads)
-    out_given = out is not None
     to = output("out", out, tq.shape, tq.dtype, tq)
     if to is None:
         out = empty(tq, tq.shape, tq.dtype)
@@ -251,22 +256,24 @@ def paged_decode_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
     rows = batch * q_len * nheads
     work = (rows * num_splits * headdim, rows * num_splits, blocks)
     if split:
-        po, pl, tickets = workspace(tq, handle, *work)
+        po, pl, tickets = (workspace(tq, handle, name, n, dtype, own_in_graph=True)
+                           for (name, dtype), n in zip(_WORK, work, strict=True))
     else:
-        po = pl = _dummy(np.float32)
-        tickets = _dummy(np.int32)
-    lse_buf = kernel_buffer(tl) if return_lse else _dummy(np.float32)
+        po = pl = unused(tq, np.float32)
+        tickets = unused(tq, np.int32)
+    lse_buf = kernel_buffer(tl) if return_lse else unused(tq, np.float32)
     kernel = _decode_kernel(*config)
-    main = (blocks * num_splits, 32 * warps,
-            (kernel_buffer(tq), kernel_buffer(tk), kernel_buffer(tv), kernel_buffer(tbt),
-             kernel_buffer(tsl), kernel_buffer(to), lse_buf, po, pl, tickets,
-             sqb, sqt, sqh, sqd, *tk.strides[:3], *tv.strides[:3], *tbt.strides,
-             tsl.strides[0], sob, sot, soh, sod, slb, slh, slt,
-             q_len, nheads, nheads_k, group, rows_total, row_tiles, max_slots, num_blocks,
-             block_size.bit_length() - 1, left, num_splits, scale * LOG2E, int(return_lse)),
-            shared_bytes(headdim, warps, stages, q_smem))
-    kernel(main[0], main[1], main[2], handle, main[3])
-    if key is not None and not check_bounds:
-        remember(key, kernel, main, out_given, tq, lse_shape if return_lse else None,
-                 work if split else None)
+    sk, sv = tk.strides, tv.strides
+    args = DecodeArgs(
+        q=kernel_buffer(tq), kc=kernel_buffer(tk), vc=kernel_buffer(tv), bt=kernel_buffer(tbt),
+        sl=kernel_buffer(tsl), out=kernel_buffer(to), lse=lse_buf, part_o=po, part_lse=pl,
+        tickets=tickets, sqb=sqb, sqt=sqt, sqh=sqh, sqd=sqd, skb=sk[0], skt=sk[1], skh=sk[2],
+        svb=sv[0], svt=sv[1], svh=sv[2], sbtb=tbt.strides[0], sbts=tbt.strides[1],
+        ssl=tsl.strides[0], sob=sob, sot=sot, soh=soh, sod=sod, slb=slb, slh=slh, slt=slt,
+        q_len=q_len, nheads=nheads, nheads_k=nheads_k, group=group, rows_total=rows_total,
+        row_tiles=row_tiles, max_slots=max_slots, num_blocks=num_blocks,
+        bs_shift=block_size.bit_length() - 1, window_left=left, num_splits=num_splits,
+        scale_log2=scale * LOG2E, want_lse=int(return_lse))
+    kernel(blocks * num_splits, 32 * warps, args, handle,
+           shared_bytes(headdim, warps, stages, q_smem))
     return (out, lse) if return_lse else out

@@ -25,7 +25,7 @@ re-reads the row (from L2). Register-held rows are scheduled one of two ways (``
   adds and the sum of squares run on every chunk slot (dead slots hold zeros), since a load used
   only under a condition, or followed by a possibly aliasing store, is issued in series. Always
   taken with the residual (81 -> 97% of copy at hidden 14336).
-- ``"interleaved"`` (bd70184's kernel): each weight chunk is loaded beside its output store,
+- ``"interleaved"``: each weight chunk is loaded beside its output store,
   registers as compiled (50). Taken without the residual on rows of ``INTERLEAVED_MIN_THREADS``
   threads (512-thread blocks, two resident a SM either way), where it measured faster.
 """
@@ -50,9 +50,8 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 
 SCHEDULES = ("loads_first", "interleaved")
 #: Rows of at least this many threads (over 1024 chunks: halves over 8192 elements, fp32 over
-#: 4096) take "interleaved" without the residual. At 8192 x 14336 f16 "loads_first" ran 124 us
-#: (06b1a55), "interleaved" 117 us (bd70184, under a harness that timed unchanged kernels ~2 us
-#: slower); at 8192 x 4096 33 vs 37 us. probe_norms.py times both in one run.
+#: 4096) take "interleaved" without the residual: faster there, slower on narrower rows
+#: (benchmarks/NOTES.md, "Fused ops"; probe_norms.py times both in one run).
 INTERLEAVED_MIN_THREADS = 512
 #: ``schedule``: the schedule of register-held rows without the residual, None (picked by row
 #: width, ``_schedule``) or a name from ``SCHEDULES`` (forced: benchmarks/probes/probe_norms.py
@@ -136,8 +135,8 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, interl
                         rwords[v * wpc + i] = np.uint32(0)
             for v in range(cpt):
                 # loads_first: no condition here, since the compiler merges one with the load's
-                # and sinks the use of the first chunk before the other loads (bf16 at 06b1a55:
-                # two DRAM round trips a row, 141 vs 124 us f16 at 14336)
+                # and sinks the use of the first chunk before the other loads (two DRAM round
+                # trips a row: NOTES, "Fused ops")
                 if interleaved and not (live and v * tpr + t < chunks):
                     continue
                 unpack(words, v * wpc, a)

@@ -38,22 +38,23 @@ import math
 
 import numpy as np
 
-from .. import _recording
 from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import output, tensor
-from .._env import SIMULATOR, cuda
+from .._env import SIMULATOR
 from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
+from .._workspace import unused
 from . import _rowwise as rw
-from ._sample_kernel import (_K_ARRAY, _MINP_ARRAY, _P_ARRAY, _SEED_ARRAY, _T_ARRAY, BINS,
-                             DIGIT_BITS, _sample_kernel, threads_for)
+from . import _sample_kernel as sk
+from ._sample_kernel import (_K_ARRAY, _MINP_ARRAY, _P_ARRAY, _SEED_ARRAY, _T_ARRAY,
+                             _sample_kernel, threads_for)
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
-#: Under the simulator, whose cost is per Python operation, smaller histograms (the thresholds are
-#: exact for any sizes: they only trade histogram work against passes; tests run both).
-if SIMULATOR:
-    BINS, DIGIT_BITS = 64, 6
+#: Histogram bins and radix digit bits: the kernel's, or under the simulator, whose cost is per
+#: Python operation, smaller (the thresholds are exact for any sizes: they only trade histogram
+#: work against passes; tests run both).
+BINS, DIGIT_BITS = (64, 6) if SIMULATOR else (sk.BINS, sk.DIGIT_BITS)
 #: What the launcher reads, overridable (scope ``sample`` of ``_overrides.overrides``: tests run
 #: the GPU's histogram sizes under the simulator too).
 TUNING = Knobs("sample", bins=BINS, digit_bits=DIGIT_BITS)
@@ -63,22 +64,6 @@ MAX_VOCAB = 2**23
 
 # ---- host side ----------------------------------------------------------------------------------
 
-_DUMMIES = {}
-
-
-def _dummy(like, dtype):
-    """A one-element device array standing in for a parameter given as a scalar."""
-    if SIMULATOR:
-        return np.zeros(1, dtype)
-    device = like.obj.device.index if like.kind == "torch" else cuda.get_current_device().id
-    key = (device, np.dtype(dtype).name)
-    buf = _DUMMIES.get(key)
-    if buf is None:
-        buf = _DUMMIES[key] = cuda.to_device(np.zeros(1, dtype))
-    _recording.note_persistent(buf)  # kept for the life of the process
-    return kernel_buffer(tensor(buf, "dummy"))
-
-
 def _param(name, value, rows, dtype, like, kind_ok, check):
     """``(scalar, array buffer, is_array)`` of one parameter: a Python scalar (checked by
     ``check``) or a device array (rows,) of ``dtype``."""
@@ -87,7 +72,7 @@ def _param(name, value, rows, dtype, like, kind_ok, check):
                         f"got bool")
     if isinstance(value, kind_ok[0]):
         check(value)
-        return value, _dummy(like, dtype), False
+        return value, unused(like, dtype), False
     try:
         tv = tensor(value, name)
     except TypeError:

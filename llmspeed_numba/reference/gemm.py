@@ -65,9 +65,8 @@ def gemm_plain(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None,
 
     ``mma=True`` models a Tensor Core accumulator: each k-step adds its 16 (exact) products to
     the accumulator and the float32 result is truncated (rounded toward zero), not rounded to
-    nearest. The truncation is biased, so its error grows with K rather than with sqrt(K): an
-    H200 fp16 split-K result at K = 4096 was off by 6.9e-4 where the round-to-nearest model
-    was off by 2.5e-4."""
+    nearest. The truncation is biased, so its error grows with K rather than with sqrt(K), as the
+    GPU's results do (benchmarks/NOTES.md, "History moved out of the code")."""
     a32 = np.asarray(a, np.float32)
     b32 = np.asarray(b, np.float32)
     acc = np.zeros((a32.shape[0], b32.shape[1]), np.float32)

@@ -4,7 +4,7 @@ import numpy as np
 
 
 def ex2_approx(x):
-    # Python floats: np.errstate costs ~50 us a call, which dominated simulated softmax/sampling
+    # Python floats: an np.errstate a call dominated simulated softmax / sampling
     x = float(np.float32(x))
     if x >= 128.0:
         return np.float32(np.inf)
