@@ -25,6 +25,7 @@ import numpy as np
 from .. import ptx
 from .._env import cuda
 from ._activations_device import GATED_ACTIVATIONS, activation
+from ._last_block import last_block
 
 #: Gate (and up) columns per block of the interleaved gate / up operand: the width of one n8
 #: accumulator fragment (mma.sync m16n8k16's, and each 8-column block of a wgmma accumulator),
@@ -457,16 +458,8 @@ def split_tile_finish(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bi
         ws_vec = np.int32((N & 3) == 0)   # 16-byte rows (the workspace is 16-byte aligned)
         save_raw(tile, tid, m0, n0, M, N, ws, cuda.blockIdx.y * mn, N, 1, ws, 0, 0, ws, _ONE,
                  _ZERO, ws_vec)
-        cuda.threadfence()   # release: this block's sums are visible before its ticket
-        cuda.syncthreads()
         splits = cuda.gridDim.y
-        last = 0
-        if tid == 0:
-            if cuda.atomic.add(counters, cuda.blockIdx.x, np.int32(1)) == splits - 1:
-                last = 1
-                counters[cuda.blockIdx.x] = 0   # every split has drawn: zero for the next launch
-            cuda.threadfence()   # acquire: the other splits' sums, fenced before their tickets
-        if cuda.syncthreads_or(last) == 0:
+        if last_block(counters, cuda.blockIdx.x, 1, splits) == 0:
             return
         rows = min(block_m, M - m0)
         cols = min(block_n, N - n0)
