@@ -23,7 +23,9 @@ read by ``wgmma.mma_async``, two warpgroups, the large-problem default there), `
 rasterisation, fused epilogue: other GPUs, small problems and operands that are not 16-byte
 aligned), ``_gemm_simt`` (register blocked, double buffered). Shapes with few output tiles (decode-
 time M of 1-16, or small M x N with long K) split K across ``split_k`` blocks: each writes fp32
-partial sums to a workspace and ``_splitk_reduce_kernel`` adds them and applies the epilogue. The
+partial sums to a workspace; on Tensor Cores the last block of each tile adds them and applies
+the epilogue in the same launch (``_epilogue.split_tile_finish``), on SIMT a second kernel does
+(``_splitk_reduce_kernel``). The
 tile configuration (``gemm_configs.py``) comes from ``config=``, else from the autotune cache
 (``llmspeed_numba.autotune``), else from ``gemm_configs.heuristic``.
 """
@@ -44,7 +46,7 @@ from .._env import cuda
 from .._launch import Kernel, array1d, jit, sm_count
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
-from .._workspace import workspace
+from .._workspace import unused, workspace
 from .. import _tuning_cache
 from . import _gemm_simt, _gemm_tensor_core, _gemm_wgmma
 from ._activations_device import ACTIVATIONS, GATED_ACTIVATIONS
@@ -375,7 +377,7 @@ def _run(p, cfg):
         # Tensor Cores: a K split is finished in the same launch, by the last block of a tile
         partials = False
         split_finish = splits > 1
-        ws = counters = out_buf   # not read without a split
+        ws, counters = unused(p.ta, np.float32), unused(p.ta, np.int32)
         if split_finish:
             ws = splitk_partials(p.ta, p.stream, splits * p.M * p.N)
             counters = workspace(p.ta, p.stream, "gemm_split_tickets", tiles_m * tiles_n,

@@ -31,8 +31,10 @@ accumulators a thread, 254 registers without an epilogue) spills 8 bytes in the 
 which it still does for fp32 results (offline SASS; the wgmma tiles and the smaller mma.sync ones
 do not).
 ``beta * c`` is not supported with a gated activation. Split-K adds the fp32 partial sums first,
-so there the gated epilogue runs in the reduce kernel (``gated_reduce_kernel_fn``); so does the
-SIMT kernel's (its threads hold columns four apart, never a gate block and its up block).
+so there the gated epilogue runs after them: in the last block of each tile on Tensor Cores
+(``_epilogue.gated_raw_store``), in the reduce kernel (``gated_reduce_kernel_fn``) on SIMT, whose
+gated epilogue always runs there (its threads hold columns four apart, never a gate block and
+its up block).
 
 Weights stored as a Linear layer's (out_features, in_features) are interleaved along dim 0 and
 passed transposed:
