@@ -31,6 +31,7 @@ Usage in an op (the checked body moved to ``_op``):
 """
 
 import os
+from operator import itemgetter
 
 from . import _workspace
 from ._arrays import (Buffer, current_stream_reader, device_address, replay_key, stream_handle,
@@ -116,12 +117,14 @@ class OpCalls:
         except TypeError:  # an unhashable option: never recorded
             _state.pending = None
             return MISS
-        if plan is not None and plan.aliases and not all(
-                arrays[i] is arrays[j] for i, j in plan.aliases):
+        if plan is not None and plan.aliases:
             # recorded with one object in two argument positions (out=x): that plan reads and
             # writes through the first; a call with distinct objects has its own plan
-            key = (key, _aliases(arrays))
-            plan = self.plans.get(key)
+            for i, j in plan.aliases:
+                if arrays[i] is not arrays[j]:
+                    key = (key, _aliases(arrays))
+                    plan = self.plans.get(key)
+                    break
         if plan is None:
             _state.pending = (self, key, arrays, ptrs, stream)
             return MISS
@@ -129,7 +132,7 @@ class OpCalls:
             handle = _CURRENT_STREAM[0](parts[plan.torch_stream][3])
             for launch in plan.launches:
                 launch(ptrs, handle)
-            return arrays[plan.result_arg]
+            return plan.result_of(arrays)
         result = plan.run(arrays, ptrs, parts, stream)
         if result is MISS:
             _state.pending = None
@@ -215,7 +218,7 @@ class Plan:
     """
 
     __slots__ = ("name", "allocs", "workspaces", "own_specs", "own_device", "launches", "result",
-                 "result_arg", "overlaps", "rechecks", "stream_source", "torch_stream", "aliases",
+                 "result_of", "overlaps", "rechecks", "stream_source", "torch_stream", "aliases",
                  "workspace_memo", "plain")
 
     @classmethod
@@ -305,8 +308,8 @@ class Plan:
             if placed is None:
                 return None
             self.result = ("one", placed)
-        # the common result, one of the call's arrays (out=), returned without a lookup
-        self.result_arg = placed[1] if self.result[0] == "one" and placed[0] == "arg" else None
+        # a result made of the call's arrays and None (out=, in place): ``result_of(arrays)``
+        self.result_of = _result_of(self.result)
         self.overlaps = []
         for a, b, a_bytes, b_bytes in rec.overlaps:
             i, j = find(a, arrays), find(b, arrays)
@@ -319,10 +322,10 @@ class Plan:
             idx = tuple(find(o, arrays) for o in objs)
             if any(i is None for i in idx):
                 return None
-            rechecks.append((fn, idx))
+            rechecks.append((fn, idx[0] if len(idx) == 1 else idx))
         self.rechecks = tuple(rechecks)
         # what ``run`` does reduced to launches on torch's current stream, returning an argument
-        self.plain = (self.torch_stream is not None and self.result_arg is not None
+        self.plain = (self.torch_stream is not None and self.result_of is not None
                       and not (self.overlaps or self.rechecks or self.allocs or self.workspaces))
         return self
 
@@ -334,7 +337,10 @@ class Plan:
                     return MISS  # the checked path raises
         if self.rechecks:
             for fn, idx in self.rechecks:
-                fn(*[arrays[i] for i in idx])
+                if type(idx) is int:  # one array, the usual case
+                    fn(arrays[idx])
+                else:
+                    fn(*[arrays[i] for i in idx])
         if self.torch_stream is not None:
             handle = _CURRENT_STREAM[0](parts[self.torch_stream][3])
         else:
@@ -354,8 +360,8 @@ class Plan:
             bases = ptrs
         for launch in self.launches:
             launch(bases, handle)
-        if self.result_arg is not None:
-            return arrays[self.result_arg]
+        if self.result_of is not None:
+            return self.result_of(arrays)
         kind, placed = self.result
         if kind == "one":
             return _placed(placed, arrays, made)
@@ -379,6 +385,29 @@ class Plan:
         # a lookup may have made a workspace (a new stream): read the generation after it
         self.workspace_memo = (_workspace.GENERATION[0], handle, found)
         return found
+
+
+def _args_of(idx):
+    """``arrays -> tuple(arrays[i] for i in idx)``."""
+    if not idx:
+        return lambda arrays: ()
+    if len(idx) == 1:
+        i = idx[0]
+        return lambda arrays: (arrays[i],)
+    return itemgetter(*idx)
+
+
+def _result_of(result):
+    """``arrays -> result`` for a plan's ``result`` made only of the call's arrays and None,
+    else None (it holds fresh allocations: ``Plan.run`` places them)."""
+    kind, placed = result
+    if any(p[0] == "alloc" for p in (placed if kind == "tuple" else (placed,))):
+        return None
+    if kind == "one":
+        return itemgetter(placed[1]) if placed[0] == "arg" else (lambda arrays: None)
+    if all(p[0] == "arg" for p in placed):
+        return _args_of(tuple(p[1] for p in placed))
+    return lambda arrays: tuple(None if p[0] == "none" else arrays[p[1]] for p in placed)
 
 
 def _placed(p, arrays, made):

@@ -87,7 +87,7 @@ FAKE = _replay.OpCalls("fake")
 def fake_op(x, y=None, *, scale=1.0, out=None, table=None, check=None, sync=False, pair=False,
             stream=0):
     """"out = x * scale (+ y)": allocates ``out`` when not given; returns it, or ``(out, None)``
-    with ``pair``. ``table``: "persistent", "stray" or "ownerless" also hands the kernel such
+    with ``pair`` (None with ``pair="none"``). ``table``: "persistent", "stray" or "ownerless" also hands the kernel such
     memory, "null" a null pointer, "workspace" / "private" a ``_workspace`` (private: with
     ``own_in_graph``); ``check(x)``: a data check repeated on replays; ``sync``: reads device data on the host."""
     result = FAKE.replay((x, y, out), (scale, table, check, sync, pair), stream)
@@ -129,6 +129,8 @@ def _fake_checked(x, y, scale, out, table, check, sync, pair, stream):
                                          own_in_graph=table == "private"))
     _launch((-(-n // 32), 1, 1), (32, 1, 1), args + [n, scale], handle)
     _launch((1, 1, 1), (1, 1, 1), [_buffer(out)], handle)  # a second kernel: "the epilogue"
+    if pair == "none":  # an op working in place returns None
+        return None
     return (out, None) if pair else out
 
 
@@ -293,6 +295,12 @@ def test_results_map_to_the_calls_arrays_and_fresh_allocations():
     fake_op(vec(), out=vec(), pair=True)
     (out, none), _ = replayed(lambda: fake_op(vec(), out=out2, pair=True))
     assert out is out2 and none is None
+    fake_op(vec(), out=vec(), pair="none", stream=None)
+    result, _ = replayed(lambda: fake_op(vec(), out=out2, pair="none", stream=None))
+    assert result is None
+    fake_op(vec(), out=out2, stream=None)    # a plain plan: out= returned
+    result, _ = replayed(lambda: fake_op(vec(), out=out2, stream=None))
+    assert result is out2
 
 
 def test_persistent_memory_is_baked_in_and_memory_of_unknown_owner_is_not_recorded():
