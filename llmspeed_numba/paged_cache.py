@@ -98,6 +98,15 @@ class PageAllocator:
         """How many pages a sequence holds (``len(pages(seq_id))`` without the copy)."""
         return len(self._pages[self._check_id(seq_id)])
 
+    def most_pages(self, seq_ids: Sequence[int]) -> int:
+        """The most pages any of ``seq_ids`` holds (0 for none)."""
+        try:
+            return max(map(len, map(self._pages.__getitem__, seq_ids)), default=0)
+        except KeyError:
+            for i in seq_ids:
+                self._check_id(i)
+            raise
+
     def pages(self, seq_id: int) -> list[int]:
         """Page ids of a sequence, in order (a copy)."""
         return list(self._pages[self._check_id(seq_id)])
@@ -262,13 +271,7 @@ class PageAllocator:
         inputs); the written rows are returned.
         """
         ids = seq_ids if isinstance(seq_ids, list) else list(seq_ids)
-        pages = self._pages
-        try:
-            most = max([len(pages[i]) for i in ids] + [1, self.max_blocks_per_seq or 1])
-        except KeyError:
-            for i in ids:
-                self._check_id(i)
-            raise
+        most = max(self.most_pages(ids), 1, self.max_blocks_per_seq or 1)
         if width is None:
             width = most if out is None else out[0].shape[1]
         width = int(width)

@@ -78,6 +78,7 @@ def test_host_tables_equal_the_row_loop(block_size, max_blocks):
         seqs = [rng.choice(live) for _ in range(rng.randint(1, min(len(live) + 3, 80)))]
         most = max([alloc.num_pages(s) for s in seqs] + [1, max_blocks or 1])
         assert most == max([len(alloc.pages(s)) for s in seqs] + [1, max_blocks or 1])
+        assert alloc.most_pages(seqs) == max(len(alloc.pages(s)) for s in seqs)
         for width in (None, most, most + rng.randrange(1, 300)):
             lengths = None if rng.random() < 0.7 else [rng.randrange(0, 99) for _ in seqs]
             got = alloc.host_tables(iter(seqs) if step % 2 else seqs, lengths=lengths,
@@ -104,6 +105,9 @@ def test_host_tables_equal_the_row_loop(block_size, max_blocks):
     alloc.free(freed)
     with pytest.raises(KeyError, match="no live sequence"):
         alloc.host_tables(live + [freed])
+    with pytest.raises(KeyError, match="no live sequence"):
+        alloc.most_pages(live + [freed])
+    assert alloc.most_pages([]) == 0
     with pytest.raises(ValueError, match="width: expected at least"):
         alloc.host_tables(live, width=0)
     width = max(alloc.num_pages(s) for s in live) + 1

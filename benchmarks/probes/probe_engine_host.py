@@ -40,9 +40,9 @@ class InputsOnly(ModelRunner):
 
     def prepare(self, entries):
         seqs = [e.seq_id for e in entries]
-        width = self._width(max(self.cache.num_pages(s) for s in seqs))
-        key = (_bucket(len(entries), BATCH_BUCKETS), width)
         if STAGED:
+            width = self._width(self.cache.most_pages(seqs))
+            key = (_bucket(len(entries), BATCH_BUCKETS), width)
             from llmspeed_numba.models.decode_graph import StagedInputs
 
             inputs = self.inputs.get(key)
@@ -53,6 +53,8 @@ class InputsOnly(ModelRunner):
             inputs.copy()
             inputs.copied()
             return
+        width = self._width(max(self.cache.num_pages(s) for s in seqs))
+        key = (_bucket(len(entries), BATCH_BUCKETS), width)
         table, seq_lens = self.cache.host_tables(seqs, width=width)
         tokens = np.array([e.token_ids[0] for e in entries], np.int64)
         positions = np.array([e.start_position for e in entries], np.int32)
@@ -75,6 +77,9 @@ class InputsOnly(ModelRunner):
 
 
 def main():
+    # the copies stand in for DMAs: one thread (torch splits a copy of 32K+ elements among its
+    # threads, whose hand-offs on a busy 2-core machine cost milliseconds)
+    torch.set_num_threads(1)
     n = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 64
     allocator = PageAllocator(20000, 16)
     scheduler = Scheduler(allocator, max_num_seqs=256, max_num_batched_tokens=8192,
