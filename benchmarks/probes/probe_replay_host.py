@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import cProfile
 import ctypes
-import io
 import os
 import pstats
 import statistics
@@ -34,7 +33,6 @@ import sys
 import tempfile
 import time
 import types
-import weakref
 
 import numpy as np
 
@@ -48,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from llmspeed_numba import _arrays, _env, _launch, _recording, _replay  # noqa: E402
+from llmspeed_numba import _arrays, _env, _launch, _replay  # noqa: E402
 from llmspeed_numba import paged_cache  # noqa: E402
 
 # ---- the fake device --------------------------------------------------------------------------
@@ -182,24 +180,15 @@ def _bench_host():
     return bench_host
 
 
-class Arrays:
+def _arrays_class(bench_host):
     """bench_host's ``Arrays`` on the fake device: CPU torch tensors or fake numba arrays."""
+    class Arrays(bench_host.Arrays):
+        def put(self, host, dtype):
+            if self.torch:
+                return torch.from_numpy(np.ascontiguousarray(host)).to(getattr(torch, dtype))
+            return FakeDeviceArray(np.ascontiguousarray(host, _arrays.numpy_dtype(dtype)))
 
-    def __init__(self, kind):
-        self.kind, self.torch = kind, kind == "torch"
-        self.dtype = "bfloat16" if self.torch else "float16"
-        self.rng = np.random.default_rng(0)
-
-    def put(self, host, dtype):
-        if self.torch:
-            return torch.from_numpy(np.ascontiguousarray(host)).to(getattr(torch, dtype))
-        return FakeDeviceArray(np.ascontiguousarray(host, _arrays.numpy_dtype(dtype)))
-
-    def randn(self, *shape, dtype=None):
-        return self.put(self.rng.standard_normal(shape, np.float32), dtype or self.dtype)
-
-    def ints(self, values, dtype="int32"):
-        return self.put(np.asarray(values, np.int64), dtype)
+    return Arrays
 
 
 @contextlib.contextmanager
@@ -268,6 +257,7 @@ def main():
     args = parser.parse_args()
     install_fake_device()
     bench_host = _bench_host()
+    Arrays = _arrays_class(bench_host)
     ops = args.ops.split(",") if args.ops else bench_host.OPS
     s = types.SimpleNamespace(**bench_host.SHAPES)
     rows, profiles, failed = [], [], []
