@@ -7,7 +7,8 @@ write the same bits there and nothing else. The CUDA-graph decode's staged input
 (``StagedInputs``: one host buffer, one copy) hold, step after step as the batch grows and
 shrinks, exactly the padded arrays the runner used to copy one by one, on the host and, after the
 copy, on the device; and the engine decoding through them (``DecodeGraph`` without capture, off
-the GPU) samples the same tokens as the eager decode."""
+the GPU), with its inputs written in place or arriving as other arrays (a tensor-parallel
+worker's), samples the same tokens as the eager decode."""
 
 import random
 
@@ -247,11 +248,18 @@ def test_graph_decode_through_staged_inputs_samples_the_eager_tokens():
                 SamplingParams(max_tokens=2, temperature=1.0, top_k=5, seed=2),
                 SamplingParams(max_tokens=3, top_p=0.9, temperature=0.7, seed=3)]
     outs = []
-    for graphs in (False, True):
+    for graphs in (False, "staged", "copied"):
         llm = LLM(config, load_format="dummy", max_num_seqs=4, seed=0)
-        llm.runner.cuda_graphs = graphs
+        llm.runner.cuda_graphs = bool(graphs)
+        if graphs == "copied":  # inputs arriving as other arrays (a tensor-parallel worker's)
+            run_decode = llm.runner.run_decode
+            llm.runner.run_decode = lambda *args: run_decode(*_copies(args))
         outs.append([o.token_ids for o in llm.generate(prompts, sampling)])
         if graphs:
             assert {rows for rows, _ in llm.runner.graphs} == {1, 2, 4}
             assert all(g.graph is None for g in llm.runner.graphs.values())
-    assert outs[0] == outs[1] and [len(t) for t in outs[0]] == [4, 2, 3]
+    assert outs[0] == outs[1] == outs[2] and [len(t) for t in outs[0]] == [4, 2, 3]
+
+
+def _copies(x):
+    return tuple(_copies(v) for v in x) if isinstance(x, tuple) else np.array(x, copy=True)
