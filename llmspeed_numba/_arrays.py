@@ -150,21 +150,27 @@ def _torch_tensor(obj):
 _RAW_STREAM = []
 
 
-def torch_current_stream(device_index=None):
-    """Raw handle of torch's current stream on a device (default: the current one). The private
-    accessor is ~5x cheaper than ``torch.cuda.current_stream()`` (NOTES, "Launch path"); fall
-    back to the public one if a torch release drops it."""
+def current_stream_reader():
+    """A function ``device_index -> raw handle of torch's current stream on that device``: the
+    private accessor, ~5x cheaper than ``torch.cuda.current_stream()`` (NOTES, "Launch path"),
+    or the public one if a torch release drops it."""
     if not _RAW_STREAM:
         import torch
 
         _RAW_STREAM.append(getattr(torch._C, "_cuda_getCurrentRawStream", None))
-        _RAW_STREAM.append(torch._C._cuda_getDevice)
-    raw, current_device = _RAW_STREAM
-    if raw is not None:
-        return raw(current_device() if device_index is None else device_index)
-    import torch
+        _RAW_STREAM.append(getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device))
+    raw = _RAW_STREAM[0]
+    if raw is None:
+        import torch
 
-    return torch.cuda.current_stream(device_index).cuda_stream
+        return lambda device_index: torch.cuda.current_stream(device_index).cuda_stream
+    return raw
+
+
+def torch_current_stream(device_index=None):
+    """Raw handle of torch's current stream on a device (default: the current one)."""
+    read = current_stream_reader()
+    return read(_RAW_STREAM[1]() if device_index is None else device_index)
 
 
 def torch_tensor_type():
@@ -194,10 +200,11 @@ _NUMBA_TENSORS = weakref.WeakKeyDictionary()
 
 def _numba_device_array(obj):
     """numba DeviceNDArray read directly. Reading one is slow (its pointer goes through several
-    properties; NOTES, "Launch path"), and a numba array never changes pointer, shape or dtype, so the
-    ``Tensor`` is remembered for as long as the array lives."""
+    properties; NOTES, "Launch path"), and a numba array never changes pointer, shape or dtype, so
+    its layout is remembered for as long as the array lives (the remembered value must not hold
+    the array: a WeakKeyDictionary's value that does keeps its key alive for ever)."""
     try:
-        return _NUMBA_TENSORS[obj]
+        return Tensor(obj, "numba", *_NUMBA_TENSORS[obj])
     except (KeyError, TypeError):
         pass
     dtype = _dtype_name(obj.dtype)
@@ -206,15 +213,18 @@ def _numba_device_array(obj):
     itemsize = obj.dtype.itemsize
     ptr = obj.device_ctypes_pointer
     ptr = int(getattr(ptr, "value", ptr) or 0)
-    t = Tensor(obj, "numba", ptr, obj.shape, tuple(s // itemsize for s in obj.strides), dtype)
+    layout = (ptr, tuple(obj.shape), tuple(s // itemsize for s in obj.strides), dtype)
     try:
-        _NUMBA_TENSORS[obj] = t
+        _NUMBA_TENSORS[obj] = layout
     except TypeError:  # not weak-referenceable: read it every time
         pass
-    return t
+    return Tensor(obj, "numba", *layout)
 
 
-_REPLAY_KEYS = weakref.WeakKeyDictionary()
+#: id(numba array) -> (weak reference to it, its ``replay_key``): read once while the array
+#: lives (a numba array never changes pointer, shape or dtype). Keyed by id, checked through
+#: the reference: cheaper than a WeakKeyDictionary on the replay path.
+_REPLAY_KEYS: dict = {}
 
 
 class _SameObject:
@@ -234,22 +244,29 @@ class _SameObject:
         return id(self.obj)
 
 
+def _forget_replay_key(ident, ref):
+    entry = _REPLAY_KEYS.get(ident)
+    if entry is not None and entry[0] is ref:
+        del _REPLAY_KEYS[ident]
+
+
 def replay_key(x):
-    """``(layout key, data pointer)`` of a torch tensor or a numba device array, for an op's
-    launch replay path (``PreparedLaunch`` keyed on its call's layouts), or None for any other
-    kind (those take the checked path). The key holds everything an op's validation depends on
-    (kind, shape, strides, dtype, device) and no pointer: torch's is ``torch_signature``; a
-    numba array's is read once and remembered while the array lives (its layout never changes),
-    with its context standing for the device."""
+    """``(key part, data pointer)`` of a torch tensor or a numba device array, for an op's
+    launch replay path (``_replay``), or None for any other kind (those take the checked path).
+    The key part holds everything an op's validation depends on (kind, shape, strides, dtype,
+    device, and the low five bits of the address: alignment picks vector widths) and no more of
+    the pointer. A torch tensor's is ``(shape, stride(), dtype, get_device(), ptr & 31)`` (the
+    replay loop reads it inline); a numba array's is read once and remembered while the array
+    lives, with its context standing for the device."""
+    entry = _REPLAY_KEYS.get(id(x))
+    if entry is not None and entry[0]() is x:
+        return entry[1]
     if SIMULATOR:
         return None
     cls = type(x)
-    if cls is torch_tensor_type():  # torch_signature, inlined: this runs per array per call
-        return (x.shape, x.stride(), x.dtype, x.get_device()), x.data_ptr()
-    try:
-        return _REPLAY_KEYS[x]
-    except (KeyError, TypeError):
-        pass
+    if cls is torch_tensor_type():
+        p = x.data_ptr()
+        return (x.shape, x.stride(), x.dtype, x.get_device(), p & 31), p
     if not cls.__module__.startswith("numba") or not hasattr(x, "device_ctypes_pointer"):
         return None
     try:
@@ -257,11 +274,12 @@ def replay_key(x):
     except TypeError:  # unsupported dtype: the checked path raises, naming the argument
         return None
     context = _SameObject(getattr(getattr(x, "gpu_data", None), "context", None))
-    found = (("numba", t.shape, t.strides, t.dtype, context), t.ptr)
+    found = (("numba", t.shape, t.strides, t.dtype, context, t.ptr & 31), t.ptr)
     try:
-        _REPLAY_KEYS[x] = found
-    except TypeError:
-        pass
+        ref = weakref.ref(x, lambda r, i=id(x): _forget_replay_key(i, r))
+    except TypeError:  # not weak-referenceable: read every time
+        return found
+    _REPLAY_KEYS[id(x)] = (ref, found)
     return found
 
 

@@ -31,14 +31,16 @@ Usage in an op (the checked body moved to ``_op``):
 """
 
 import os
+from operator import itemgetter
 
-from ._arrays import (Buffer, device_address, replay_key, stream_handle, torch_current_stream,
+from . import _workspace
+from ._arrays import (Buffer, current_stream_reader, device_address, replay_key, stream_handle,
                       torch_tensor_type)
 from ._env import SIMULATOR
 from ._launch import PreparedLaunch
 from ._recording import _ALL, Recorder, _state
 from ._recording import clear  # noqa: F401  (the public name of the reset)
-from ._workspace import own_in_graph_pointers, workspace_pointer
+from ._workspace import capturing, own_in_graph_pointers, workspace_pointer
 
 #: ``LLMSPEED_NUMBA_REPLAY=0`` turns the fast path off (every call checked), for debugging and
 #: for timing the checked path (benchmarks/bench_host.py).
@@ -53,6 +55,8 @@ MAX_PLANS = 256
 
 _TORCH = []                  # [torch.Tensor, torch.empty] once torch is seen
 _TORCH_TENSOR = [None]       # torch.Tensor once seen: the hot loop's one-step type test
+#: [device index -> raw handle of torch's current stream there], set with ``_TORCH``
+_CURRENT_STREAM = [None]
 _SCALARS = (int, float, bool)
 
 
@@ -62,6 +66,7 @@ def _torch():
 
         _TORCH.extend((torch.Tensor, torch.empty))
         _TORCH_TENSOR[0] = torch.Tensor
+        _CURRENT_STREAM[0] = current_stream_reader()
     return _TORCH
 
 
@@ -81,45 +86,54 @@ class OpCalls:
         if not ENABLED or getattr(_state, "recorder", None) is not None:
             return MISS
         torch_type = _TORCH_TENSOR[0]
+        # one key part per array: a torch tensor's is ``replay_key``'s, read inline (this loop
+        # is most of a replay's Python); the pointers go to ``ptrs``
         parts = []
         ptrs = []
-        align = 0  # the low five bits of every address (vector widths and paths depend on them)
         for x in arrays:
-            if type(x) is torch_type:
+            cls = type(x)
+            if cls is torch_type:
                 p = x.data_ptr()
-                parts.append((x.shape, x.stride(), x.dtype, x.get_device()))
+                parts.append((x.shape, x.stride(), x.dtype, x.get_device(), p & 31))
+                ptrs.append(p)
             elif x is None:
-                p = 0
                 parts.append(None)
+                ptrs.append(0)
+            elif cls in _SCALARS:  # a parameter given as an array or a number
+                parts.append((cls, x))
+                ptrs.append(0)
             else:
-                if torch_type is None and type(x).__module__.startswith("torch"):
+                if torch_type is None and cls.__module__.startswith("torch"):
                     _torch()  # first torch call of the process: the fast test above from now on
                 found = replay_key(x)
-                if found is None:
-                    if type(x) not in _SCALARS:  # CuPy, foreign, host: the checked path
-                        _state.pending = None
-                        return MISS
-                    found = (type(x), x), 0  # a parameter given as an array or a number
+                if found is None:  # CuPy, foreign, host: the checked path
+                    _state.pending = None
+                    return MISS
                 parts.append(found[0])
-                p = found[1]
-            ptrs.append(p)
-            align = (align << 5) | (p & 31)
+                ptrs.append(found[1])
         try:
-            key = (*parts, *options, *map(type, options), stream is None, align)
+            key = (*parts, *options, *map(type, options), stream is None)
             plan = self.plans.get(key)
         except TypeError:  # an unhashable option: never recorded
             _state.pending = None
             return MISS
-        if plan is not None and plan.aliases and not all(
-                arrays[i] is arrays[j] for i, j in plan.aliases):
+        if plan is not None and plan.aliases:
             # recorded with one object in two argument positions (out=x): that plan reads and
             # writes through the first; a call with distinct objects has its own plan
-            key = (key, _aliases(arrays))
-            plan = self.plans.get(key)
+            for i, j in plan.aliases:
+                if arrays[i] is not arrays[j]:
+                    key = (key, _aliases(arrays))
+                    plan = self.plans.get(key)
+                    break
         if plan is None:
             _state.pending = (self, key, arrays, ptrs, stream)
             return MISS
-        result = plan.run(arrays, ptrs, stream)
+        if plan.plain:  # the common plan, inline: launches on torch's stream, out= returned
+            handle = _CURRENT_STREAM[0](parts[plan.torch_stream][3])
+            for launch in plan.launches:
+                launch(ptrs, handle)
+            return plan.result_of(arrays)
+        result = plan.run(arrays, ptrs, parts, stream)
         if result is MISS:
             _state.pending = None
         return result
@@ -185,20 +199,27 @@ def _stream_source(arrays, stream):
     return None if others else ("torch", first)
 
 
-def _stream_of(source, arrays, stream):
+def _stream_of(source, parts, stream):
+    """The stream handle of a call by its plan's ``_stream_source``; ``parts``: the call's key
+    parts (a torch tensor's holds its device index)."""
     kind, i = source
     if kind == "torch":
-        return torch_current_stream(arrays[i].get_device())
+        return _CURRENT_STREAM[0](parts[i][3])
     if kind == "given":
         return stream if type(stream) is int else stream_handle(stream)
     return 0
 
 
 class Plan:
-    """One signature's recorded work: allocations, workspaces, launches, result."""
+    """One signature's recorded work: allocations, workspaces, launches, result.
 
-    __slots__ = ("name", "allocs", "workspaces", "own_specs", "launches", "result", "overlaps",
-                 "rechecks", "stream_source", "aliases")
+    ``launches`` are ``PreparedLaunch.bind`` functions of the pointer sources ``bases``: the
+    call's arrays' pointers (``0 .. n-1``), then the fresh allocations', then the workspaces'.
+    """
+
+    __slots__ = ("name", "allocs", "workspaces", "own_specs", "own_device", "launches", "result",
+                 "result_of", "overlaps", "rechecks", "stream_source", "torch_stream", "aliases",
+                 "workspace_memo", "plain")
 
     @classmethod
     def build(cls, name, rec, arrays, ptrs, stream, result):
@@ -218,6 +239,8 @@ class Plan:
 
         def source(buf):
             owner = buf.owner
+            if owner is None:  # a null pointer (an unused parameter) is a constant; else stray
+                return (-1, 0) if buf.ptr == 0 else None
             i = find(owner, arrays)
             if i is None:
                 i = find(owner, alloc_objs)
@@ -238,7 +261,10 @@ class Plan:
         self.stream_source = _stream_source(arrays, stream)
         if self.stream_source is None:
             return None
-        handle = _stream_of(self.stream_source, arrays, stream)
+        kind, first = self.stream_source
+        self.torch_stream = first if kind == "torch" else None
+        handle = (_CURRENT_STREAM[0](arrays[first].get_device()) if kind == "torch"
+                  else _stream_of(self.stream_source, None, stream))
         for kernel, grid, block, args, launch_stream, shared in rec.launches:
             if launch_stream != handle:
                 return None  # launched somewhere a replay would not
@@ -249,8 +275,8 @@ class Plan:
                     if found is None:
                         return None
                     sources.append(found)
-            self.launches.append((PreparedLaunch(kernel, grid, block, args, shared),
-                                  tuple(sources)))
+            self.launches.append(PreparedLaunch(kernel, grid, block, args, shared).bind(sources))
+        self.launches = tuple(self.launches)
         self.allocs = tuple((kind, shape, _torch_dtype(dtype) if kind == "torch" else dtype,
                              device) for _, kind, shape, dtype, device in rec.allocs)
         self.workspaces = tuple(w[1:] for w in rec.workspaces)
@@ -258,6 +284,9 @@ class Plan:
         self.own_specs = tuple((name, size, dtype)
                                for _, name, size, dtype, kind, own in self.workspaces
                                if own and kind == "torch")
+        self.own_device = next((w[0] for w in self.workspaces if w[-1] and w[4] == "torch"),
+                               None)
+        self.workspace_memo = None
         # the result: None, one array, or a tuple of arrays / None
         def place(obj):
             if obj is None:
@@ -279,6 +308,8 @@ class Plan:
             if placed is None:
                 return None
             self.result = ("one", placed)
+        # a result made of the call's arrays and None (out=, in place): ``result_of(arrays)``
+        self.result_of = _result_of(self.result)
         self.overlaps = []
         for a, b, a_bytes, b_bytes in rec.overlaps:
             i, j = find(a, arrays), find(b, arrays)
@@ -291,11 +322,14 @@ class Plan:
             idx = tuple(find(o, arrays) for o in objs)
             if any(i is None for i in idx):
                 return None
-            rechecks.append((fn, idx))
+            rechecks.append((fn, idx[0] if len(idx) == 1 else idx))
         self.rechecks = tuple(rechecks)
+        # what ``run`` does reduced to launches on torch's current stream, returning an argument
+        self.plain = (self.torch_stream is not None and self.result_of is not None
+                      and not (self.overlaps or self.rechecks or self.allocs or self.workspaces))
         return self
 
-    def run(self, arrays, ptrs, stream):
+    def run(self, arrays, ptrs, parts, stream):
         if self.overlaps:
             for i, j, ei, ej in self.overlaps:
                 a, b = ptrs[i], ptrs[j]
@@ -303,36 +337,77 @@ class Plan:
                     return MISS  # the checked path raises
         if self.rechecks:
             for fn, idx in self.rechecks:
-                fn(*[arrays[i] for i in idx])
-        source, index = self.stream_source
-        if source == "torch":
-            handle = torch_current_stream(arrays[index].get_device())
+                if type(idx) is int:  # one array, the usual case
+                    fn(arrays[idx])
+                else:
+                    fn(*[arrays[i] for i in idx])
+        if self.torch_stream is not None:
+            handle = _CURRENT_STREAM[0](parts[self.torch_stream][3])
         else:
-            handle = _stream_of(self.stream_source, arrays, stream)
+            handle = _stream_of(self.stream_source, parts, stream)
         made = None
         if self.allocs or self.workspaces:
             bases = list(ptrs)
-            made = []
-            for kind, shape, dtype, device in self.allocs:
-                obj = _allocate(kind, shape, dtype, device)
-                made.append(obj)
-                bases.append(device_address(obj))
-            own = None
-            for device, name, size, dtype, kind, own_in_graph in self.workspaces:
-                if own_in_graph and kind == "torch":
-                    if own is None:
-                        own = iter(own_in_graph_pointers(device, handle, self.own_specs))
-                    bases.append(next(own))
-                else:
-                    bases.append(workspace_pointer(kind, device, handle, name, size, dtype))
+            if self.allocs:
+                made = []
+                for kind, shape, dtype, device in self.allocs:
+                    obj = _allocate(kind, shape, dtype, device)
+                    made.append(obj)
+                    bases.append(device_address(obj))
+            if self.workspaces:
+                bases += self._workspace_pointers(handle)
         else:
             bases = ptrs
-        for launch, sources in self.launches:
-            launch([(bases[i] if i >= 0 else 0) + off for i, off in sources], handle)
+        for launch in self.launches:
+            launch(bases, handle)
+        if self.result_of is not None:
+            return self.result_of(arrays)
         kind, placed = self.result
         if kind == "one":
-            return arrays[placed[1]] if placed[0] == "arg" else _placed(placed, arrays, made)
+            return _placed(placed, arrays, made)
         return tuple(_placed(p, arrays, made) for p in placed)
+
+    def _workspace_pointers(self, handle):
+        """The workspaces' addresses on stream ``handle``: looked up again only when another
+        stream is used or some workspace was made or replaced since the last lookup; under
+        graph capture, ``own_in_graph`` ones are the captured call's own (made now)."""
+        workspaces = self.workspaces
+        if self.own_specs and capturing(self.own_device, handle):
+            own = iter(own_in_graph_pointers(self.own_device, handle, self.own_specs))
+            return [next(own) if own_in_graph and kind == "torch"
+                    else workspace_pointer(kind, device, handle, name, size, dtype)
+                    for device, name, size, dtype, kind, own_in_graph in workspaces]
+        memo = self.workspace_memo
+        if memo is not None and memo[0] == _workspace.GENERATION[0] and memo[1] == handle:
+            return memo[2]
+        found = [workspace_pointer(kind, device, handle, name, size, dtype, own_in_graph)
+                 for device, name, size, dtype, kind, own_in_graph in workspaces]
+        # a lookup may have made a workspace (a new stream): read the generation after it
+        self.workspace_memo = (_workspace.GENERATION[0], handle, found)
+        return found
+
+
+def _args_of(idx):
+    """``arrays -> tuple(arrays[i] for i in idx)``."""
+    if not idx:
+        return lambda arrays: ()
+    if len(idx) == 1:
+        i = idx[0]
+        return lambda arrays: (arrays[i],)
+    return itemgetter(*idx)
+
+
+def _result_of(result):
+    """``arrays -> result`` for a plan's ``result`` made only of the call's arrays and None,
+    else None (it holds fresh allocations: ``Plan.run`` places them)."""
+    kind, placed = result
+    if any(p[0] == "alloc" for p in (placed if kind == "tuple" else (placed,))):
+        return None
+    if kind == "one":
+        return itemgetter(placed[1]) if placed[0] == "arg" else (lambda arrays: None)
+    if all(p[0] == "arg" for p in placed):
+        return _args_of(tuple(p[1] for p in placed))
+    return lambda arrays: tuple(None if p[0] == "none" else arrays[p[1]] for p in placed)
 
 
 def _placed(p, arrays, made):

@@ -27,6 +27,9 @@ _WORKSPACE: dict = {}
 _RETIRED: list = []  # replaced workspaces stay alive: a captured CUDA graph may still point at them
 _CAPTURED: list = []  # (name, buffer) of captured own_in_graph calls: graphs replay into them
 _UNUSED: dict = {}
+#: Bumped whenever a shared workspace is made or replaced: a replayed call may keep the addresses
+#: it looked up while this stays the same (``_replay``).
+GENERATION = [0]
 
 
 def workspace(like, stream, name, size, dtype, own_in_graph=False):
@@ -44,18 +47,19 @@ def workspace(like, stream, name, size, dtype, own_in_graph=False):
     return Buffer(device_address(buf), buf.shape[0], np.dtype(dtype), buf)
 
 
-def workspace_pointer(kind, device, stream, name, size, dtype):
-    """Address of ``workspace``'s buffer for a replayed call (``_replay``)."""
+def workspace_pointer(kind, device, stream, name, size, dtype, own_in_graph=False):
+    """Address of ``workspace``'s shared buffer for a replayed call (``_replay``; under capture,
+    an ``own_in_graph`` workspace comes from ``own_in_graph_pointers`` instead)."""
     buf = _WORKSPACE.get((device, stream, name))
     if buf is None or buf.shape[0] < size:
-        buf = _buffer(kind, device, stream, name, size, dtype, False)
+        buf = _shared(kind, device, stream, name, size, dtype, own_in_graph)
     return device_address(buf)
 
 
 def own_in_graph_pointers(device, stream, specs):
     """Addresses of the torch ``own_in_graph`` workspaces ``specs`` (``(name, size, dtype)``
     each) for a replayed call (``_replay``): one capture check for them all."""
-    if _capturing(device, stream):
+    if capturing(device, stream):
         bufs = [_own(device, stream, name, size, dtype) for name, size, dtype in specs]
     else:
         bufs = [_shared("torch", device, stream, name, size, dtype, True)
@@ -78,7 +82,7 @@ def unused(like, dtype):
     return Buffer(device_address(buf), 1, np.dtype(dtype), buf)
 
 
-def _capturing(device, stream):
+def capturing(device, stream):
     """Whether torch is capturing ``stream`` (a raw handle) into a CUDA graph."""
     import torch
 
@@ -122,10 +126,11 @@ def _shared(kind, device, stream, name, size, dtype, own_in_graph):
             if not own_in_graph:  # no graph points at an own_in_graph op's eager workspace
                 _RETIRED.append(buf)
         buf = _WORKSPACE[key] = _make(kind, device, stream, max(size, 2 * old, 1024), dtype)
+        GENERATION[0] += 1
     return buf
 
 
 def _buffer(kind, device, stream, name, size, dtype, own_in_graph):
-    if own_in_graph and kind == "torch" and not SIMULATOR and _capturing(device, stream):
+    if own_in_graph and kind == "torch" and not SIMULATOR and capturing(device, stream):
         return _own(device, stream, name, size, dtype)
     return _shared(kind, device, stream, name, size, dtype, own_in_graph)

@@ -98,6 +98,15 @@ class PageAllocator:
         """How many pages a sequence holds (``len(pages(seq_id))`` without the copy)."""
         return len(self._pages[self._check_id(seq_id)])
 
+    def most_pages(self, seq_ids: Sequence[int]) -> int:
+        """The most pages any of ``seq_ids`` holds (0 for none)."""
+        try:
+            return max(map(len, map(self._pages.__getitem__, seq_ids)), default=0)
+        except KeyError:
+            for i in seq_ids:
+                self._check_id(i)
+            raise
+
     def pages(self, seq_id: int) -> list[int]:
         """Page ids of a sequence, in order (a copy)."""
         return list(self._pages[self._check_id(seq_id)])
@@ -249,36 +258,58 @@ class PageAllocator:
 
     # ---- tables ----------------------------------------------------------------------------
     def host_tables(self, seq_ids: Iterable[int], *, lengths: Sequence[int] | None = None,
-                    width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    width: int | None = None,
+                    out: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
         """NumPy int32 ``(block_table, seq_lens)`` of ``seq_ids`` in that order (the batch).
 
         ``width`` (columns of block_table) defaults to the most pages any of them holds (at
-        least ``max_blocks_per_seq`` when set, and at least 1); unused slots hold ``NO_PAGE``.
-        ``lengths`` overrides the recorded lengths (``append`` passes the pre-append ones).
+        least ``max_blocks_per_seq`` when set, and at least 1), or to the width of ``out``'s
+        table; unused slots hold ``NO_PAGE``. ``lengths`` overrides the recorded lengths
+        (``append`` passes the pre-append ones). ``out``: int32 ``(table, lens)`` arrays of at
+        least as many rows as ``seq_ids`` to write the first rows of (a decode step's staged
+        inputs); the written rows are returned.
         """
         ids = seq_ids if isinstance(seq_ids, list) else list(seq_ids)
-        pages = self._pages
-        try:
-            most = max([len(pages[i]) for i in ids] + [1, self.max_blocks_per_seq or 1])
-        except KeyError:
-            for i in ids:
-                self._check_id(i)
-            raise
-        width = most if width is None else int(width)
+        most = max(self.most_pages(ids), 1, self.max_blocks_per_seq or 1)
+        if width is None:
+            width = most if out is None else out[0].shape[1]
+        width = int(width)
         if width < most:
             raise ValueError(f"width: expected at least {most} (the longest page list), got "
                              f"{width}")
         slot = self._slot
         rows = np.array([slot[i] for i in ids], np.intp)
         cap = self._rows.shape[1]
+        lens = [self._lengths[i] for i in ids] if lengths is None else lengths
+        if out is None:
+            if width <= cap:
+                table = self._rows[rows, :width]
+            else:
+                table = np.full((len(ids), width), NO_PAGE, np.int32)
+                table[:, :cap] = self._rows[rows]
+            return table, np.array(lens, np.int32)
+        table, lens_out = _check_out(out, len(ids), width)
         if width <= cap:
-            table = self._rows[rows, :width]
+            table[:] = self._rows[rows, :width]
         else:
-            table = np.full((len(ids), width), NO_PAGE, np.int32)
             table[:, :cap] = self._rows[rows]
-        lens = np.array([self._lengths[i] for i in ids] if lengths is None else lengths,
-                        np.int32)
-        return table, lens
+            table[:, cap:] = NO_PAGE
+        lens_out[:] = lens
+        return table, lens_out
+
+
+def _check_out(out, n, width):
+    """The first ``n`` rows of ``host_tables``'s ``out`` arrays, checked."""
+    table, lens = out
+    for name, a, shape in (("out[0]", table, (None, width)), ("out[1]", lens, (None,))):
+        if not isinstance(a, np.ndarray) or a.dtype != np.int32 or a.ndim != len(shape) or (
+                a.shape[0] < n) or a.shape[1:] != shape[1:]:
+            want = ", ".join("rows" if s is None else str(s) for s in shape)
+            got = (f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__)
+            raise ValueError(f"{name}: expected an int32 NumPy array of shape ({want}) with "
+                             f"rows >= {n}, got {got}")
+    return table[:n], lens[:n]
 
 
 class PagedKVCache(PageAllocator):

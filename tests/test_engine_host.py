@@ -2,18 +2,26 @@
 allocator's NumPy page rows) and ``ModelRunner._params`` (cached per-request sampling rows) equal
 the straightforward loops they replaced, bit for bit and dtype for dtype, on random page lists,
 widths and sampling parameters, with sequences that grow, are freed and have their pages and rows
-reused, and requests whose parameters or seeds change."""
+reused, and requests whose parameters or seeds change; written into given arrays (``out=``) they
+write the same bits there and nothing else. The CUDA-graph decode's staged inputs
+(``StagedInputs``: one host buffer, one copy) hold, step after step as the batch grows and
+shrinks, exactly the padded arrays the runner used to copy one by one, on the host and, after the
+copy, on the device; and the engine decoding through them (``DecodeGraph`` without capture, off
+the GPU), with its inputs written in place or arriving as other arrays (a tensor-parallel
+worker's), samples the same tokens as the eager decode."""
 
 import random
 
 import numpy as np
 import pytest
 
-from llmspeed_numba.engine.runner import ModelRunner, row_seed
+from llmspeed_numba.engine.runner import BATCH_BUCKETS, ModelRunner, _bucket, row_seed
 from llmspeed_numba.engine.sampling_params import SamplingParams
 from llmspeed_numba.engine.scheduler import BatchEntry, Request
-from llmspeed_numba.models.decode_graph import SAMPLING_PARAMS
+from llmspeed_numba.models.decode_graph import SAMPLING_PARAMS, StagedInputs
 from llmspeed_numba.paged_cache import NO_PAGE, OutOfPages, PageAllocator
+
+torch = pytest.importorskip("torch")
 
 
 def _reference_tables(alloc, seq_ids, lengths=None, width=None):
@@ -71,6 +79,7 @@ def test_host_tables_equal_the_row_loop(block_size, max_blocks):
         seqs = [rng.choice(live) for _ in range(rng.randint(1, min(len(live) + 3, 80)))]
         most = max([alloc.num_pages(s) for s in seqs] + [1, max_blocks or 1])
         assert most == max([len(alloc.pages(s)) for s in seqs] + [1, max_blocks or 1])
+        assert alloc.most_pages(seqs) == max(len(alloc.pages(s)) for s in seqs)
         for width in (None, most, most + rng.randrange(1, 300)):
             lengths = None if rng.random() < 0.7 else [rng.randrange(0, 99) for _ in seqs]
             got = alloc.host_tables(iter(seqs) if step % 2 else seqs, lengths=lengths,
@@ -79,6 +88,17 @@ def test_host_tables_equal_the_row_loop(block_size, max_blocks):
             for g, w in zip(got, want):
                 _same(g, w)
             got[0][:] = 12345  # the result is a copy: the allocator's rows are untouched
+            # into given arrays: the same bits in their first rows, the others untouched
+            extra = rng.randrange(0, 4)
+            out = (np.full((len(seqs) + extra, want[0].shape[1]), -7, np.int32),
+                   np.full(len(seqs) + extra, -7, np.int32))
+            written = alloc.host_tables(seqs, lengths=lengths,
+                                        width=None if width is None and rng.random() < 0.5
+                                        else want[0].shape[1], out=out)
+            for g, w, o in zip(written, want, out):
+                assert g.base is o or g is o
+                assert g.tobytes() == w.tobytes() and g.shape == w.shape
+                assert (o[len(seqs):] == -7).all()
     # many sequences over many pages: the allocator's table grew in both directions
     assert alloc._rows.shape[0] > 16 or alloc._rows.shape[1] > 16
     _same(alloc.host_tables([])[0], _reference_tables(alloc, [])[0])
@@ -86,8 +106,18 @@ def test_host_tables_equal_the_row_loop(block_size, max_blocks):
     alloc.free(freed)
     with pytest.raises(KeyError, match="no live sequence"):
         alloc.host_tables(live + [freed])
+    with pytest.raises(KeyError, match="no live sequence"):
+        alloc.most_pages(live + [freed])
+    assert alloc.most_pages([]) == 0
     with pytest.raises(ValueError, match="width: expected at least"):
         alloc.host_tables(live, width=0)
+    width = max(alloc.num_pages(s) for s in live) + 1
+    for bad, match in [((np.zeros((len(live) - 1, width), np.int32), np.zeros(99, np.int32)),
+                        r"out\[0\]: expected an int32 NumPy array of shape \(rows, \d+\)"),
+                       ((np.zeros((99, width), np.int64), np.zeros(99, np.int32)), r"out\[0\]"),
+                       ((np.zeros((99, width), np.int32), [0] * 99), r"out\[1\].*got list")]:
+        with pytest.raises(ValueError, match=match):
+            alloc.host_tables(live, width=width, out=bad)
 
 
 def _random_params(rng):
@@ -128,5 +158,108 @@ def test_params_equal_the_row_loop():
         assert len(got) == len(want) == len(SAMPLING_PARAMS)
         for g, w in zip(got, want):
             _same(g, w)
+        out = tuple(np.full(len(entries) + 3, 99, dtype) for _, dtype in SAMPLING_PARAMS)
+        assert ModelRunner._params(entries, out=out) is out
+        for o, w in zip(out, want):
+            assert o[:len(entries)].tobytes() == w.tobytes() and (o[len(entries):] == 99).all()
     assert all(r.sampling_row is not None for r in requests)
     assert "sampling_row" not in repr(requests[0])
+
+
+# ---- the CUDA-graph decode's staged inputs --------------------------------------------------
+
+class _Runner(ModelRunner):
+    """``ModelRunner``'s host side over ``alloc`` (no model)."""
+
+    def __init__(self, alloc, scratch_page):
+        self.cache, self.scratch_page, self.max_width = alloc, scratch_page, 1 << 20
+
+
+def _reference_decode_inputs(runner, entries):
+    """The graph decode's inputs as the runner built them before staging: each array made,
+    padded to the batch bucket by concatenation, then copied to the device one by one."""
+    alloc = runner.cache
+    seqs = [e.seq_id for e in entries]
+    longest = max(alloc.num_pages(s) for s in seqs)
+    table, seq_lens = _reference_tables(alloc, seqs, width=runner._width(longest))
+    tokens = np.array([e.token_ids[0] for e in entries], np.int64)
+    positions = np.array([e.start_position for e in entries], np.int32)
+    params = _reference_params(entries)
+    pad = _bucket(len(entries), BATCH_BUCKETS) - len(entries)
+    tokens = np.concatenate([tokens, np.zeros(pad, np.int64)])
+    positions = np.concatenate([positions, np.zeros(pad, np.int32)])
+    table = np.concatenate([table, np.full((pad, table.shape[1]), runner.scratch_page,
+                                           np.int32)])
+    seq_lens = np.concatenate([seq_lens, np.ones(pad, np.int32)])
+    params = tuple(np.concatenate([col, np.zeros(pad, col.dtype)]) for col in params)
+    return (tokens, positions, table, seq_lens) + params
+
+
+def test_staged_inputs_equal_the_padded_arrays_step_after_step():
+    rng = random.Random(7)
+    alloc = PageAllocator(2000, 4)
+    scratch = alloc.pages(alloc.add_sequence(1))[0]
+    runner = _Runner(alloc, scratch)
+    requests, staged = [], {}
+    for i in range(40):
+        request = Request(i, [rng.randrange(50000) for _ in range(rng.randrange(1, 30))],
+                          _random_params(rng))
+        request.sampling_seed = rng.randrange(2**62)
+        request.output_token_ids = [rng.randrange(50000) for _ in range(rng.randrange(0, 4))]
+        request.seq_id = alloc.add_sequence(request.num_tokens - 1)
+        requests.append(request)
+    names = ["token_ids", "positions", "table", "seq_lens"] + [n for n, _ in SAMPLING_PARAMS]
+    # batches that grow and shrink within a bucket, so padding rows are left stale and refilled
+    for size in [5, 8, 6, 3, 7, 1, 2, 2, 16, 9, 12, 3, 40, 33, 17, 40]:
+        batch = rng.sample(requests, size)
+        entries = [BatchEntry(r, r.seq_id, 1, r.num_tokens - 1) for r in batch]
+        want = _reference_decode_inputs(runner, entries)
+        rows, width = want[0].shape[0], want[2].shape[1]
+        inputs = staged.get((rows, width))
+        if inputs is None:
+            inputs = staged[rows, width] = StagedInputs(rows, width, sampling=True,
+                                                        device="cpu", pad_page=scratch)
+        runner._stage(entries, [e.seq_id for e in entries], inputs.writable())
+        host = (inputs.token_ids, inputs.positions, inputs.table, inputs.seq_lens) + inputs.params
+        for name, got, w in zip(names, host, want):
+            assert got.dtype == w.dtype and got.shape == w.shape, name
+            assert got.tobytes() == w.tobytes(), name
+        inputs.copy()
+        for name, w in zip(names, want):
+            device = inputs.on_device[name]
+            assert device.numpy().tobytes() == w.tobytes() and device.shape == w.shape, name
+        inputs.copied()
+        for r in batch:  # each request decoded one more token
+            r.output_token_ids.append(rng.randrange(50000))
+            alloc.extend([r.seq_id], 1)
+    assert len(staged) > 3
+
+
+def test_graph_decode_through_staged_inputs_samples_the_eager_tokens():
+    """The engine with its decode steps run through ``DecodeGraph`` (staged inputs, padded
+    batches; no capture off the GPU) draws the same tokens as the eager decode, with requests
+    finishing at different steps so the batch shrinks across buckets."""
+    from llmspeed_numba import LLM
+    from llmspeed_numba.models.random_model import preset_config
+
+    config = preset_config("tiny", num_hidden_layers=1, vocab_size=64, max_position_embeddings=64)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    sampling = [SamplingParams(max_tokens=4, temperature=0.8, seed=1),
+                SamplingParams(max_tokens=2, temperature=1.0, top_k=5, seed=2),
+                SamplingParams(max_tokens=3, top_p=0.9, temperature=0.7, seed=3)]
+    outs = []
+    for graphs in (False, "staged", "copied"):
+        llm = LLM(config, load_format="dummy", max_num_seqs=4, seed=0)
+        llm.runner.cuda_graphs = bool(graphs)
+        if graphs == "copied":  # inputs arriving as other arrays (a tensor-parallel worker's)
+            run_decode = llm.runner.run_decode
+            llm.runner.run_decode = lambda *args: run_decode(*_copies(args))
+        outs.append([o.token_ids for o in llm.generate(prompts, sampling)])
+        if graphs:
+            assert {rows for rows, _ in llm.runner.graphs} == {1, 2, 4}
+            assert all(g.graph is None for g in llm.runner.graphs.values())
+    assert outs[0] == outs[1] == outs[2] and [len(t) for t in outs[0]] == [4, 2, 3]
+
+
+def _copies(x):
+    return tuple(_copies(v) for v in x) if isinstance(x, tuple) else np.array(x, copy=True)

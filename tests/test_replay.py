@@ -9,6 +9,7 @@ set. Both paths log to ``LAUNCHES``, so a replay can be compared with what the c
 launches for the same arrays (``checked``).
 """
 
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -16,8 +17,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from llmspeed_numba import _checks, _recording, _replay
+from llmspeed_numba import _arrays, _checks, _recording, _replay, _workspace
 from llmspeed_numba._arrays import Buffer, Tensor
+from llmspeed_numba._launch import pointer_patch
 
 
 class Launch(NamedTuple):
@@ -31,7 +33,7 @@ class Launch(NamedTuple):
 
 LAUNCHES = []          # every launch of the fake op, by either path
 RUNS = []              # the x of every run of the checked path
-CURRENT_STREAM = [0]   # torch's "current stream" (``_replay.torch_current_stream`` patched)
+CURRENT_STREAM = [0]   # torch's "current stream" (``_replay._CURRENT_STREAM`` patched)
 TABLE = torch.arange(4, dtype=torch.float32)   # kept for the process: may be baked in
 STRAY = torch.zeros(4)                          # memory the recorder is not told about
 F32 = np.dtype(np.float32)
@@ -39,15 +41,29 @@ DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
 class FakeLaunch:
-    """``PreparedLaunch``'s interface: packed once, then called with each replay's pointers."""
+    """``PreparedLaunch``'s interface: packed once, then bound to each buffer's pointer source
+    and called with each replay's pointer bases. The pointers go through ``pointer_patch``, the
+    code a real bound launch runs, into a parameter block laid out as ``PreparedLaunch``'s (a
+    buffer's pointer is word 4 of its seven)."""
 
     def __init__(self, kernel, grid, block, args, shared):
         self.grid, self.block = grid, block
         self.scalars = [a for a in args if not isinstance(a, Buffer)]
+        self.recorded = [a.ptr for a in args if isinstance(a, Buffer)]
 
-    def __call__(self, pointers, stream):
-        LAUNCHES.append(Launch("replayed", self.grid, self.block, list(pointers), self.scalars,
-                               stream))
+    def bind(self, sources):
+        words = [7 * k + 4 for k in range(len(sources))]
+        patch = pointer_patch([(w, i, off) for w, (i, off) in zip(words, sources) if i >= 0])
+
+        def launch(bases, stream):
+            values = [None] * (7 * len(sources))
+            for w, ptr in zip(words, self.recorded):  # the template's recorded pointers
+                values[w] = ptr
+            patch(values, bases)
+            LAUNCHES.append(Launch("replayed", self.grid, self.block, [values[w] for w in words],
+                                   self.scalars, stream))
+
+        return launch
 
 
 class DeviceArray:
@@ -71,8 +87,9 @@ FAKE = _replay.OpCalls("fake")
 def fake_op(x, y=None, *, scale=1.0, out=None, table=None, check=None, sync=False, pair=False,
             stream=0):
     """"out = x * scale (+ y)": allocates ``out`` when not given; returns it, or ``(out, None)``
-    with ``pair``. ``table``: "persistent" or "stray" also hands the kernel such memory;
-    ``check(x)``: a data check repeated on replays; ``sync``: reads device data on the host."""
+    with ``pair`` (None with ``pair="none"``). ``table``: "persistent", "stray" or "ownerless" also hands the kernel such
+    memory, "null" a null pointer, "workspace" / "private" a ``_workspace`` (private: with
+    ``own_in_graph``); ``check(x)``: a data check repeated on replays; ``sync``: reads device data on the host."""
     result = FAKE.replay((x, y, out), (scale, table, check, sync, pair), stream)
     if result is _replay.MISS:
         result = FAKE.record(_fake_checked, x, y, scale, out, table, check, sync, pair, stream)
@@ -102,9 +119,18 @@ def _fake_checked(x, y, scale, out, table, check, sync, pair, stream):
         args.append(_buffer(TABLE))
     elif table == "stray":
         args.append(_buffer(STRAY))
+    elif table == "null":
+        args.append(Buffer(0, 1, F32))
+    elif table == "ownerless":
+        args.append(Buffer(STRAY.data_ptr(), 4, F32))
     handle = _stream(stream, x, y)
+    if table in ("workspace", "private"):
+        args.append(_workspace.workspace(_tensor(x), handle, "fake", n + 4, F32,
+                                         own_in_graph=table == "private"))
     _launch((-(-n // 32), 1, 1), (32, 1, 1), args + [n, scale], handle)
     _launch((1, 1, 1), (1, 1, 1), [_buffer(out)], handle)  # a second kernel: "the epilogue"
+    if pair == "none":  # an op working in place returns None
+        return None
     return (out, None) if pair else out
 
 
@@ -138,8 +164,8 @@ def _launch(grid, block, args, stream):
 def fast_path(monkeypatch):
     monkeypatch.setattr(_replay, "ENABLED", True)  # off under the simulator
     monkeypatch.setattr(_replay, "PreparedLaunch", FakeLaunch)
-    monkeypatch.setattr(_replay, "torch_current_stream", lambda device: CURRENT_STREAM[0])
     _replay._torch()  # as a first call with a torch tensor first does
+    monkeypatch.setattr(_replay, "_CURRENT_STREAM", [lambda device: CURRENT_STREAM[0]])
     FAKE.plans.clear()
     LAUNCHES.clear()
     RUNS.clear()
@@ -269,6 +295,12 @@ def test_results_map_to_the_calls_arrays_and_fresh_allocations():
     fake_op(vec(), out=vec(), pair=True)
     (out, none), _ = replayed(lambda: fake_op(vec(), out=out2, pair=True))
     assert out is out2 and none is None
+    fake_op(vec(), out=vec(), pair="none", stream=None)
+    result, _ = replayed(lambda: fake_op(vec(), out=out2, pair="none", stream=None))
+    assert result is None
+    fake_op(vec(), out=out2, stream=None)    # a plain plan: out= returned
+    result, _ = replayed(lambda: fake_op(vec(), out=out2, stream=None))
+    assert result is out2
 
 
 def test_persistent_memory_is_baked_in_and_memory_of_unknown_owner_is_not_recorded():
@@ -356,3 +388,109 @@ def test_mixed_array_kinds_without_a_stream_are_not_recorded(fast_path):
     replayed(lambda: fake_op(DeviceArray(vec()), None, stream=None))
     fake_op(DeviceArray(vec()), vec(), stream=3)     # mixed, with a stream
     replayed(lambda: fake_op(DeviceArray(vec()), vec(), stream=3))
+
+
+def test_pointer_patch_writes_each_target_once():
+    for targets in ([], [(4, 0, 0)], [(4, 2, 0), (11, 0, 16), (18, 2, 8)]):
+        values = [None] * 20
+        pointer_patch(targets)(values, [1000, 2000, 3000])
+        want = [None] * 20
+        for word, i, offset in targets:
+            want[word] = [1000, 2000, 3000][i] + offset
+        assert values == want
+
+
+def test_a_null_pointer_is_a_constant_and_memory_of_no_owner_is_not_recorded():
+    call(table="null")
+    _, launches = replayed(lambda: call(table="null"))
+    assert launches[0].pointers[-1] == 0
+    runs = len(RUNS)
+    call(table="ownerless")
+    call(table="ownerless")
+    assert len(RUNS) == runs + 2 and len(FAKE.plans) == 1
+
+
+@pytest.fixture
+def workspaces(fast_path):
+    """``_workspace`` as on a GPU (torch CPU tensors as its buffers), no capture unless a test
+    sets ``CAPTURING``; restored afterwards."""
+    fast_path.setattr(_workspace, "SIMULATOR", False)
+    fast_path.setattr(_workspace, "_make", lambda kind, device, stream, n, dtype: torch.zeros(
+        n, dtype={4: torch.int32, 8: torch.int64}[np.dtype(dtype).itemsize]))
+    fast_path.setattr(_workspace, "_WORKSPACE", {})
+    fast_path.setattr(_workspace, "_CAPTURED", [])
+    capturing = lambda device, stream: CAPTURING[0]  # noqa: E731
+    fast_path.setattr(_workspace, "capturing", capturing)
+    fast_path.setattr(_replay, "capturing", capturing)
+    CAPTURING[0] = False
+    return fast_path
+
+
+CAPTURING = [False]
+
+
+def _workspace_of(stream):
+    return _workspace._WORKSPACE[(None, stream, "fake")]
+
+
+def test_a_replay_finds_a_replaced_or_new_streams_workspace(workspaces):
+    call(table="workspace", stream=1)
+    _, launches = replayed(lambda: call(table="workspace", stream=1))
+    assert launches[0].pointers[-1] == _workspace_of(1).data_ptr()
+    # another op grows the workspace: it is replaced, and the next replay follows
+    _workspace.workspace(_tensor(vec()), 1, "fake", 100_000, F32)
+    _, launches = replayed(lambda: call(table="workspace", stream=1))
+    assert launches[0].pointers[-1] == _workspace_of(1).data_ptr()
+    assert _workspace_of(1).shape[0] >= 100_000
+    _, launches = replayed(lambda: call(table="workspace", stream=2))  # a stream of its own
+    assert launches[0].pointers[-1] == _workspace_of(2).data_ptr() != _workspace_of(1).data_ptr()
+    _, launches = replayed(lambda: call(table="workspace", stream=1))
+    assert launches[0].pointers[-1] == _workspace_of(1).data_ptr()
+
+
+def test_a_private_workspace_is_fresh_and_zeroed_in_each_captured_call(workspaces):
+    call(table="private", stream=1)              # eager: the stream's shared workspace
+    _, launches = replayed(lambda: call(table="private", stream=1))
+    assert launches[0].pointers[-1] == _workspace_of(1).data_ptr()
+    CAPTURING[0] = True
+    seen = set()
+    for _ in range(3):
+        _, launches = replayed(lambda: call(table="private", stream=1))
+        private = _workspace._CAPTURED[-1][1]
+        assert launches[0].pointers[-1] == private.data_ptr() not in seen
+        assert private.shape[0] >= 12 and not private.any()
+        seen.add(private.data_ptr())
+    assert len(_workspace._CAPTURED) == 3
+    CAPTURING[0] = False
+    _, launches = replayed(lambda: call(table="private", stream=1))
+    assert launches[0].pointers[-1] == _workspace_of(1).data_ptr()
+
+
+class NumbaLike:
+    """What ``replay_key`` reads of a numba device array."""
+
+    __module__ = "numba.fake"
+
+    def __init__(self, n):
+        self.host = np.zeros(n, np.float32)
+        self.shape, self.strides, self.dtype = self.host.shape, self.host.strides, self.host.dtype
+
+    @property
+    def device_ctypes_pointer(self):
+        return self.host.ctypes.data
+
+
+def test_a_numba_arrays_key_is_read_once_and_forgotten_with_it(monkeypatch):
+    monkeypatch.setattr(_arrays, "SIMULATOR", False)
+    monkeypatch.setattr(_arrays, "require_cuda", lambda: None)
+    a, b = NumbaLike(8), NumbaLike(16)
+    key_a = _arrays.replay_key(a)
+    assert key_a[1] == a.host.ctypes.data and key_a[0][1] == (8,)
+    assert key_a[0][-1] == a.host.ctypes.data & 31
+    a.shape = (99,)                       # a numba array never changes: read once
+    assert _arrays.replay_key(a) is key_a
+    assert _arrays.replay_key(b)[0][1] == (16,)
+    assert _arrays.as_tensor(a, "a").shape == (8,)    # the checked path's cached read too
+    ident, alive = id(a), weakref.ref(a)
+    del a                                 # neither cache keeps the array alive
+    assert alive() is None and ident not in _arrays._REPLAY_KEYS

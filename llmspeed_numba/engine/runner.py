@@ -44,6 +44,13 @@ def row_seed(seed, position):
     return x - 2**64 if x >= 2**63 else x
 
 
+def _fed_token(entry):
+    """The one token a decode entry feeds: ``entry.token_ids[0]`` without the list slice."""
+    r, start = entry.request, entry.start_position
+    i = start - len(r.prompt_token_ids)
+    return r.output_token_ids[i] if i >= 0 else r.prompt_token_ids[start]
+
+
 def _sampling_row(request):
     """``(params, sampling_seed, bytes of one _ROW record)``: each value converted as a
     one-element array of its ``SAMPLING_PARAMS`` dtype, as ``_params`` converted its columns."""
@@ -75,13 +82,17 @@ class ModelRunner:
         return to_device(array, self.llama.device)
 
     @staticmethod
-    def _params(entries):
-        """Per-row sampling arrays (``SAMPLING_PARAMS`` order) of the entries' next tokens.
+    def _params(entries, out=None):
+        """Per-row sampling arrays (``SAMPLING_PARAMS`` order) of the entries' next tokens; with
+        ``out`` (one array per ``SAMPLING_PARAMS`` entry, of at least ``len(entries)`` rows, a
+        decode step's staged inputs) written into its first rows instead.
 
         Each request's row is packed once (``_sampling_row``, kept in ``request.sampling_row``
         while its ``params`` object and ``sampling_seed`` stay the same); a step joins the rows
         and mixes in the positions: the values of ``row_seed``, bit for bit."""
         if not entries:
+            if out is not None:
+                return out
             return tuple(np.array((), dtype) for _, dtype in SAMPLING_PARAMS)
         packed, positions = [], []
         for e in entries:
@@ -92,9 +103,16 @@ class ModelRunner:
             packed.append(row[2])
             positions.append(e.start_position + e.num_new_tokens)
         table = np.frombuffer(b"".join(packed), _ROW)
-        seeds = table["mix"] ^ (np.array(positions, np.uint64) + np.uint64(1))
-        return (table["temperature"].copy(), table["top_k"].copy(), table["top_p"].copy(),
-                table["min_p"].copy(), seeds.view(np.int64))
+        mixed = np.array(positions, np.uint64) + np.uint64(1)
+        if out is None:
+            seeds = table["mix"] ^ mixed
+            return (table["temperature"].copy(), table["top_k"].copy(), table["top_p"].copy(),
+                    table["min_p"].copy(), seeds.view(np.int64))
+        n = len(entries)
+        for column, name in zip(out, _ROW.names[:4]):
+            column[:n] = table[name]
+        np.bitwise_xor(table["mix"], mixed, out=out[4][:n].view(np.uint64))
+        return out
 
     def _width(self, longest_pages):
         width = MIN_WIDTH
@@ -124,37 +142,59 @@ class ModelRunner:
     def _decode(self, entries):
         allocator = self.cache
         seqs = [e.seq_id for e in entries]
-        longest = max(allocator.num_pages(s) for s in seqs)
-        table, seq_lens = allocator.host_tables(seqs, width=self._width(longest))
-        tokens = np.array([e.token_ids[0] for e in entries], np.int64)
-        positions = np.array([e.start_position for e in entries], np.int32)
-        params = self._params(entries)
+        width = self._width(allocator.most_pages(seqs))
         n = len(entries)
-        pad = _bucket(n, BATCH_BUCKETS) - n if self.cuda_graphs else 0
-        if pad:
-            tokens = np.concatenate([tokens, np.zeros(pad, np.int64)])
-            positions = np.concatenate([positions, np.zeros(pad, np.int32)])
-            table = np.concatenate([table, np.full((pad, table.shape[1]), self.scratch_page,
-                                                   np.int32)])
-            seq_lens = np.concatenate([seq_lens, np.ones(pad, np.int32)])
-            params = tuple(np.concatenate([col, np.zeros(pad, col.dtype)]) for col in params)
-        return self.run_decode(tokens, positions, table, seq_lens, params)[:n]
+        if not self.cuda_graphs:
+            table, seq_lens = allocator.host_tables(seqs, width=width)
+            tokens = np.array([_fed_token(e) for e in entries], np.int64)
+            positions = np.array([e.start_position for e in entries], np.int32)
+            return self.run_decode(tokens, positions, table, seq_lens, self._params(entries))
+        staged = self._graph(_bucket(n, BATCH_BUCKETS), width).staged()
+        self._stage(entries, seqs, staged)
+        return self.run_decode(staged.token_ids, staged.positions, staged.table,
+                               staged.seq_lens, staged.params)[:n]
+
+    def _stage(self, entries, seqs, staged):
+        """Write the decode entries' inputs into rows ``0 .. len(entries)-1`` of ``staged`` (a
+        ``StagedInputs``; ``seqs`` their sequence ids) and pad the rest: no array in between."""
+        n = len(entries)
+        self.cache.host_tables(seqs, width=staged.width, out=(staged.table, staged.seq_lens))
+        tokens, positions = [], []
+        for e in entries:  # _fed_token inlined: a call per row costs as much as the rest
+            r, start = e.request, e.start_position
+            i = start - len(r.prompt_token_ids)
+            tokens.append(r.output_token_ids[i] if i >= 0 else r.prompt_token_ids[start])
+            positions.append(start)
+        staged.token_ids[:n] = tokens
+        staged.positions[:n] = positions
+        self._params(entries, out=staged.params)
+        staged.pad(n)
+
+    def _graph(self, rows, width):
+        """The ``DecodeGraph`` of a batch bucket and table width (made on first use)."""
+        graph = self.graphs.get((rows, width))
+        if graph is None:
+            graph = self.graphs[rows, width] = DecodeGraph(
+                self.llama, self.cache, rows, width, sampling=True, pool=self.pool,
+                pad_page=self.scratch_page)
+        return graph
 
     def run_decode(self, tokens, positions, table, seq_lens, params):
         """The decode pass of host (NumPy) inputs, padded to a batch bucket with graphs: each
         row's sampled token (a list). ``run_decode`` and ``run_prefill`` are all the device work
-        of a step: a tensor-parallel worker repeats them with rank 0's inputs."""
+        of a step: a tensor-parallel worker repeats them with rank 0's inputs. With graphs,
+        inputs that are the graph's staged ones (``_decode`` wrote them there) are used where
+        they are; others (a worker's) are copied into them."""
         if not self.cuda_graphs:
             step = decode_step(self.llama.device, tokens, positions, table, seq_lens)
             return self._sample(self._run(step), params)
         rows = len(tokens)
-        key = (rows, table.shape[1])
-        graph = self.graphs.get(key)
-        if graph is None:
-            graph = self.graphs[key] = DecodeGraph(self.llama, self.cache, rows, table.shape[1],
-                                                   sampling=True, pool=self.pool)
+        graph = self._graph(rows, table.shape[1])
         replayed = graph.graph is not None
-        tokens = graph.run(tokens, positions, table, seq_lens, params)
+        if tokens is graph.inputs.token_ids:
+            tokens = graph.replay(rows)
+        else:
+            tokens = graph.run(tokens, positions, table, seq_lens, params)
         self.pool = graph.pool
         self.last_replayed, self.last_wait = replayed, graph.last_wait
         return tokens
