@@ -150,14 +150,13 @@ def test_split_k_bitwise_repeatable(config, rng):
     """A K split is finished by whichever block of a tile draws the last ticket, adding the
     splits' sums in split order: repeated calls give the same bits, and each leaves the tickets
     at zero (a later call with a different tile grid is still right)."""
-    a = random_array((20, 200), "bfloat16", rng)
-    b = random_array((200, 72), "bfloat16", rng)
+    a = random_array((20, 192), "bfloat16", rng)
+    b = random_array((192, 24), "bfloat16", rng)
     da, db = place(a, True), place(b, False)
     first = f64(gemm(da, db, config=config, out_dtype="float32"))
     check(first, a, b, out_dtype="float32", mma=on_tensor_cores(config, "bfloat16"))
-    for _ in range(2):
-        assert np.array_equal(f64(gemm(da, db, config=config, out_dtype="float32")), first)
-    run_and_check(40, 24, 136, "float16", "NT", config, rng, out_dtype="float32")
+    assert np.array_equal(f64(gemm(da, db, config=config, out_dtype="float32")), first)
+    run_and_check(40, 20, 136, "float16", "NT", config, rng, out_dtype="float32")
 
 
 def test_unaligned_operands(rng):

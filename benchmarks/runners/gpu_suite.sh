@@ -23,8 +23,8 @@ if [ "$phase" != whole ]; then
     list="$OUT/suite/buckets"; rm -rf "$list"; mkdir -p "$list"
     tests=${TESTS:-tests}
     if [ "$tests" = tests ]; then
-        timeout "${WARM_LIMIT:-420}" python -m pytest -q tests/test_compile_check.py --durations=8 \
-            -p no:cacheprovider > "$OUT/suite/compile_check.log" 2>&1 &
+        LLMSPEED_COMPILE_CHECK=all timeout "${WARM_LIMIT:-420}" python -m pytest -q \
+            tests/test_compile_check.py --durations=8 -p no:cacheprovider > "$OUT/suite/compile_check.log" 2>&1 &
     fi
     # node ids, and which are hypothesis tests (the hypothesis plugin marks them); the compile
     # check module is left out: importing it starts its child
