@@ -338,12 +338,9 @@ def _launch_reduce(p, ws, splits):
 
 
 def splitk_partials(like, stream, n):
-    """Kernel buffer of ``n`` fp32 split-K partial sums for a call whose input is ``like``: from
-    torch's caching allocator for torch inputs (stream-ordered, and private to each captured
-    CUDA graph), else the stream's workspace (a numba allocation costs more host time than a
-    decode-size GEMM)."""
-    if like.kind == "torch":
-        return kernel_buffer(tensor(empty(like, (n,), "float32"), "workspace"))
+    """Kernel buffer of ``n`` fp32 split-K partial sums for a call whose input is ``like``: the
+    stream's workspace, shared as the split tickets are (calls on one stream run in order; an
+    allocation a call would cost more host time than a decode-size GEMM)."""
     return workspace(like, stream, "gemm_split_k", n, np.float32)
 
 
