@@ -23,8 +23,13 @@ Paths (kernels in ``_quant_kernels``):
   ``blockIdx.y`` (fp32 partial sums and gemm's split-K reduce, as gemm plans it).
 
 Act-order GPTQ (``k_perm``): x's columns are first gathered into the weight's stored order (one
-small kernel). Not yet: FP8 (W8A8), wgmma for large M, Marlin's half2 dequantization (``lop3``
-into an fp16 / bf16 mantissa, one HFMA2 a pair: needs the scales in x's dtype), a
+small kernel).
+
+FP8 weights (``"fp8_e4m3"``, W8A8): x quantized per token, then a Hopper wgmma GEMM with e4m3
+operands (``_fp8_gemm``; sm_90 only, every M).
+
+Not yet: wgmma for large M (int4 / int8), Marlin's half2 dequantization (``lop3`` into an fp16
+/ bf16 mantissa, one HFMA2 a pair: needs the scales in x's dtype), a
 fragment-ordered packed layout (one shared load per lane for several fragments); the Tensor Core
 kernel's tiles are untuned (measurements: benchmarks/NOTES.md).
 """
@@ -42,7 +47,7 @@ from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
 from .._workspace import workspace
 from . import _quant_kernels as qk
-from . import _quant_tc
+from . import _fp8_gemm, _quant_tc
 from ._activations_device import ACTIVATIONS
 from ._epilogue import vector_width
 from .gemm import _address, _vector_ok, launch_splitk_reduce, splitk_partials
@@ -283,6 +288,9 @@ def _quant_gemm_checked(x, qw, bias, activation, out, out_dtype, stream):
     if M == 0:
         return out
     handle = stream_handle(stream, (tx,))
+    if qw.format == "fp8_e4m3":   # W8A8 on Hopper
+        _fp8_gemm.fp8_gemm(tx, qw, tbias, to, out_dtype, activation, handle)
+        return out
     if qw.k_perm is not None:
         tx = _gather_columns(tx, qw, handle)
     if on_decode_kernel(qw, M):

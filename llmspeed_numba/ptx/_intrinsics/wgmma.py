@@ -1,5 +1,6 @@
 """Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a): shared-memory matrix descriptors, the
-MMA itself (A from shared memory or from registers), its fences, commit and wait."""
+MMA itself (fp16 / bf16 with A from shared memory or from registers; FP8 E4M3 from shared
+memory), its fences, commit and wait."""
 
 from llvmlite import ir
 from numba import types
@@ -10,7 +11,7 @@ from .common import (_F32, _I32, _I64, _asm, _check_memory_operand, _element_poi
                      _literal_int, _make_plain, _shared_address)
 
 __all__ = ["wgmma_fence", "wgmma_commit", "fence_proxy_async", "smem_desc", "wgmma_m64k16",
-           "wgmma_m64k16_rs", "wgmma_wait"]
+           "wgmma_m64k16_rs", "wgmma_m64k32_e4m3", "wgmma_wait"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -113,6 +114,43 @@ def wgmma_m64k16(typingctx, acc, desc_a, desc_b, accumulate, n, is_bf16, trans_a
         return context.get_dummy_value()
 
     return types.void(acc, desc_a, desc_b, accumulate, n, is_bf16, trans_a, trans_b), codegen
+
+
+@intrinsic
+def wgmma_m64k32_e4m3(typingctx, acc, desc_a, desc_b, accumulate, n):
+    """``wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3``: acc (a float32 local array
+    of ``n // 2``, updated in place) = A (64x32) @ B (32xn) [+ acc when ``accumulate`` != 0],
+    both operands FP8 E4M3 codes, K-major in shared memory (the only layout 8-bit wgmma
+    reads): a k32 step is 32 bytes along a row, as a k16 step of b16 data. ``n`` (8..256,
+    multiple of 8) is a compile-time integer; the accumulator fragment is ``wgmma_m64k16``'s."""
+    _check_accumulator(acc, "wgmma_m64k32_e4m3")
+    width = _literal_int(n, "wgmma_m64k32_e4m3 n")
+    if width % 8 or not 8 <= width <= 256:
+        raise TypingError(f"wgmma_m64k32_e4m3: n must be a multiple of 8 in [8, 256], got "
+                          f"n={width}")
+    regs = width // 2
+    outs = ",".join(f"${i}" for i in range(regs))
+    text = ("{ .reg .pred p; "
+            f"setp.ne.b32 p, ${regs + 2}, 0; "
+            f"wgmma.mma_async.sync.aligned.m64n{width}k32.f32.e4m3.e4m3 "
+            f"{{{outs}}}, ${regs}, ${regs + 1}, p, 1, 1; }}")
+    constraints = ",".join(["=f"] * regs + ["l", "l", "r"] + [str(i) for i in range(regs)]
+                           + ["~{memory}"])
+
+    def codegen(context, builder, signature, args):
+        ptrs = _accumulator_pointers(context, builder, signature.args[0], args[0], regs)
+        values = [builder.load(p) for p in ptrs]
+        da = context.cast(builder, args[1], signature.args[1], types.uint64)
+        db = context.cast(builder, args[2], signature.args[2], types.uint64)
+        scale = context.cast(builder, args[3], signature.args[3], types.int32)
+        out = _asm(builder, ir.LiteralStructType([_F32] * regs), [_I64, _I64, _I32]
+                   + [_F32] * regs, text, constraints, [da, db, scale] + values,
+                   side_effect=True)
+        for i, p in enumerate(ptrs):
+            builder.store(builder.extract_value(out, i), p)
+        return context.get_dummy_value()
+
+    return types.void(acc, desc_a, desc_b, accumulate, n), codegen
 
 
 @intrinsic
