@@ -13,8 +13,9 @@ values, and the 32-byte K step of each descriptor is one k32 MMA. Everything abo
 layout, edges (rows past M / N and K past the end zero-filled by cp.async) and the pipeline is
 ``_gemm_wgmma``'s.
 
-Epilogue: each accumulator times its row and column scale in registers (``sx[m] * sw[n]``,
-fp32), then gemm's staged epilogue (bias, activation, one rounding to out's dtype).
+Epilogue: each accumulator times its row's and column's scale (``acc * sx[m] * sw[n]``, fp32)
+as it is staged in shared memory, then gemm's tile epilogue (bias, activation, one rounding to
+out's dtype, 16-byte stores).
 
 Precision: products of e4m3 values are exact; the Tensor Cores sum them in fp32 (Hopper's FP8
 MMA keeps fewer accumulator bits than a full fp32 add: the tests allow for it on the GPU).
@@ -32,8 +33,8 @@ from .._launch import Kernel, array1d, jit
 from .._overrides import Knobs
 from .._workspace import workspace
 from . import _fp8_quant, _gemm_wgmma
-from ._epilogue import block_work, vector_width
-from ._gemm_wgmma import BLOCK_K, _acc_position, _staged_epilogue, aligned_tiles, mainloop
+from ._epilogue import block_work, epilogue_tile_ld, tile_epilogue, vector_width
+from ._gemm_wgmma import BLOCK_K, _acc_position, aligned_tiles, mainloop
 from ._rowwise import vector_aligned
 from .gemm import _address
 from .gemm_configs import wgmma_supported
@@ -54,6 +55,7 @@ def make_kernel(block_m, block_n, stages, group_m, out_dtype, bias_dtype, act):
     (M, K) and (N, K) codes, K2 = ld = K / 2; ``threads_for(block_m)`` threads, grid
     ``tiles_m * tiles_n`` blocks, ``shared_bytes`` of dynamic shared memory."""
     threads = _gemm_wgmma.threads_for(block_m)
+    regs = block_n // 2
     work = block_work(block_m, block_n, BLOCK_K, group_m)
 
     @cuda.jit(device=True, inline="always")
@@ -61,36 +63,40 @@ def make_kernel(block_m, block_n, stages, group_m, out_dtype, bias_dtype, act):
         ptx.wgmma_m64k32_e4m3(acc, da, db, scale_d, block_n)
 
     run = mainloop(block_m, block_n, stages, True, True, mma)
-    stage_acc, store_tile = _staged_epilogue(block_m, block_n, threads, out_dtype, None,
-                                             bias_dtype, act)
+    tile_ld = epilogue_tile_ld(block_n)
+    store_tile = tile_epilogue(block_m, block_n, tile_ld, threads, out_dtype, None, bias_dtype,
+                               act)
 
     @cuda.jit(device=True, inline="always")
-    def apply_scales(acc, tid, m0, n0, M, N, row_scale, col_scale):
-        """acc (wgmma's fragment: rows ``row``, ``row + 8``; columns ``8 jb + col``, ``+ 1``)
-        times its row's and column's scale (zero past M / N: never stored)."""
+    def stage_scaled(tile, acc, tid, m0, n0, M, N, row_scale, col_scale):
+        """The fp32 block tile in shared memory, each accumulator times its row's and column's
+        scale (wgmma's fragment: rows ``row``, ``row + 8``; columns ``8 jb + col``, ``+ 1``;
+        zero past M / N: never stored). Scaled while staged, so each accumulator register is
+        free once written (scaled in place first, ptxas spilled the column scales)."""
         row, col = _acc_position(tid)
         m = m0 + row
         r0 = row_scale[m] if m < M else _ZERO
         r1 = row_scale[m + 8] if m + 8 < M else _ZERO
+        t0 = row * tile_ld + col
         for jb in range(block_n // 8):
             n = n0 + 8 * jb + col
             c0 = col_scale[n] if n < N else _ZERO
             c1 = col_scale[n + 1] if n + 1 < N else _ZERO
-            acc[4 * jb] = acc[4 * jb] * r0 * c0
-            acc[4 * jb + 1] = acc[4 * jb + 1] * r0 * c1
-            acc[4 * jb + 2] = acc[4 * jb + 2] * r1 * c0
-            acc[4 * jb + 3] = acc[4 * jb + 3] * r1 * c1
+            t = t0 + 8 * jb
+            tile[t] = acc[4 * jb] * r0 * c0
+            tile[t + 1] = acc[4 * jb + 1] * r0 * c1
+            tile[t + 8 * tile_ld] = acc[4 * jb + 2] * r1 * c0
+            tile[t + 8 * tile_ld + 1] = acc[4 * jb + 3] * r1 * c1
 
     def fp8_gemm_kernel(a16, b16, out, bias, row_scale, col_scale, M, N, K2, ld, so_m, so_n,
                         tiles_m, tiles_n, out_vec):
         tiles = aligned_tiles(cuda.shared.array(0, np.uint16))
         tid = np.int32(cuda.threadIdx.x)
         m0, n0, _, k_begin, k_end, k_tiles = work(tiles_m, tiles_n, K2, K2)
-        acc = cuda.local.array(block_n // 2, np.float32)
+        acc = cuda.local.array(regs, np.float32)
         run(tiles, a16, b16, m0, n0, M, N, ld, ld, k_begin, k_end, k_tiles, tid, acc)
-        apply_scales(acc, tid, m0, n0, M, N, row_scale, col_scale)
         tile = cuda.shared.array(0, np.float32)
-        stage_acc(tile, acc, tid, n0, N, bias, _ONE)
+        stage_scaled(tile, acc, tid, m0, n0, M, N, row_scale, col_scale)
         cuda.syncthreads()
         store_tile(tile, tid, m0, n0, M, N, out, 0, so_m, so_n, out, 0, 0, bias, _ONE, _ZERO,
                    out_vec)

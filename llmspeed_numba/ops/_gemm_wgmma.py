@@ -53,6 +53,7 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
     as ``_gemm_tensor_core.make_kernel`` with ``threads(block_m)`` threads and
     ``shared_bytes(...)`` of dynamic shared memory."""
     threads = threads_for(block_m)
+    regs = block_n // 2
     work = block_work(block_m, block_n, BLOCK_K, group_m)
     is_bf16 = int(is_bf16)     # the intrinsic takes compile-time integers
     trans_a = 0 if a_k_inner else 1
@@ -72,7 +73,7 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
         tiles = aligned_tiles(cuda.shared.array(0, np.uint16))
         tid = np.int32(cuda.threadIdx.x)
         m0, n0, z, k_begin, k_end, k_tiles = work(tiles_m, tiles_n, K, k_split)
-        acc = cuda.local.array(block_n // 2, np.float32)
+        acc = cuda.local.array(regs, np.float32)
         run(tiles, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc)
 
         # epilogue through shared memory (the pipeline's buffers, once every group is done)
