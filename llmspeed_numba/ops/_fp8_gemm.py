@@ -141,19 +141,29 @@ def _scratch(tx, stream, name, n, dtype):
 def fp8_gemm(tx, qw, tbias, to, out_dtype, activation, stream):
     """``quant_gemm`` of a checked call with an fp8_e4m3 weight (M, N, K >= 1)."""
     if not wgmma_supported():
-        cc = ".".join(map(str, cuda.get_current_device().compute_capability))
+        cc = "".join(map(str, cuda.get_current_device().compute_capability))
         raise NotImplementedError(
             f"quant_gemm with an fp8_e4m3 weight needs a Hopper GPU (sm_90: wgmma with e4m3 "
-            f"operands), this one is sm_{cc.replace('.', '')}; use 'int8' or 'int4' weights")
-    M, K = tx.shape
-    N = qw.N
-    x_stride = tx.strides[0]
-    vec = int(vector_aligned(tx, x_stride, 8))
-    codes = _u16(_scratch(tx, stream, "fp8_x_codes", M * K, "uint8"))
-    row_scale = _scratch(tx, stream, "fp8_x_scales", M, "float32")
-    _fp8_quant.quantize_rows(kernel_buffer(tx), tx.dtype, M, K, x_stride, vec, codes,
-                             row_scale, stream)
+            f"operands), this one is sm_{cc}; use 'int8' or 'int4' weights")
+    codes16, row_scale = quantize_activations(tx, stream)
+    gemm_quantized(codes16, row_scale, tx.shape[0], qw, tbias, to, out_dtype, activation,
+                   stream)
 
+
+def quantize_activations(tx, stream):
+    """x's e4m3 codes (the uint16 view of (M, K) bytes) and row scales (M,), fresh buffers."""
+    M, K = tx.shape
+    x_stride = tx.strides[0]
+    codes16 = _u16(_scratch(tx, stream, "fp8_x_codes", M * K, "uint8"))
+    row_scale = _scratch(tx, stream, "fp8_x_scales", M, "float32")
+    _fp8_quant.quantize_rows(kernel_buffer(tx), tx.dtype, M, K, x_stride,
+                             int(vector_aligned(tx, x_stride, 8)), codes16, row_scale, stream)
+    return codes16, row_scale
+
+
+def gemm_quantized(codes16, row_scale, M, qw, tbias, to, out_dtype, activation, stream):
+    """The GEMM launch on x already quantized (``quantize_activations``)."""
+    N, K = qw.shape
     tile = TUNING.tile
     block_m, block_n, stages, _ = tile
     bias_dtype = tbias.dtype if tbias is not None else None
@@ -165,7 +175,7 @@ def fp8_gemm(tx, qw, tbias, to, out_dtype, activation, stream):
                   and _address(out_buf) % 16 == 0)
     tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
     kernel((tiles_m * tiles_n, 1), _gemm_wgmma.threads_for(block_m),
-           (codes, _u16(kernel_buffer(tensor(qw.qweight, "qw.qweight"))), out_buf, bias_buf,
+           (codes16, _u16(kernel_buffer(tensor(qw.qweight, "qw.qweight"))), out_buf, bias_buf,
             row_scale, kernel_buffer(tensor(qw.scales, "qw.scales")), M, N, K // 2, K // 2,
             so_m, so_n, tiles_m, tiles_n, out_vec),
            stream, _gemm_wgmma.shared_bytes(block_m, block_n, stages))
