@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import Results, graphed, plot_csv, time_gpu
 
 from llmspeed_numba import quant_gemm, quantize_weight
+from llmspeed_numba._overrides import overrides
 
 M_VALUES = (1, 4, 16, 64, 256, 4096)
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
@@ -141,7 +142,7 @@ def fp8_operands(S):
     return x, w, qw, xq, sx, wq, qw.scales.reshape(1, S).contiguous()
 
 
-def bench_fp8(results, S, eager):
+def bench_fp8(results, S, eager, tiles=()):
     import torch
 
     from llmspeed_numba._arrays import stream_handle
@@ -171,6 +172,9 @@ def bench_fp8(results, S, eager):
         "torch bf16 matmul": lambda: torch.matmul(x, w.T, out=ref),
     }
     times = {name: timed(fn, eager) for name, fn in calls.items()}
+    for tile in tiles:   # other GEMM tiles, same run (``_fp8_gemm.TUNING``)
+        with overrides(fp8_gemm={"tile": tile}):
+            times[f"ours GEMM only {_tile_name(tile)}"] = timed(calls["ours GEMM only"], eager)
     calls["ours quant_gemm"]()
     rowwise = None
     for name, fn in baselines.items():
@@ -194,6 +198,17 @@ def bench_fp8(results, S, eager):
                         note=note)
 
 
+def _tile_name(tile):
+    return "{}x{}s{}".format(*tile[:3])
+
+
+def _tile(text):
+    """"128x256s4" -> (block_m, block_n, stages, group_m 8)."""
+    mn, stages = text.lower().split("s")
+    m, n = mn.split("x")
+    return int(m), int(n), int(stages), 8
+
+
 def _csv(kind):
     return lambda text: [kind(v) for v in text.split(",") if v]
 
@@ -213,6 +228,9 @@ def main():
     parser.add_argument("--group-size", type=int, default=128, help="int4 group size along K")
     parser.add_argument("--fp8-sizes", type=_csv(int), default=list(FP8_SIZES),
                         help="M = N = K of the fp8_e4m3 rows")
+    parser.add_argument("--fp8-tiles", type=_csv(_tile), default=[],
+                        help="extra FP8 GEMM tiles to time beside the default, e.g. "
+                             "128x128s5,64x256s4 (block_m x block_n, stages)")
     parser.add_argument("--eager", action="store_true", help="time plain calls, no CUDA graph")
     args = parser.parse_args()
     start = time.perf_counter()
@@ -221,7 +239,7 @@ def main():
     if "fp8_e4m3" in args.formats:
         for S in args.fp8_sizes:
             try:
-                bench_fp8(results, S, args.eager)
+                bench_fp8(results, S, args.eager, args.fp8_tiles)
             except Exception as exc:  # noqa: BLE001  (report and go on)
                 print(f"  fp8 {S}^3: {type(exc).__name__}: {exc}", flush=True)
     for N, K in args.shapes:

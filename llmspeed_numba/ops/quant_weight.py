@@ -524,7 +524,7 @@ def quantize_weight(w: ArrayLike, format: str, *, group_size: int = 128,
     rounding s to w's dtype moves the clamp (a few units of that dtype's epsilon times s).
     "fp8_e4m3": one fp32 scale a row, s = max|w| / 448, codes e4m3(w / s) (round to nearest
     even, saturating), stored (N, K) uint8, one byte a code; K a multiple of 16. Every value is
-    within half an e4m3 step (2^-4 relative, 2^-9 s near zero) of w. ``quant_gemm`` then
+    within half an e4m3 step (2^-4 relative, 2^-10 s near zero) of w. ``quant_gemm`` then
     quantizes x per token the same way (W8A8, Hopper only: ``_fp8_gemm``).
     kind / device: where the packed copy goes ("numba", "torch" on ``device``, "cupy";
     default: w's kind and device).
