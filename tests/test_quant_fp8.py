@@ -301,8 +301,8 @@ def test_quant_gemm_fp8_errors(rng):
 # ---- GPU only ----------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (300, 1024, 4096), (4096, 4096, 4096),
-                                   (200, 14336, 4096)])
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (300, 1024, 4096),
+                                   (1000, 4096, 4096), (200, 14336, 4096)])
 def test_quant_gemm_fp8_gpu_sizes(M, N, K, rng):
     run_fp8(rng, M, N, K, "bfloat16", w_scale=0.02)
 

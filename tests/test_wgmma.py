@@ -248,7 +248,7 @@ def _e4m3_tile_kernel(n):
     return cuda.jit(kernel)
 
 
-@pytest.mark.parametrize("n", [16, 64] if SIMULATOR else [16, 64, 128, 256])
+@pytest.mark.parametrize("n", [16, 64] if SIMULATOR else [64, 256])
 def test_wgmma_e4m3_tile(n, rng):
     """``wgmma_m64k32_e4m3`` on one warpgroup: every code but NaN, K = 256 (two tiles of 128)."""
     from llmspeed_numba._fp8_codec import E4M3_VALUES

@@ -12,8 +12,8 @@ an all-zero row has s = 0 and zero codes; the row stands for ``decode(q) * s``
 reads), K a multiple of ``K_MULTIPLE``.
 
 Activation kernel (``row_kernel``): ``_rowwise.row_plan``'s layout, ``threads_per_row`` threads
-a row, each owning chunks of 8 elements (one 16-byte load when x's rows are 16-byte aligned,
-else 2 scalar ones); rows short enough stay in registers between the max reduction and the
+a row, each owning chunks of 8 elements (one 16-byte load) when x's rows are 16-byte aligned,
+else chunks of 2 (scalar loads); rows short enough stay in registers between the max reduction and the
 conversion (one read of x), longer ones are read again. Codes go out two at a time
 (``ptx.pack_e4m3x2``, one uint16), so the code buffer is passed as its uint16 view.
 """
@@ -72,9 +72,10 @@ def row_kernel(x_dtype, vec, threads_per_row, rows_per_block, chunks_per_thread)
 
 
 def row_kernel_fn(x_dtype, vec, threads_per_row, rows_per_block, chunks_per_thread):
-    """Kernel function ``(x, codes16, scales, M, K, x_stride)``: row r of x (``x[r * x_stride + k]``) ->
-    ``codes16`` (the uint16 view of (M, K) uint8 codes) and ``scales[r]``. ``vec``: 8 (16-byte
-    loads) or 2 (scalar); ``chunks_per_thread`` 0: the row streams (read twice)."""
+    """Kernel function ``(x, codes16, scales, M, K, x_stride)``: row r of x (``x[r * x_stride +
+    k]``) -> ``codes16`` (the uint16 view of (M, K) uint8 codes) and ``scales[r]``. ``vec`` 1:
+    chunks of 8 elements, one 16-byte load; 0: chunks of 2, scalar loads. ``chunks_per_thread``
+    0: the row streams (read twice)."""
     kind = rw.kind(x_dtype)
     width = 8 if vec else 2
     load_vec = rw.chunk_loader(kind, 8)
