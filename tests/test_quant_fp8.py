@@ -27,7 +27,8 @@ from llmspeed_numba._fp8_codec import E4M3_VALUES, decode_e4m3, encode_e4m3, qua
 from llmspeed_numba._overrides import overrides
 from llmspeed_numba.ops import _fp8_quant
 from llmspeed_numba.reference.gemm import gemm_plain, gemm_reference
-from llmspeed_numba.testing import assert_close, f64, poison, random_array, to_device
+from llmspeed_numba.testing import assert_close, f64, poison, random_array
+from test_quant import _empty, device
 
 X_DTYPES = ("float16", "bfloat16")
 _EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23}
@@ -36,18 +37,6 @@ _EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23}
 #: fewer accumulator bits than fp32 adds (about 14 retained, by published measurements; over
 #: K / 32 truncating steps that is up to about 2^-12 of the sum), so the GPU gets 2^-11.
 _ACC_REL = 2.0 ** -11 if not SIMULATOR else 2.0 ** -20
-
-
-def device(host):
-    return to_device(host, "torch")
-
-
-def _empty(shape, dtype):
-    if SIMULATOR:
-        return np.empty(shape, numpy_dtype(dtype))
-    import torch
-
-    return torch.empty(shape, dtype=getattr(torch, dtype), device="cuda")
 
 
 def _torch_e4m3(x32):

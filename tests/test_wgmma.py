@@ -22,6 +22,18 @@ SLAB = 64          # K elements per shared tile (one 128-byte row of b16)
 PANEL_BYTES = 8192  # one 64 x 64 b16 panel: the LBO between MN panels of an MN-major tile
 
 
+@cuda.jit(device=True, inline="always")
+def store_accumulator(c, acc, tid, n):
+    """The warpgroup's 64 x n accumulator (wgmma's fragment) into row-major ``c``."""
+    warp = tid // 32
+    lane = tid % 32
+    for jb in range(n // 8):
+        for q in range(4):
+            row = 16 * warp + lane // 4 + 8 * (q // 2)
+            col = 8 * jb + 2 * (lane % 4) + q % 2
+            c[row * n + col] = acc[jb * 4 + q]
+
+
 @functools.cache
 def _tile_kernel(n, is_bf16, a_mn_major, b_mn_major):
     """C[64, n] = A @ B over K in 64-wide slabs. A is given as (64, K) row-major when K-major,
@@ -74,13 +86,7 @@ def _tile_kernel(n, is_bf16, a_mn_major, b_mn_major):
             ptx.wgmma_commit()
             ptx.wgmma_wait(acc, regs, 0)
             cuda.syncthreads()  # the tiles are overwritten by the next slab
-        warp = tid // 32
-        lane = tid % 32
-        for jb in range(n // 8):
-            for q in range(4):
-                row = 16 * warp + lane // 4 + 8 * (q // 2)
-                col = 8 * jb + 2 * (lane % 4) + q % 2
-                c[row * n + col] = acc[jb * 4 + q]
+        store_accumulator(c, acc, tid, n)
 
     return cuda.jit(kernel)
 
@@ -167,11 +173,7 @@ def _register_a_kernel(n, is_bf16, b_mn_major):
             ptx.wgmma_commit()
             ptx.wgmma_wait(acc, regs, 0)
             cuda.syncthreads()
-        for jb in range(n // 8):
-            for q in range(4):
-                row = 16 * warp + g + 8 * (q // 2)
-                col = 8 * jb + 2 * t + q % 2
-                c[row * n + col] = acc[jb * 4 + q]
+        store_accumulator(c, acc, tid, n)
 
     return cuda.jit(kernel)
 
@@ -237,13 +239,7 @@ def _e4m3_tile_kernel(n):
             ptx.wgmma_commit()
             ptx.wgmma_wait(acc, regs, 0)
             cuda.syncthreads()
-        warp = tid // 32
-        lane = tid % 32
-        for jb in range(n // 8):
-            for q in range(4):
-                row = 16 * warp + lane // 4 + 8 * (q // 2)
-                col = 8 * jb + 2 * (lane % 4) + q % 2
-                c[row * n + col] = acc[jb * 4 + q]
+        store_accumulator(c, acc, tid, n)
 
     return cuda.jit(kernel)
 
