@@ -251,12 +251,15 @@ def quant_gemm(x: ArrayLike, qw: QuantizedWeight, *, bias: ArrayLike | None = No
     Returns ``out`` (allocated in x's kind when not given). Arithmetic: products summed in fp32
     (the decode kernel, M up to 4 (int4) or 2 (int8): the weight exact in fp32; larger M: each
     weight element rounded once to x's dtype, Tensor Cores), the epilogue in fp32, one rounding to ``out_dtype``.
+    An fp8_e4m3 weight (W8A8): x quantized per token to e4m3 (one fp32 scale a row, as the
+    weight), e4m3 products summed by Hopper's FP8 wgmma, the two scales in the epilogue.
 
     Raises:
         TypeError: qw not a QuantizedWeight, a non-array, x not fp16 / bf16, bias / out /
             out_dtype of an unsupported dtype.
         ValueError: x not 2-D or its K not qw's, a non-contiguous last dimension, bias or out of
             the wrong shape, an unknown activation.
+        NotImplementedError: an fp8_e4m3 weight on a GPU other than Hopper (sm_90).
     """
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"qw: expected a QuantizedWeight (quantize_weight, QuantizedWeight."
