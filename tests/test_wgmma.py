@@ -260,8 +260,8 @@ def test_wgmma_e4m3_tile(n, rng):
     a64 = E4M3_VALUES[a].astype(np.float64)
     b64 = E4M3_VALUES[b].astype(np.float64)
     # products of e4m3 values are exact; the sums: fp32 steps (twins), or the FP8 MMA's
-    # narrower accumulator on the GPU (tests/test_quant_fp8.py)
-    rel = 2.0 ** -20 if SIMULATOR else 2.0 ** -11
+    # narrower accumulator on the GPU (tests/test_quant_fp8.py: 2^-13 a k32 step)
+    rel = 2.0 ** -20 if SIMULATOR else 2.0 ** -13 * (k // 32)
     bound = rel * (np.abs(a64) @ np.abs(b64).T) + 1e-30
     err = np.abs(c.reshape(64, n) - a64 @ b64.T)
     assert np.all(err <= bound), (

@@ -55,7 +55,10 @@ def quantize_weight_torch(w):
     import torch
 
     w32 = w.to(torch.float32)
-    s = w32.abs().amax(dim=1) / E4M3_MAX
+    amax = w32.abs().amax(dim=1)
+    # a tensor divisor: CUDA divides by a Python / NumPy scalar through its reciprocal, which
+    # can differ from the host's division in the last bit
+    s = amax / torch.full_like(amax, float(E4M3_MAX))
     safe = torch.where(s == 0, torch.ones_like(s), s)
     q = (w32 / safe[:, None]).clamp(-float(E4M3_MAX), float(E4M3_MAX))
     return q.to(torch.float8_e4m3fn).view(torch.uint8), s[None, :]
