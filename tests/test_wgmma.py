@@ -22,6 +22,18 @@ SLAB = 64          # K elements per shared tile (one 128-byte row of b16)
 PANEL_BYTES = 8192  # one 64 x 64 b16 panel: the LBO between MN panels of an MN-major tile
 
 
+@cuda.jit(device=True, inline="always")
+def store_accumulator(c, acc, tid, n):
+    """The warpgroup's 64 x n accumulator (wgmma's fragment) into row-major ``c``."""
+    warp = tid // 32
+    lane = tid % 32
+    for jb in range(n // 8):
+        for q in range(4):
+            row = 16 * warp + lane // 4 + 8 * (q // 2)
+            col = 8 * jb + 2 * (lane % 4) + q % 2
+            c[row * n + col] = acc[jb * 4 + q]
+
+
 @functools.cache
 def _tile_kernel(n, is_bf16, a_mn_major, b_mn_major):
     """C[64, n] = A @ B over K in 64-wide slabs. A is given as (64, K) row-major when K-major,
@@ -74,13 +86,7 @@ def _tile_kernel(n, is_bf16, a_mn_major, b_mn_major):
             ptx.wgmma_commit()
             ptx.wgmma_wait(acc, regs, 0)
             cuda.syncthreads()  # the tiles are overwritten by the next slab
-        warp = tid // 32
-        lane = tid % 32
-        for jb in range(n // 8):
-            for q in range(4):
-                row = 16 * warp + lane // 4 + 8 * (q // 2)
-                col = 8 * jb + 2 * (lane % 4) + q % 2
-                c[row * n + col] = acc[jb * 4 + q]
+        store_accumulator(c, acc, tid, n)
 
     return cuda.jit(kernel)
 
@@ -167,11 +173,7 @@ def _register_a_kernel(n, is_bf16, b_mn_major):
             ptx.wgmma_commit()
             ptx.wgmma_wait(acc, regs, 0)
             cuda.syncthreads()
-        for jb in range(n // 8):
-            for q in range(4):
-                row = 16 * warp + g + 8 * (q // 2)
-                col = 8 * jb + 2 * t + q % 2
-                c[row * n + col] = acc[jb * 4 + q]
+        store_accumulator(c, acc, tid, n)
 
     return cuda.jit(kernel)
 
@@ -201,6 +203,67 @@ def test_wgmma_register_a(n, dtype, b_mn, rng):
     b64 = b.astype(np.float64)
     bound = k * 2.0 ** -23 * (np.abs(a64) @ np.abs(b64))
     err = np.abs(c.reshape(64, n) - a64 @ b64)
+    assert np.all(err <= bound), (
+        f"max error {err.max():.3g} at {np.unravel_index(err.argmax(), err.shape)}, "
+        f"bound there {bound.ravel()[err.argmax()]:.3g}")
+
+
+@functools.cache
+def _e4m3_tile_kernel(n):
+    """C[64, n] = A @ B^T over K for e4m3 codes: A (64, K) and B (n, K) row-major bytes, both
+    K-major (8-bit wgmma reads no other layout), handed over as their uint16 views: a 64-unit
+    tile row is 128 bytes = 128 codes, and one k32 step moves 32 bytes, as a k16 step of b16."""
+    regs = n // 2
+    b_off = 64 * SLAB
+
+    def kernel(a16, b16, c, k_units):
+        smem = cuda.shared.array(0, np.uint16)
+        tid = cuda.threadIdx.x
+        base = ((1024 - (ptx.shared_address(smem, 0) & 1023)) & 1023) // 2
+        acc = cuda.local.array(regs, np.float32)
+        for i in range(regs):
+            acc[i] = np.float32(np.nan)     # overwritten: the first step has scale-d = 0
+        for k0 in range(0, k_units, SLAB):
+            for e in range(tid, (64 + n) * SLAB, 128):
+                r = e // SLAB
+                i = e % SLAB
+                v = a16[r * k_units + k0 + i] if r < 64 else b16[(r - 64) * k_units + k0 + i]
+                smem[base + r * 64 + (((i // 8) ^ (r % 8)) * 8) + i % 8] = v
+            ptx.fence_proxy_async()
+            cuda.syncthreads()
+            ptx.wgmma_fence()
+            for j in range(SLAB // 16):
+                da = ptx.smem_desc(smem, base + j * 16, 16, 1024, 1)
+                db = ptx.smem_desc(smem, base + b_off + j * 16, 16, 1024, 1)
+                ptx.wgmma_m64k32_e4m3(acc, da, db, 0 if k0 == 0 and j == 0 else 1, n)
+            ptx.wgmma_commit()
+            ptx.wgmma_wait(acc, regs, 0)
+            cuda.syncthreads()
+        store_accumulator(c, acc, tid, n)
+
+    return cuda.jit(kernel)
+
+
+@pytest.mark.parametrize("n", [16, 64] if SIMULATOR else [64, 256])
+def test_wgmma_e4m3_tile(n, rng):
+    """``wgmma_m64k32_e4m3`` on one warpgroup: every code but NaN, K = 256 (two tiles of 128)."""
+    from llmspeed_numba._fp8_codec import E4M3_VALUES
+
+    k = 256
+    finite = np.nonzero(np.isfinite(E4M3_VALUES))[0].astype(np.uint8)
+    a = rng.choice(finite, (64, k))
+    b = rng.choice(finite, (n, k))
+    c = np.full(64 * n, np.nan, np.float32)
+    shared = 2 * (64 + n) * SLAB + 1024
+    _e4m3_tile_kernel(n)[1, 128, 0, shared](a.view(np.uint16).ravel(),
+                                            b.view(np.uint16).ravel(), c, np.int32(k // 2))
+    a64 = E4M3_VALUES[a].astype(np.float64)
+    b64 = E4M3_VALUES[b].astype(np.float64)
+    # products of e4m3 values are exact; the sums: fp32 steps (twins), or the FP8 MMA's
+    # narrower accumulator on the GPU (tests/test_quant_fp8.py: 2^-13 a k32 step)
+    rel = 2.0 ** -20 if SIMULATOR else 2.0 ** -13 * (k // 32)
+    bound = rel * (np.abs(a64) @ np.abs(b64).T) + 1e-30
+    err = np.abs(c.reshape(64, n) - a64 @ b64.T)
     assert np.all(err <= bound), (
         f"max error {err.max():.3g} at {np.unravel_index(err.argmax(), err.shape)}, "
         f"bound there {bound.ravel()[err.argmax()]:.3g}")

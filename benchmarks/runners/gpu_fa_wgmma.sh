@@ -15,15 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-step() {  # name, seconds, command...
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-    local rc=$?
-    echo "== $name: rc $rc, $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
-    tail -n "${TAIL:-4}" "$OUT/$name.log" | tee -a "$OUT/summary.txt"
-}
+. benchmarks/runners/_steps.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/summary.txt" 2>&1
 if [ "${RACECHECK:-0}" = 1 ]; then
     step racecheck 590 python -m pytest -q -p no:cacheprovider tests/test_flash_attn.py \

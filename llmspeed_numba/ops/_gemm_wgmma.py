@@ -53,26 +53,70 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
     as ``_gemm_tensor_core.make_kernel`` with ``threads(block_m)`` threads and
     ``shared_bytes(...)`` of dynamic shared memory."""
     threads = threads_for(block_m)
+    regs = block_n // 2
     work = block_work(block_m, block_n, BLOCK_K, group_m)
     is_bf16 = int(is_bf16)     # the intrinsic takes compile-time integers
+    trans_a = 0 if a_k_inner else 1
+    trans_b = 0 if b_k_inner else 1
+
+    @cuda.jit(device=True, inline="always")
+    def mma(acc, da, db, scale_d):
+        ptx.wgmma_m64k16(acc, da, db, scale_d, block_n, is_bf16, trans_a, trans_b)
+
+    run = mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma)
+    stage_acc, store_tile = staged_store(
+        split_finish, lambda *dtypes: _staged_epilogue(block_m, block_n, threads, *dtypes),
+        block_m, block_n, threads, out_dtype, c_dtype, bias_dtype, act)
+
+    def gemm_wgmma_kernel(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, out_z, sc_m, sc_n,
+                          alpha, beta, k_split, tiles_m, tiles_n, out_vec, ws, counters):
+        tiles = aligned_tiles(cuda.shared.array(0, np.uint16))
+        tid = np.int32(cuda.threadIdx.x)
+        m0, n0, z, k_begin, k_end, k_tiles = work(tiles_m, tiles_n, K, k_split)
+        acc = cuda.local.array(regs, np.float32)
+        run(tiles, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc)
+
+        # epilogue through shared memory (the pipeline's buffers, once every group is done)
+        tile = cuda.shared.array(0, np.float32)
+        stage_acc(tile, acc, tid, n0, N, bias, alpha)
+        cuda.syncthreads()
+        store_tile(tile, tid, m0, n0, M, N, out, z * out_z, so_m, so_n, c, sc_m, sc_n, bias,
+                   alpha, beta, out_vec, ws, counters)
+
+    return gemm_wgmma_kernel
+
+
+@cuda.jit(device=True, inline="always")
+def aligned_tiles(smem):
+    """The dynamic shared ``uint16`` buffer from its first 1024-byte-aligned element on (the
+    hardware swizzle follows address bits 7-9)."""
+    pad = ((_ALIGN_BYTES - (ptx.shared_address(smem, 0) & (_ALIGN_BYTES - 1)))
+           & (_ALIGN_BYTES - 1)) >> 1
+    return smem[pad:]
+
+
+def mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
+    """Device function ``(tiles, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid,
+    acc)``: the pipeline of the module note over K tiles ``k_begin .. k_end`` of the block
+    tile at (m0, n0), leaving the block tile in ``acc`` (``block_n / 2`` fp32 a thread), every
+    wgmma group retired, every copy landed and the block past a barrier, so ``tiles`` may be
+    reused. Operands and ``tiles`` are ``uint16`` arrays and K, lda, ldb count 16-bit units
+    (``BLOCK_K`` a tile). ``mma(acc, desc_a, desc_b, scale_d)`` issues one wgmma of 32 bytes
+    along K (k16 of b16, k32 of 8-bit data) from the two descriptors."""
+    threads = threads_for(block_m)
     regs = block_n // 2
     a_stage = block_m * BLOCK_K
     b_stage = block_n * BLOCK_K
     b_base = stages * a_stage
     lead = stages - 2          # K tiles in flight ahead of the one multiplied
     tile_pending = lead - 1    # cp.async groups that may still run when a tile is needed
-    trans_a = 0 if a_k_inner else 1
-    trans_b = 0 if b_k_inner else 1
-    # descriptors: LBO (unused by K-major swizzled tiles: 16), SBO, and the k16 step (elements)
+    # descriptors: LBO (unused by K-major swizzled tiles: 16), SBO, and the 32-byte K step
     a_lbo = 16 if a_k_inner else BLOCK_K * 128
     b_lbo = 16 if b_k_inner else BLOCK_K * 128
     a_step = 16 if a_k_inner else 16 * 64
     b_step = 16 if b_k_inner else 16 * 64
     # warpgroup g's 64 rows of A: 64 rows of 64 (K-major) or panel g (M-major), 4096 elements
     a_group = 64 * 64
-    stage_acc, store_tile = staged_store(
-        split_finish, lambda *dtypes: _staged_epilogue(block_m, block_n, threads, *dtypes),
-        block_m, block_n, threads, out_dtype, c_dtype, bias_dtype, act)
     load_edge = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
                              True, True, False, panels=True)
     load_full = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
@@ -81,16 +125,15 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
 
     @cuda.jit(device=True, inline="always")
     def mma_tile(tiles, stage, a_row0, acc, first):
-        """Issue the four k16 steps of one K tile as one wgmma group. ``first``: the very
-        first tile, whose first step overwrites the accumulator (scale-d = 0)."""
+        """Issue the four 32-byte K steps of one K tile as one wgmma group. ``first``: the
+        very first tile, whose first step overwrites the accumulator (scale-d = 0)."""
         a_s = np.int32(stage * a_stage + a_row0)
         b_s = np.int32(b_base + stage * b_stage)
         ptx.wgmma_fence()
         for j in range(BLOCK_K // 16):
             da = ptx.smem_desc(tiles, a_s + j * a_step, a_lbo, 1024, 1)
             db = ptx.smem_desc(tiles, b_s + j * b_step, b_lbo, 1024, 1)
-            ptx.wgmma_m64k16(acc, da, db, 0 if first and j == 0 else 1, block_n, is_bf16,
-                             trans_a, trans_b)
+            mma(acc, da, db, 0 if first and j == 0 else 1)
         ptx.wgmma_commit()
 
     def tile_step(full):
@@ -117,16 +160,9 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
     step_full = tile_step(True)
     step_edge = tile_step(False)
 
-    def gemm_wgmma_kernel(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, out_z, sc_m, sc_n,
-                          alpha, beta, k_split, tiles_m, tiles_n, out_vec, ws, counters):
-        smem = cuda.shared.array(0, np.uint16)
-        pad = ((_ALIGN_BYTES - (ptx.shared_address(smem, 0) & (_ALIGN_BYTES - 1)))
-               & (_ALIGN_BYTES - 1)) >> 1
-        tiles = smem[pad:]
-        tid = np.int32(cuda.threadIdx.x)
+    @cuda.jit(device=True, inline="always")
+    def run(tiles, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc):
         a_row0 = np.int32((tid >> 7) * a_group)
-
-        m0, n0, z, k_begin, k_end, k_tiles = work(tiles_m, tiles_n, K, k_split)
         interior = m0 + block_m <= M and n0 + block_n <= N
         k_full = (k_end - k_begin) // BLOCK_K if interior else 0
 
@@ -135,7 +171,6 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
                 load_any(tiles, s, s, k_full, k_begin, k_end, a, b, m0, n0, M, N, lda, ldb, tid)
             ptx.cp_async_commit()
 
-        acc = cuda.local.array(regs, np.float32)
         # K tile 0, peeled (see the module note), then its prefetch of tile ``lead``
         ptx.cp_async_wait(tile_pending)
         ptx.fence_proxy_async()
@@ -161,17 +196,10 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
                 k_begin, k_end, tid, a_row0, acc)
             kt += 1
         ptx.wgmma_wait(acc, regs, 0)
-
-        # epilogue through shared memory (the pipeline's buffers, once every group is done)
         ptx.cp_async_wait(0)
         cuda.syncthreads()
-        tile = cuda.shared.array(0, np.float32)
-        stage_acc(tile, acc, tid, n0, N, bias, alpha)
-        cuda.syncthreads()
-        store_tile(tile, tid, m0, n0, M, N, out, z * out_z, so_m, so_n, c, sc_m, sc_n, bias,
-                   alpha, beta, out_vec, ws, counters)
 
-    return gemm_wgmma_kernel
+    return run
 
 
 @cuda.jit(device=True, inline="always")

@@ -23,8 +23,13 @@ Paths (kernels in ``_quant_kernels``):
   ``blockIdx.y`` (fp32 partial sums and gemm's split-K reduce, as gemm plans it).
 
 Act-order GPTQ (``k_perm``): x's columns are first gathered into the weight's stored order (one
-small kernel). Not yet: FP8 (W8A8), wgmma for large M, Marlin's half2 dequantization (``lop3``
-into an fp16 / bf16 mantissa, one HFMA2 a pair: needs the scales in x's dtype), a
+small kernel).
+
+FP8 weights (``"fp8_e4m3"``, W8A8): x quantized per token, then a Hopper wgmma GEMM with e4m3
+operands (``_fp8_gemm``; sm_90 only, every M).
+
+Not yet: wgmma for large M (int4 / int8), Marlin's half2 dequantization (``lop3`` into an fp16
+/ bf16 mantissa, one HFMA2 a pair: needs the scales in x's dtype), a
 fragment-ordered packed layout (one shared load per lane for several fragments); the Tensor Core
 kernel's tiles are untuned (measurements: benchmarks/NOTES.md).
 """
@@ -42,7 +47,7 @@ from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
 from .._workspace import workspace
 from . import _quant_kernels as qk
-from . import _quant_tc
+from . import _fp8_gemm, _quant_tc
 from ._activations_device import ACTIVATIONS
 from ._epilogue import vector_width
 from .gemm import _address, _vector_ok, launch_splitk_reduce, splitk_partials
@@ -246,12 +251,15 @@ def quant_gemm(x: ArrayLike, qw: QuantizedWeight, *, bias: ArrayLike | None = No
     Returns ``out`` (allocated in x's kind when not given). Arithmetic: products summed in fp32
     (the decode kernel, M up to 4 (int4) or 2 (int8): the weight exact in fp32; larger M: each
     weight element rounded once to x's dtype, Tensor Cores), the epilogue in fp32, one rounding to ``out_dtype``.
+    An fp8_e4m3 weight (W8A8): x quantized per token to e4m3 (one fp32 scale a row, as the
+    weight), e4m3 products summed by Hopper's FP8 wgmma, the two scales in the epilogue.
 
     Raises:
         TypeError: qw not a QuantizedWeight, a non-array, x not fp16 / bf16, bias / out /
             out_dtype of an unsupported dtype.
         ValueError: x not 2-D or its K not qw's, a non-contiguous last dimension, bias or out of
             the wrong shape, an unknown activation.
+        NotImplementedError: an fp8_e4m3 weight on a GPU other than Hopper (sm_90).
     """
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"qw: expected a QuantizedWeight (quantize_weight, QuantizedWeight."
@@ -283,6 +291,9 @@ def _quant_gemm_checked(x, qw, bias, activation, out, out_dtype, stream):
     if M == 0:
         return out
     handle = stream_handle(stream, (tx,))
+    if qw.format == "fp8_e4m3":   # W8A8 on Hopper
+        _fp8_gemm.fp8_gemm(tx, qw, tbias, to, out_dtype, activation, handle)
+        return out
     if qw.k_perm is not None:
         tx = _gather_columns(tx, qw, handle)
     if on_decode_kernel(qw, M):

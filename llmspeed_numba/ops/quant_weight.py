@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from .._arrays import numpy_dtype, to_host
+from .._fp8_codec import decode_e4m3
 from .._env import SIMULATOR, cuda
 from .._typing import ArrayLike
 
@@ -220,6 +221,8 @@ class QuantizedWeight:
     def codes(self) -> np.ndarray:
         """The (N, K) unsigned codes on the host (uint8), in the stored column order (sorted by
         group when ``k_perm`` is set)."""
+        if self.format == "fp8_e4m3":   # e4m3 codes, row-major (``_fp8_quant``)
+            return np.ascontiguousarray(_host(self.qweight, "qweight")).reshape(self.N, self.K)
         return unpack_codes(_host(self.qweight, "qweight"), self.bits, self.N, self.K)
 
     def dequantize(self) -> np.ndarray:
@@ -234,6 +237,8 @@ class QuantizedWeight:
         return out
 
     def _dequantize_stored(self):
+        if self.format == "fp8_e4m3":
+            return decode_e4m3(self.codes()) * self._values(self.scales).T
         q = self.codes().astype(np.float32)
         groups = np.arange(self.K) // self.group_size
         s = self._values(self.scales).T[:, groups]                            # (N, K)
@@ -517,7 +522,10 @@ def quantize_weight(w: ArrayLike, format: str, *, group_size: int = 128,
     a zero point per group, s = (max - min) / 15, z = round(-min / s). "int8": one scale a row
     (``group_size`` ignored), s = max|w| / 127. Every value is within s / 2 of w, plus what
     rounding s to w's dtype moves the clamp (a few units of that dtype's epsilon times s).
-    "fp8_e4m3": not implemented yet (NotImplementedError).
+    "fp8_e4m3": one fp32 scale a row, s = max|w| / 448, codes e4m3(w / s) (round to nearest
+    even, saturating), stored (N, K) uint8, one byte a code; K a multiple of 16. Every value is
+    within half an e4m3 step (2^-4 relative, 2^-10 s near zero) of w. ``quant_gemm`` then
+    quantizes x per token the same way (W8A8, Hopper only: ``_fp8_gemm``).
     kind / device: where the packed copy goes ("numba", "torch" on ``device``, "cupy";
     default: w's kind and device).
 
@@ -541,9 +549,7 @@ def quantize_weight(w: ArrayLike, format: str, *, group_size: int = 128,
     if n == 0 or k == 0:
         raise ValueError(f"w: expected a non-empty matrix, got shape {tuple(host.shape)}")
     if format == "fp8_e4m3":
-        raise NotImplementedError(
-            "format='fp8_e4m3': needs the W8A8 path (per-token activation quantization and "
-            "Hopper wgmma with e4m3 operands), not written yet; use 'int8' or 'int4'")
+        return _quantize_fp8(host, on_torch, n, k, kind, device)
     group, bits, zero_point = (k, 8, 128) if format == "int8" else (_group_size(group_size, k),
                                                                    4, 8)
     symmetric = format == "int8" or bool(symmetric)
@@ -552,6 +558,20 @@ def quantize_weight(w: ArrayLike, format: str, *, group_size: int = 128,
                                device)
     return _quantize(host.astype(np.float32), group, bits, zero_point, symmetric, dtype, format,
                      kind, device)
+
+
+def _quantize_fp8(w, on_torch, n, k, kind, device):
+    """The fp8_e4m3 format (``_fp8_quant``): codes (N, K) uint8 and scales (1, N) fp32."""
+    from . import _fp8_quant
+
+    _fp8_quant.check_k(k, "w")
+    if on_torch:
+        codes, s = _fp8_quant.quantize_weight_torch(w)
+        codes, s = _place_tensor(codes, kind, device), _place_tensor(s, kind, device)
+    else:
+        codes, s = _fp8_quant.quantize_weight_host(w.astype(np.float32))
+        codes, s = _place(codes, kind, device), _place(s, kind, device)
+    return QuantizedWeight("fp8_e4m3", (n, k), k, 8, s, codes, None, None, None, "float32")
 
 
 def _quantize(w32, group, bits, zero_point, symmetric, dtype, name, kind, device):

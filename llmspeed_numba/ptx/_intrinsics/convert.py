@@ -1,5 +1,5 @@
-"""Conversions: f32 to and from f16 / bf16 bits (scalar, and two packed in a uint32), and the
-bit casts between float32 and its uint32 bits."""
+"""Conversions: f32 to and from f16 / bf16 bits (scalar, and two packed in a uint32), f32 pairs
+to FP8 E4M3 codes, and the bit casts between float32 and its uint32 bits."""
 
 from llvmlite import ir
 from numba import types
@@ -10,7 +10,7 @@ from .common import _F32, _I16, _I32, _asm, _tuple
 __all__ = [
     "pack_f16x2", "pack_bf16x2", "unpack_f16x2", "unpack_bf16x2",
     "f16_to_f32", "bf16_to_f32", "f32_to_f16", "f32_to_bf16",
-    "f32_bits", "f32_from_bits",
+    "f32_bits", "f32_from_bits", "pack_e4m3x2",
 ]
 
 
@@ -124,3 +124,20 @@ def f32_from_bits(typingctx, bits):
         return builder.bitcast(value, _F32)
 
     return types.float32(bits), codegen
+
+
+# --------------------------------------------------------------------------------------------
+# FP8 E4M3 (sm_89+): two f32 rounded to nearest even, saturated to +-448 (``_fp8_codec``)
+# --------------------------------------------------------------------------------------------
+
+@intrinsic
+def pack_e4m3x2(typingctx, lo, hi):
+    """Two float32 -> two e4m3 codes packed in a uint16, ``lo``'s in the low byte
+    (``cvt.rn.satfinite.e4m3x2.f32``, which puts its first source in the upper byte)."""
+    def codegen(context, builder, signature, args):
+        lo_v = context.cast(builder, args[0], signature.args[0], types.float32)
+        hi_v = context.cast(builder, args[1], signature.args[1], types.float32)
+        return _asm(builder, _I16, [_F32, _F32], "cvt.rn.satfinite.e4m3x2.f32 $0, $1, $2;",
+                    "=h,f,f", [hi_v, lo_v])
+
+    return types.uint16(lo, hi), codegen

@@ -1,5 +1,6 @@
 """Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a): shared-memory matrix descriptors, the
-MMA itself (A from shared memory or from registers), its fences, commit and wait."""
+MMA itself (fp16 / bf16 with A from shared memory or from registers; FP8 E4M3 from shared
+memory), its fences, commit and wait."""
 
 from llvmlite import ir
 from numba import types
@@ -10,7 +11,7 @@ from .common import (_F32, _I32, _I64, _asm, _check_memory_operand, _element_poi
                      _literal_int, _make_plain, _shared_address)
 
 __all__ = ["wgmma_fence", "wgmma_commit", "fence_proxy_async", "smem_desc", "wgmma_m64k16",
-           "wgmma_m64k16_rs", "wgmma_wait"]
+           "wgmma_m64k16_rs", "wgmma_m64k32_e4m3", "wgmma_wait"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -72,29 +73,15 @@ def _check_accumulator(acc, name):
         raise TypingError(f"{name}: acc must be a float32 local array, got {acc}")
 
 
-@intrinsic
-def wgmma_m64k16(typingctx, acc, desc_a, desc_b, accumulate, n, is_bf16, trans_a, trans_b):
-    """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{f16|bf16}``: acc (a float32 local array
-    of ``n // 2``, updated in place) = A (64x16) @ B (16xn) [+ acc when ``accumulate`` != 0].
-
-    ``n`` (8..256, multiple of 8), ``is_bf16``, ``trans_a`` / ``trans_b`` (0: the operand is
-    K-major in shared memory, 1: M- / N-major) are compile-time integers. The accumulator
-    registers belong to the Tensor Cores until ``wgmma_wait`` says the group is done."""
-    _check_accumulator(acc, "wgmma_m64k16")
-    width = _literal_int(n, "wgmma_m64k16 n")
-    bf16 = _literal_int(is_bf16, "wgmma_m64k16 is_bf16")
-    ta = _literal_int(trans_a, "wgmma_m64k16 trans_a")
-    tb = _literal_int(trans_b, "wgmma_m64k16 trans_b")
-    if width % 8 or not 8 <= width <= 256 or ta not in (0, 1) or tb not in (0, 1):
-        raise TypingError(f"wgmma_m64k16: n must be a multiple of 8 in [8, 256] and the "
-                          f"transposes 0 or 1, got n={width}, trans=({ta}, {tb})")
-    regs = width // 2
-    kind = "bf16" if bf16 else "f16"
+def _descriptor_mma(shape_types, regs, tail):
+    """Codegen of ``wgmma.mma_async.sync.aligned.<shape_types>`` with both operands from
+    shared-memory descriptors, ``regs`` f32 accumulators updated in place (args: acc, desc_a,
+    desc_b, scale-d != 0, ...) and ``tail`` after the operands (the transpose immediates)."""
     outs = ",".join(f"${i}" for i in range(regs))
     text = ("{ .reg .pred p; "
             f"setp.ne.b32 p, ${regs + 2}, 0; "
-            f"wgmma.mma_async.sync.aligned.m64n{width}k16.f32.{kind}.{kind} "
-            f"{{{outs}}}, ${regs}, ${regs + 1}, p, 1, 1, {ta}, {tb}; }}")
+            f"wgmma.mma_async.sync.aligned.{shape_types} "
+            f"{{{outs}}}, ${regs}, ${regs + 1}, p, 1, 1{tail}; }}")
     # outputs, the two descriptors and scale-d, then inputs tied to the outputs (CUDA C's "+f")
     constraints = ",".join(["=f"] * regs + ["l", "l", "r"] + [str(i) for i in range(regs)]
                            + ["~{memory}"])
@@ -112,7 +99,44 @@ def wgmma_m64k16(typingctx, acc, desc_a, desc_b, accumulate, n, is_bf16, trans_a
             builder.store(builder.extract_value(out, i), p)
         return context.get_dummy_value()
 
+    return codegen
+
+
+@intrinsic
+def wgmma_m64k16(typingctx, acc, desc_a, desc_b, accumulate, n, is_bf16, trans_a, trans_b):
+    """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{f16|bf16}``: acc (a float32 local array
+    of ``n // 2``, updated in place) = A (64x16) @ B (16xn) [+ acc when ``accumulate`` != 0].
+
+    ``n`` (8..256, multiple of 8), ``is_bf16``, ``trans_a`` / ``trans_b`` (0: the operand is
+    K-major in shared memory, 1: M- / N-major) are compile-time integers. The accumulator
+    registers belong to the Tensor Cores until ``wgmma_wait`` says the group is done."""
+    _check_accumulator(acc, "wgmma_m64k16")
+    width = _literal_int(n, "wgmma_m64k16 n")
+    bf16 = _literal_int(is_bf16, "wgmma_m64k16 is_bf16")
+    ta = _literal_int(trans_a, "wgmma_m64k16 trans_a")
+    tb = _literal_int(trans_b, "wgmma_m64k16 trans_b")
+    if width % 8 or not 8 <= width <= 256 or ta not in (0, 1) or tb not in (0, 1):
+        raise TypingError(f"wgmma_m64k16: n must be a multiple of 8 in [8, 256] and the "
+                          f"transposes 0 or 1, got n={width}, trans=({ta}, {tb})")
+    kind = "bf16" if bf16 else "f16"
+    codegen = _descriptor_mma(f"m64n{width}k16.f32.{kind}.{kind}", width // 2, f", {ta}, {tb}")
     return types.void(acc, desc_a, desc_b, accumulate, n, is_bf16, trans_a, trans_b), codegen
+
+
+@intrinsic
+def wgmma_m64k32_e4m3(typingctx, acc, desc_a, desc_b, accumulate, n):
+    """``wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3``: acc (a float32 local array
+    of ``n // 2``, updated in place) = A (64x32) @ B (32xn) [+ acc when ``accumulate`` != 0],
+    both operands FP8 E4M3 codes, K-major in shared memory (the only layout 8-bit wgmma
+    reads): a k32 step is 32 bytes along a row, as a k16 step of b16 data. ``n`` (8..256,
+    multiple of 8) is a compile-time integer; the accumulator fragment is ``wgmma_m64k16``'s."""
+    _check_accumulator(acc, "wgmma_m64k32_e4m3")
+    width = _literal_int(n, "wgmma_m64k32_e4m3 n")
+    if width % 8 or not 8 <= width <= 256:
+        raise TypingError(f"wgmma_m64k32_e4m3: n must be a multiple of 8 in [8, 256], got "
+                          f"n={width}")
+    codegen = _descriptor_mma(f"m64n{width}k32.f32.e4m3.e4m3", width // 2, "")
+    return types.void(acc, desc_a, desc_b, accumulate, n), codegen
 
 
 @intrinsic

@@ -1,7 +1,8 @@
-"""Twins of ``_intrinsics/convert.py``: f32 <-> f16 / bf16 bits, packing, bit casts."""
+"""Twins of ``_intrinsics/convert.py``: f32 <-> f16 / bf16 bits, packing, e4m3, bit casts."""
 
 import numpy as np
 
+from ..._fp8_codec import encode_e4m3
 from .common import (_bf16_bits_to_f32, _bits16, _f16_bits_to_f32, _f32_to_bf16_bits,
                      _f32_to_f16_bits, _unpack)
 
@@ -49,3 +50,10 @@ def f32_bits(x):
 
 def f32_from_bits(bits):
     return np.uint32(bits).view(np.float32)
+
+
+# ---- FP8 E4M3 ------------------------------------------------------------------------------
+
+def pack_e4m3x2(lo, hi):
+    codes = encode_e4m3(np.array([lo, hi], np.float32))
+    return np.uint16(int(codes[0]) | (int(codes[1]) << 8))
