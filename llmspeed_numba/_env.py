@@ -45,7 +45,9 @@ if SIMULATOR:
         key = (caller.f_code.co_filename, caller.f_lineno)
         array = self._allocations.get(key)
         if array is None:
-            array = self._allocations[key] = np.empty(shape, dtype)
+            # setdefault is atomic: the block's threads reach this line concurrently, and a
+            # get-then-store (the simulator's own) can hand two of them different arrays
+            array = self._allocations.setdefault(key, np.empty(shape, dtype))
         return array
 
     def _local_array(self, shape, dtype, alignment=None):

@@ -10,6 +10,7 @@ under the simulator and run in the GPU suite:
 """
 
 import os
+import sys
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -23,6 +24,12 @@ settings.register_profile(
     "gpu", max_examples=60, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "simulator" if SIMULATOR else "gpu"))
+
+if SIMULATOR:
+    # the tests' own kernels launched straight through numba too (see SIMULATOR_SWITCH_INTERVAL)
+    from llmspeed_numba._launch import SIMULATOR_SWITCH_INTERVAL
+
+    sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL)
 
 
 def pytest_collection_finish(session):

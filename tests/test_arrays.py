@@ -88,3 +88,31 @@ def test_torch_and_cupy_round_trip_kinds(rng):
     out_nb = warp_tile_matmul(cuda.to_device(a16), cuda.to_device(b16))
     assert cuda.is_cuda_array(out_nb) and type(out_nb).__module__.startswith("numba")
     np.testing.assert_allclose(out_cp.get(), out_nb.copy_to_host(), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator's shared arrays")
+def test_simulator_gives_a_block_one_shared_array(monkeypatch):
+    """Threads of a block that reach ``cuda.shared.array`` together all get the same array
+    (a get-then-store lookup handed racing threads arrays of their own: garbage read across
+    threads, seen once the simulator switched threads often)."""
+    import threading
+    import time
+
+    from numba.cuda.simulator import kernelapi
+
+    shared = kernelapi.FakeCUDAShared(0)
+    real_empty = np.empty
+
+    def slow_empty(*args, **kwargs):  # every thread finds no array before any stores one
+        time.sleep(0.02)
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(np, "empty", slow_empty)
+    found = []
+    threads = [threading.Thread(target=lambda: found.append(shared.array(16, np.float32)))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(found) == 8 and all(a is found[0] for a in found)
