@@ -4,6 +4,7 @@ in the simulator (so the README's first command works anywhere); and without a G
 simulator, the library says how to run in the simulator."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -113,7 +114,8 @@ def test_info_names_the_target():
     proc = _run("info", simulator_env=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "numba-cuda:" in proc.stdout and "target:" in proc.stdout
-    assert "CUDA simulator" in proc.stdout
+    target = "CUDA simulator" if _env.SIMULATOR else "GPU"
+    assert re.search(rf"^target: +{target}$", proc.stdout, re.M), proc.stdout
 
 
 def test_demo_checks_ops_on_whatever_target_exists():

@@ -34,6 +34,9 @@ from llmspeed_numba.models.random_model import preset_config, random_weights  # 
 from llmspeed_numba.ops.gemm_gated import deinterleave_gate_up  # noqa: E402
 
 GPUS = 0 if SIMULATOR or not have_gpu() else torch.cuda.device_count()
+#: tests that start two ranks: on the CPU over gloo (the simulator) or on two GPUs
+two_ranks = pytest.mark.skipif(not SIMULATOR and GPUS < 2,
+                               reason="starts 2 ranks: the CPU's (simulator) or 2 GPUs")
 PROMPTS = [[3, 17, 42, 8, 61, 5, 29], [11, 2, 50]]
 FED = [7, 60]
 
@@ -260,6 +263,7 @@ def _agree_where_clear(got, expected, config, weights, prompt, what):
     assert len(got) == len(expected), f"{what}: {len(got)} tokens, expected {len(expected)}"
 
 
+@two_ranks
 def test_two_ranks_over_gloo():
     """One spawn of two ranks for every check of the model split over them (an xdist worker
     each would start its own): the collectives, the logits, the greedy tokens."""
@@ -298,6 +302,7 @@ def test_two_ranks_over_gloo():
     np.testing.assert_array_equal(results[0]["prefill"], results[1]["prefill"])
 
 
+@two_ranks
 def test_engine_with_two_ranks_equals_one():
     c = preset_config("tiny", num_hidden_layers=1, vocab_size=64, max_position_embeddings=64)
     prompt, sampling = [1, 2, 3, 4, 5], SamplingParams(max_tokens=2)
@@ -314,6 +319,7 @@ def test_engine_with_two_ranks_equals_one():
                        prompt, "LLM(tensor_parallel_size=2)")
 
 
+@two_ranks
 def test_engine_start_failure_leaves_no_group():
     with pytest.raises(TypeError, match="kv_cache_memory: expected a fraction"):
         LLM(_tp_config(), load_format="dummy", tensor_parallel_size=2, kv_cache_memory="all")

@@ -15,6 +15,8 @@ import random
 import numpy as np
 import pytest
 
+from llmspeed_numba import SIMULATOR
+
 from llmspeed_numba.engine.runner import BATCH_BUCKETS, ModelRunner, _bucket, row_seed
 from llmspeed_numba.engine.sampling_params import SamplingParams
 from llmspeed_numba.engine.scheduler import BatchEntry, Request
@@ -257,7 +259,8 @@ def test_graph_decode_through_staged_inputs_samples_the_eager_tokens():
         outs.append([o.token_ids for o in llm.generate(prompts, sampling)])
         if graphs:
             assert {rows for rows, _ in llm.runner.graphs} == {1, 2, 4}
-            assert all(g.graph is None for g in llm.runner.graphs.values())
+            # captured on a GPU; the simulator has no graphs, so each step ran through the bucket
+            assert all((g.graph is None) == SIMULATOR for g in llm.runner.graphs.values())
     assert outs[0] == outs[1] == outs[2] and [len(t) for t in outs[0]] == [4, 2, 3]
 
 

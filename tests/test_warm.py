@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
-from llmspeed_numba import warm
+from llmspeed_numba import SIMULATOR, warm
 from llmspeed_numba._launch import Kernel, collecting_kernels
 
 pytest.importorskip("torch")
@@ -89,6 +89,7 @@ def test_marker_is_keyed_by_model_and_dtype(tmp_path, monkeypatch):
     assert warm.is_warm(None, "bfloat16", "int4") and not warm.is_warm(None, "bfloat16", "int8")
 
 
+@pytest.mark.skipif(not SIMULATOR, reason="needs a machine without a GPU")
 def test_cli_warm_without_a_gpu_says_so(capsys):
     from llmspeed_numba.cli import main
 

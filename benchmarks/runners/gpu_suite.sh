@@ -8,6 +8,10 @@
 #          test_compile_check is a bucket of its own, started first: its child compiles every
 #          registered kernel (3-4 min) and warms nothing. One summary line per bucket (logs:
 #          suite/bucket_NN.log; each bucket's node ids: suite/buckets/bucket_NN.txt).
+#          Every finished test's outcome is appended under $SUITE_STATE (/tmp/suite_state) as
+#          it ends, so a warm phase cut off at a call's limit resumes: run `warm` again on the
+#          same (still held) machine and it runs only the tests without a pass or skip there
+#          yet, and the compile check until it passed once. suite/summary.txt: the totals.
 #   whole: the documented command, `python -m pytest -q tests`, in one process, on that cache.
 #   bash benchmarks/runners/gpu_suite.sh [warm|whole|both]       logs under $OUT
 #   TESTS="tests/test_gemm.py tests/test_softmax.py" limits the warm phase to those files (no
@@ -22,7 +26,8 @@ if [ "$phase" != whole ]; then
     start=$(date +%s)
     list="$OUT/suite/buckets"; rm -rf "$list"; mkdir -p "$list"
     tests=${TESTS:-tests}
-    if [ "$tests" = tests ]; then
+    state=${SUITE_STATE:-/tmp/suite_state}; mkdir -p "$state"
+    if [ "$tests" = tests ] && [ ! -f "$state/compile_check.passed" ]; then
         LLMSPEED_COMPILE_CHECK=all timeout "${WARM_LIMIT:-420}" python -m pytest -q \
             tests/test_compile_check.py --durations=8 -p no:cacheprovider > "$OUT/suite/compile_check.log" 2>&1 &
     fi
@@ -32,11 +37,23 @@ if [ "$phase" != whole ]; then
     collect="$collect --ignore=tests/test_compile_check.py"
     $collect > "$list/all.txt" 2>&1
     $collect -m hypothesis > "$list/hypothesis.txt" 2>&1
-    python - "$list" "${BUCKETS:-14}" "${DESELECT:-}" <<'EOF'
+    python - "$list" "${BUCKETS:-14}" "${DESELECT:-}" "$state" <<'EOF'
+import glob
 import sys
 
-folder, n = sys.argv[1], int(sys.argv[2])
+folder, n, state = sys.argv[1], int(sys.argv[2]), sys.argv[4]
 deselected = set(sys.argv[3].split())
+# tests that passed or were skipped in an earlier warm phase on this machine (a test's last
+# line wins, files in the order written) are not run again
+last = {}
+for path in sorted(glob.glob(f"{state}/outcomes_*.txt")):
+    for line in open(path):
+        outcome, _, node = line.strip().partition(" ")
+        last[node] = outcome
+done = {node for node, outcome in last.items() if outcome in ("passed", "skipped")}
+deselected |= done
+if done:
+    print(f"{len(done)} tests passed or skipped in an earlier warm phase: not run again")
 
 
 def node_ids(name):
@@ -98,12 +115,37 @@ EOF
         name=$(basename "$f" .txt)
         mapfile -t ids < "$f"
         [ "${#ids[@]}" -gt 0 ] || continue
-        timeout "${WARM_LIMIT:-420}" python -m pytest -q "${ids[@]}" --durations=0 \
+        LLMSPEED_TEST_OUTCOMES="$state/outcomes_${start}_$name.txt" \
+            timeout "${WARM_LIMIT:-420}" python -m pytest -q "${ids[@]}" --durations=0 \
             -p no:cacheprovider > "$OUT/suite/$name.log" 2>&1 &
     done
     wait
     echo "warm phase: $(( $(date +%s) - start )) s"
     for f in "$OUT"/suite/*.log; do echo "$(basename "$f" .log): $(tail -n 1 "$f")"; done
+    check=$(tail -n 1 "$OUT/suite/compile_check.log" 2>/dev/null)
+    if [[ "$check" == *" passed"* && "$check" != *failed* ]]; then
+        touch "$state/compile_check.passed"
+    fi
+    python - "$list/all.txt" "$state" <<'EOF' | tee "$OUT/suite/summary.txt"
+import collections
+import glob
+import os
+import sys
+
+every = [line.strip() for line in open(sys.argv[1]) if "::" in line]
+last = {}
+for path in sorted(glob.glob(f"{sys.argv[2]}/outcomes_*.txt")):
+    for line in open(path):
+        outcome, _, node = line.strip().partition(" ")
+        last[node] = outcome
+counts = collections.Counter(last.get(node, "not run yet") for node in every)
+check = "passed" if os.path.exists(f"{sys.argv[2]}/compile_check.passed") else "not passed yet"
+print(f"suite on this machine so far: {len(every)} tests: "
+      + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"; compile check {check}")
+for node in every:
+    if last.get(node) == "failed":
+        print(f"FAILED {node}")
+EOF
 fi
 if [ "$phase" != warm ]; then
     timeout "${WHOLE_LIMIT:-560}" python -m pytest -q tests --durations=20 -p no:cacheprovider \

@@ -454,14 +454,17 @@ def _quantize_torch(w, group, bits, zero_point, symmetric, dtype, name, kind, de
     qmax = (1 << bits) - 1
     g = w.to(torch.float32).reshape(n, k // group, group)
     if symmetric:
-        s = (g.abs().amax(dim=-1) / np.float32(zero_point - 1)).to(w.dtype)
+        amax = g.abs().amax(dim=-1)
+        # a tensor divisor: torch divides by a Python number as a multiply by its reciprocal on
+        # CUDA, one ulp off NumPy's division
+        s = (amax / torch.full_like(amax, zero_point - 1)).to(w.dtype)
         s32 = s.to(torch.float32)
         safe = torch.where(s32 == 0, torch.ones_like(s32), s32)
         q = torch.clamp(torch.round(g / safe[..., None]) + zero_point, 0, qmax)
         z = None
     else:
         lo, hi = g.amin(dim=-1), g.amax(dim=-1)
-        s = ((hi - lo) / np.float32(qmax)).to(w.dtype)
+        s = ((hi - lo) / torch.full_like(hi, qmax)).to(w.dtype)
         s32 = s.to(torch.float32)
         safe = torch.where(s32 == 0, torch.ones_like(s32), s32)
         z = torch.clamp(torch.round(-lo / safe), 0, qmax)
