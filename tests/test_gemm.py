@@ -59,7 +59,8 @@ def on_tensor_cores(config, dtype):
         return False
     if config is None:
         return dtype in ("float16", "bfloat16")   # backend="auto"
-    return resolve_config(config).backend == "tensor_core"
+    cfg = resolve_config(config)
+    return cfg.backend == "tensor_core" and not cfg.gemv   # gemv: fp32 FMA, rounded
 
 
 def check(got, a, b, *, out_dtype, c=None, alpha=1.0, beta=0.0, bias=None, activation=None,
@@ -210,6 +211,53 @@ def test_wgmma_unaligned_falls_back(rng):
     """N = 17 (b's rows are not 16-byte multiples): no 16-byte copies, so the call runs on the
     mma.sync kernel, still correct."""
     run_and_check(20, 17, 24, "float16", "NN", SIM_WG, rng, out_dtype="float32")
+
+
+# ---- few-row CUDA-core kernel (gemv_*) ------------------------------------------------------
+
+#: one warp, 3 columns a block, two chunk steps an iteration: few simulated threads, and K = 560
+#: (70 chunks) gives a lane a full iteration and a partial one
+SIM_GEMV = {"backend": "tensor_core", "block_m": 2, "block_n": 3, "block_k": 8, "warps_n": 1,
+            "stages": 2, "gemv": True}
+
+
+@pytest.mark.parametrize("M", [1, 3])
+def test_gemv_epilogue(M, rng):
+    """M up to the kernel's rows, N = 6 (a partial last block of 4 columns), K = 72 split
+    over 4 warps (the last one shorter), every epilogue input."""
+    N = 6
+    run_and_check(M, N, 72, "float16", "NT", "gemv_4x4_w4_u2", rng,
+                  c=random_array((M, N), "float32", rng), beta=0.5,
+                  bias=random_array((N,), "float16", rng), activation="silu")
+
+
+@pytest.mark.parametrize("dtype,out_dtype", [("bfloat16", "float32"), ("float16", "float16")])
+def test_gemv_unrolled_steps_and_tail(dtype, out_dtype, rng):
+    run_and_check(2, 7, 560, dtype, "NT", SIM_GEMV, rng, out_dtype=out_dtype)
+
+
+def test_gemv_bitwise_repeatable(rng):
+    a = random_array((2, 560), "bfloat16", rng)
+    b = random_array((560, 7), "bfloat16", rng)
+    da, db = place(a, False), place(b, True)
+    first = f64(gemm(da, db, config=SIM_GEMV, out_dtype="float32"))
+    assert np.array_equal(f64(gemm(da, db, config=SIM_GEMV, out_dtype="float32")), first)
+
+
+@pytest.mark.parametrize("M,K,layout", [(3, 72, "NT"), (2, 36, "NT"), (2, 72, "NN"),
+                                        (2, 72, "TT")])
+def test_gemv_out_of_reach_runs_another_kernel(M, K, layout, rng):
+    """More rows than the config's, K not a multiple of 8, b or a not K-major: the call runs on
+    the heuristic's Tensor Core tile instead, still right."""
+    run_and_check(M, 9, K, "float16", layout, "gemv_2x4_w4_u2", rng, out_dtype="float32")
+
+
+def test_gemv_config_checked():
+    with pytest.raises(ValueError, match="gemv needs"):
+        resolve_config(dict(SIM_GEMV, block_m=3))
+    with pytest.raises(ValueError, match="gemv needs"):
+        resolve_config(dict(SIM_GEMV, split_k=2))
+    assert resolve_config("gemv_1x4_w4_u2").threads == 128
 
 
 # ---- epilogue ------------------------------------------------------------------------------

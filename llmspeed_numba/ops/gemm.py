@@ -48,7 +48,7 @@ from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
 from .._workspace import unused, workspace
 from .. import _tuning_cache
-from . import _gemm_simt, _gemm_tensor_core, _gemm_wgmma
+from . import _gemm_simt, _gemm_tensor_core, _gemm_wgmma, _gemv
 from ._activations_device import ACTIVATIONS, GATED_ACTIVATIONS
 from ._epilogue import epilogue, vector_width
 from .gemm_configs import (CONFIGS, LARGE_CONFIG, SIMT_CONFIG, GemmConfig, candidates,
@@ -101,6 +101,9 @@ def _kernel_fn(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_d
                bias_dtype, act, split_finish=False):
     """The kernel function and its ``cuda.jit`` options (launch bounds). ``split_finish``: a
     Tensor Core kernel for a K split finished in its own launch (``split_tile_finish``)."""
+    if cfg.gemv:
+        return _gemv.make_kernel(cfg.block_m, cfg.block_n, cfg.warps_n, cfg.stages,
+                                 in_dtype == "bfloat16", out_dtype, c_dtype, bias_dtype, act), {}
     min_blocks = _min_blocks(cfg, a_vec, b_vec, in_dtype)
     options = {"launch_bounds": (cfg.threads, min_blocks)} if min_blocks else {}
     if cfg.wgmma:
@@ -344,8 +347,17 @@ def splitk_partials(like, stream, n):
     return workspace(like, stream, "gemm_split_k", n, np.float32)
 
 
+def gemv_fits(p, cfg):
+    """The few-row kernel ``cfg`` can run problem ``p``: at most its rows, both operands
+    K-major with 16-byte loads, K a multiple of 8, no gated activation."""
+    return (p.M <= cfg.block_m and p.a_k_inner and p.b_k_inner and p.a_vec and p.b_vec
+            and p.K % 8 == 0 and not p.gated)
+
+
 def _run(p, cfg):
     """Launch ``cfg`` for problem ``p`` (M, N, K >= 1)."""
+    if cfg.gemv and not gemv_fits(p, cfg):
+        cfg = heuristic(p.backend, p.M, p.N, p.K, gemv=False)
     if cfg.wgmma and not (p.a_vec and p.b_vec):   # wgmma tiles are filled by 16-byte copies
         cfg = heuristic(p.backend, p.M, p.N, p.K, wgmma=False).replace(split_k=cfg.split_k)
     splits = split_count(cfg, p.M, p.N, p.K)
@@ -590,6 +602,13 @@ for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
         _name, _compile_target(CONFIGS[_cfg], _a_k, _b_k, _in, _out, **_extra),
         ptx_must_have=_WGMMA_PTX if _wg else _TC_PTX,
         sass_must_have=_WGMMA_SASS if _wg else _TC_SASS)
+# the few-row CUDA-core kernel: 16-byte loads of both operands, no local memory
+for _name, _cfg, _in, _out, _extra in (
+        ("gemm_gemv_bf16_1x4", "gemv_1x4_w4_u2", "bfloat16", "bfloat16", {}),
+        ("gemm_gemv_f16_4x4_epilogue", "gemv_4x4_w4_u2", "float16", "float32",
+         {"c_dtype": "float16", "bias_dtype": "float16", "act": "silu"})):
+    compile_check.register(_name, _compile_target(CONFIGS[_cfg], True, True, _in, _out, **_extra),
+                           sass_must_have=("LDG.E.128", "FFMA"))
 for _name, _out, _bias, _act in (("gemm_splitk_reduce_bf16_silu_and_mul", "bfloat16", None,
                                    "silu_and_mul"),
                                   ("gemm_splitk_reduce_f16_gelu_and_mul", "float16", "float32",

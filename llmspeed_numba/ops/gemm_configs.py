@@ -30,6 +30,10 @@ class GemmConfig:
     ``_b<min_blocks>`` when set). ``wgmma``: the Hopper kernel (``_gemm_wgmma``, sm_90 only):
     ``block_m / 64`` warpgroups, ``block_k`` 64, warp fields unused; it needs both operands
     16-byte aligned and otherwise runs as the ``mma.sync`` kernel of ``LARGE_CONFIG``.
+    ``gemv``: the few-row CUDA-core kernel (``_gemv``, fp16 / bf16) for M <= ``block_m``:
+    ``block_n`` output columns a block of ``warps_n`` warps, ``stages`` chunk steps a loop
+    iteration; it needs both operands K-major and 16-byte aligned and K a multiple of 8, and
+    otherwise runs as the heuristic's Tensor Core tile.
     """
     backend: str = "tensor_core"
     block_m: int = 128
@@ -44,11 +48,14 @@ class GemmConfig:
     group_m: int = 8
     min_blocks: int | None = None
     wgmma: bool = False
+    gemv: bool = False
 
     @property
     def name(self):
         tile = f"{self.block_m}x{self.block_n}x{self.block_k}"
-        if self.wgmma:
+        if self.gemv:
+            body = f"gemv_{self.block_m}x{self.block_n}_w{self.warps_n}_u{self.stages}"
+        elif self.wgmma:
             body = f"wg_{tile}_s{self.stages}"
         elif self.backend == "tensor_core":
             body = f"tc_{tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}"
@@ -62,6 +69,8 @@ class GemmConfig:
 
     @property
     def threads(self):
+        if self.gemv:
+            return 32 * self.warps_n
         if self.wgmma:
             return _gemm_wgmma.threads_for(self.block_m)
         if self.backend == "tensor_core":
@@ -69,6 +78,8 @@ class GemmConfig:
         return _gemm_simt.threads(self.block_m, self.block_n, self.thread_m, self.thread_n)
 
     def shared_bytes(self):
+        if self.gemv:
+            return 0  # static shared memory only
         if self.wgmma:
             return _gemm_wgmma.shared_bytes(self.block_m, self.block_n, self.stages)
         if self.backend == "tensor_core":
@@ -95,7 +106,13 @@ class GemmConfig:
         if self.min_blocks is not None and (not isinstance(self.min_blocks, int) or
                                             not 0 <= self.min_blocks <= 32):
             bad(f"min_blocks must be None or an int in [0, 32], got {self.min_blocks!r}")
-        if self.wgmma:
+        if self.gemv:
+            if self.backend != "tensor_core" or self.wgmma or self.block_m not in (1, 2, 4) or \
+                    not 1 <= self.block_n <= 16 or self.warps_n not in (1, 2, 4, 8, 16) or \
+                    not 1 <= self.stages <= 4 or self.block_k != 8 or self.split_k not in (None, 1):
+                bad("gemv needs backend 'tensor_core', block_m 1, 2 or 4, block_n 1-16, "
+                    "warps_n 1-16 (a power of 2), stages 1-4, block_k 8 and no K split")
+        elif self.wgmma:
             if self.backend != "tensor_core" or self.block_m not in (64, 128) or \
                     self.block_n not in (64, 128, 256) or self.block_k != 64 or self.stages < 3:
                 bad("wgmma needs backend 'tensor_core', block_m 64 or 128, block_n 64, 128 or "
@@ -148,6 +165,10 @@ CONFIGS = {c.name: c for c in (
     # Hopper (sm_90): two warpgroups of m64n256 (128 fp32 accumulators a thread) or m64n128
     GemmConfig("tensor_core", 128, 256, 64, stages=4, wgmma=True),
     GemmConfig("tensor_core", 128, 128, 64, stages=5, wgmma=True),
+    # decode on CUDA cores (M <= 1, 2, 4): the weight streamed, 4 columns a block of 4 warps
+    GemmConfig("tensor_core", 1, 4, 8, 1, 4, 2, gemv=True),
+    GemmConfig("tensor_core", 2, 4, 8, 1, 4, 2, gemv=True),
+    GemmConfig("tensor_core", 4, 4, 8, 1, 4, 2, gemv=True),
     # Hopper, few rows (batched decode, M = 17-256): one warpgroup of 64 rows
     GemmConfig("tensor_core", 64, 128, 64, stages=4, wgmma=True),
     GemmConfig("tensor_core", 64, 128, 64, stages=6, wgmma=True),
@@ -184,6 +205,8 @@ SIMT_CANDIDATES = ("simt_128x128x8_t8x8", "simt_128x128x16_t8x8", "simt_64x64x8_
 #: Candidates for M <= 32 (decode): one or two 16-row fragments per warp.
 SMALL_M_CANDIDATES = ("tc_16x128x64_w1x4_s4", "tc_16x256x64_w1x8_s4", "tc_32x128x64_w1x4_s4")
 
+#: The most rows the heuristic gives the CUDA-core few-row kernel (``gemv_*``).
+GEMV_MAX_M = 4
 #: Few rows (17 .. ``SMALL_M_WGMMA_MAX``) on Hopper: ``_few_rows_wgmma`` picks the tile.
 SMALL_M_WGMMA_MAX = 256
 #: The least K a split of a wgmma tile takes (``split_count``).
@@ -227,13 +250,16 @@ def resolve_config(config):
                     f"{type(config).__name__}")
 
 
-def heuristic(backend, M, N, K, wgmma=True):
+def heuristic(backend, M, N, K, wgmma=True, gemv=True):
     """A reasonable configuration by shape, when nothing better is known. ``wgmma=False``: no
-    Hopper tile (an operand not 16-byte aligned)."""
+    Hopper tile (an operand not 16-byte aligned); ``gemv=False``: no CUDA-core few-row kernel
+    (the operands' layout or K does not allow it)."""
     if SIMULATOR:
         return SIM_TC if backend == "tensor_core" else SIM_SIMT
     if backend == "simt":
         return CONFIGS["simt_64x64x8_t4x4" if M * N <= 512 * 512 else SIMT_CONFIG]
+    if gemv and M <= GEMV_MAX_M:
+        return CONFIGS[f"gemv_{1 << (M - 1).bit_length()}x4_w4_u2"]
     if M <= 16:
         return CONFIGS["tc_16x128x64_w1x4_s4"]
     wgmma = wgmma and wgmma_supported()
@@ -282,6 +308,8 @@ def split_count(cfg, M, N, K):
     (written and read once) stays below the traffic of B. wgmma tiles for few rows (one block
     an SM: their shared memory) aim at one wave, with at least ``SPLIT_MIN_K_WGMMA`` of K a split (a split
     costs its partial tile's round trip through L2 at the end)."""
+    if cfg.gemv:
+        return 1  # its warps split K inside the block
     if cfg.split_k is not None:
         return max(1, min(cfg.split_k, _cdiv(K, cfg.block_k)))
     tiles = _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n)
