@@ -647,6 +647,22 @@ def test_gpu_llm_shapes(M, layout, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M,config", [(1, "gemv_1x4_w4_u2"), (2, "gemv_2x4_w4_u2"),
+                                      (3, "gemv_4x4_w4_u2"), (4, "gemv_4x4_w4_u2")])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_gemv(M, config, dtype, rng):
+    """The few-row kernel on the hardware: N = 1001 (a partial last block), K = 4104 split
+    over the block's warps, bias + silu + beta * c, and the same bits on a second call."""
+    N, K = 1001, 4104
+    c, bias = random_array((M, N), "float32", rng), random_array((N,), dtype, rng)
+    run_and_check(M, N, K, dtype, "NT", config, rng, out_dtype="float32", c=c, beta=0.5,
+                  bias=bias, activation="silu")
+    a, b, da, db = operands(rng, M, N, K, dtype, "NT")
+    first = f64(gemm(da, db, config=config))
+    assert np.array_equal(f64(gemm(da, db, config=config)), first)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("M,N,K", [(1024, 1024, 1024), (2048, 1536, 1000), (1, 14336, 4096)])
 def test_gpu_large(M, N, K, rng):
     run_and_check(M, N, K, "float16", "NN", None, rng, out_dtype="float32")
