@@ -270,7 +270,7 @@ def test_two_ranks_over_gloo():
     c = _tp_config()
     results = run(_rank_job, 2, c, 0, PROMPTS, FED, 0)
     weights = _weights(c)
-    one = _model_steps(Model(c, None, weights), PROMPTS, FED, greedy=False)[1].numpy()
+    one = _model_steps(Model(c, None, weights), PROMPTS, FED, greedy=False)[1].cpu().numpy()
 
     # the collectives
     x = np.arange(6, dtype=np.float32).reshape(2, 3)

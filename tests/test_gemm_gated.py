@@ -158,6 +158,16 @@ def test_gated_wgmma(rng):
     run_gated(72, 136, 40, "bfloat16", SIM_WG, rng, bias_dtype="float16")
 
 
+@pytest.mark.parametrize("M,K,I,config,dtype,bias_dtype,activation", [
+    (1, 72, 16, "gemv_1x4_w4_u2", "float16", "float32", "silu_and_mul"),
+    (2, 560, 24, {"backend": "tensor_core", "block_m": 2, "block_n": 4, "block_k": 8,
+                  "warps_n": 1, "stages": 2, "gemv": True}, "bfloat16", None, "gelu_and_mul")])
+def test_gated_gemv(M, K, I, config, dtype, bias_dtype, activation, rng):
+    """The few-row kernel reads each output's gate row and up row (8 further) of W: two outputs
+    a block of 4 columns; K = 560 gives one warp's lanes a full and a partial unrolled step."""
+    run_gated(M, K, I, dtype, config, rng, activation=activation, bias_dtype=bias_dtype)
+
+
 @pytest.mark.parametrize("config, K", [(SIM_TC + "_k3", 48), (SIM_WG + "_k2", 136)])
 def test_gated_split_k(config, K, rng):
     """Split K (three and two splits of whole K tiles): the last block of each tile adds the

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 from llmspeed_numba.models.model import Model  # noqa: E402
 from llmspeed_numba.models.random_model import preset_config, random_weights  # noqa: E402
+from llmspeed_numba.testing import to_host  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
 ROPE_SCALING = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
@@ -147,7 +148,7 @@ def test_prefill_and_decode_logits_match_float64_forward():
     fed = [[7], [60]]
     for step in range(1):
         tokens = [f[step] for f in fed]
-        got = model.llama.forward(model._decode_step(cache, seqs, tokens), cache).numpy()
+        got = to_host(model.llama.forward(model._decode_step(cache, seqs, tokens), cache))
         for b, prompt in enumerate(prompts):
             _check_logits(got[b], c, weights, prompt + fed[b][:step + 1],
                           f"decode step {step} of prompt {b}", rows=-1)

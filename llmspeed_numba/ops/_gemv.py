@@ -10,6 +10,10 @@ rows (small, cached). Each thread keeps ``rows x cols`` fp32 sums; the warp adds
 with shuffles, the block across warps in warp order through shared memory (the same order every
 call: bitwise reproducible), and one thread an output applies the GEMM epilogue.
 
+Gated activations (``gemm_gated``): a block owns ``cols / 2`` output columns and reads, for each,
+its gate row of W and the up row ``GATE_BLOCK`` further (the interleaved layout); the grid is the
+same ``ceil(N / cols)``.
+
 Same kernel parameters as the Tensor Core kernel (``gemm._signature``; the split-K workspace and
 tickets are not used); needs K a multiple of 8 and both operands allowing 16-byte loads.
 """
@@ -18,16 +22,40 @@ import numpy as np
 
 from .. import ptx
 from .._env import cuda
-from ._epilogue import epilogue
+from ._activations_device import GATED_ACTIVATIONS
+from ._epilogue import epilogue, gated_epilogue, storer
+from .gemm_gated import GATE_BLOCK
 
 def make_kernel(rows, cols, warps, unroll, is_bf16, out_dtype, c_dtype, bias_dtype, act):
-    """The kernel function (not yet jitted) for M <= ``rows``; ``cols`` output columns a block of
-    ``32 * warps`` threads (grid: ``ceil(N / cols)`` blocks)."""
-    apply_epilogue = epilogue(out_dtype, c_dtype, bias_dtype, act)
+    """The kernel function (not yet jitted) for M <= ``rows``; ``cols`` rows of W a block of
+    ``32 * warps`` threads (grid: ``ceil(N / cols)`` blocks; a gated ``act`` needs ``cols``
+    even)."""
+    gated = act in GATED_ACTIVATIONS
+    half = cols // 2
+    if gated:
+        bias_pair, combine = gated_epilogue(bias_dtype, act, out_dtype)
+        store = storer(out_dtype)
+        apply_epilogue = None
+    else:
+        bias_pair = combine = store = None
+        apply_epilogue = epilogue(out_dtype, c_dtype, bias_dtype, act)
     unpack = ptx.unpack_bf16x2 if is_bf16 else ptx.unpack_f16x2
     sums = rows * cols
     steps = unroll
     threads = 32 * warps
+
+    @cuda.jit(device=True, inline="always")
+    def gate_column(j):
+        # b's gate column of output column j (its up column is GATE_BLOCK further)
+        return (j // GATE_BLOCK) * (2 * GATE_BLOCK) + j % GATE_BLOCK
+
+    @cuda.jit(device=True, inline="always")
+    def w_row(block, r):
+        # the column of b (row of W) that the block's sum r accumulates
+        if gated:
+            col = gate_column(block * half + r % half)
+            return col + GATE_BLOCK if r >= half else col
+        return block * cols + r
 
     @cuda.jit(device=True, inline="always")
     def accumulate(acc, xw, ww, u, m, r):
@@ -45,7 +73,7 @@ def make_kernel(rows, cols, warps, unroll, is_bf16, out_dtype, c_dtype, bias_dty
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
-        n0 = cuda.blockIdx.x * cols
+        block = cuda.blockIdx.x
         chunks = K // 8
         per_warp = (chunks + warps - 1) // warps
         lo = warp * per_warp
@@ -61,7 +89,7 @@ def make_kernel(rows, cols, warps, unroll, is_bf16, out_dtype, c_dtype, bias_dty
             a_row[m] = min(m, M - 1) * np.int64(lda)
         b_row = cuda.local.array(cols, np.int64)
         for r in range(cols):
-            b_row[r] = min(n0 + r, N - 1) * np.int64(ldb)
+            b_row[r] = min(w_row(block, r), N - 1) * np.int64(ldb)
 
         xw = cuda.local.array((unroll, rows, 4), np.uint32)
         ww = cuda.local.array((unroll, cols, 4), np.uint32)
@@ -95,16 +123,33 @@ def make_kernel(rows, cols, warps, unroll, is_bf16, out_dtype, c_dtype, bias_dty
             if lane == 0:
                 part[warp, i] = v
         cuda.syncthreads()
-        t = tid
-        while t < sums:
-            m = t // cols
-            n = n0 + t % cols
-            if m < M and n < N:
-                s = part[0, t]
-                for w in range(1, warps):
-                    s += part[w, t]
-                apply_epilogue(s, n, out, m * so_m + n * so_n, c, m * sc_m + n * sc_n, bias,
-                               alpha, beta)
-            t += threads
+        if gated:
+            t = tid
+            while t < rows * half:
+                m = t // half
+                jj = t % half
+                j = block * half + jj
+                if m < M and j < N // 2:
+                    gate = part[0, m * cols + jj]
+                    up = part[0, m * cols + jj + half]
+                    for w in range(1, warps):
+                        gate += part[w, m * cols + jj]
+                        up += part[w, m * cols + jj + half]
+                    n = gate_column(j)
+                    bias_gate, bias_up = bias_pair(bias, n, N)
+                    store(out, m * so_m + j * so_n, combine(gate, up, bias_gate, bias_up, alpha))
+                t += threads
+        else:
+            t = tid
+            while t < sums:
+                m = t // cols
+                n = block * cols + t % cols
+                if m < M and n < N:
+                    s = part[0, t]
+                    for w in range(1, warps):
+                        s += part[w, t]
+                    apply_epilogue(s, n, out, m * so_m + n * so_n, c, m * sc_m + n * sc_n,
+                                   bias, alpha, beta)
+                t += threads
 
     return gemv_kernel

@@ -21,7 +21,8 @@ Kernels (one module each): ``_gemm_wgmma`` (Hopper, sm_90: cp.async into 128-byt
 read by ``wgmma.mma_async``, two warpgroups, the large-problem default there), ``_gemm_tensor_core``
 (cp.async multi-stage pipeline, swizzled shared tiles, ldmatrix, ``mma.sync``, warp tiling, grouped
 rasterisation, fused epilogue: other GPUs, small problems and operands that are not 16-byte
-aligned), ``_gemm_simt`` (register blocked, double buffered). Shapes with few output tiles (decode-
+aligned), ``_gemm_simt`` (register blocked, double buffered), ``_gemv`` (one row of ``a``
+against a K-major ``b`` on CUDA cores, streaming the weight: decode at batch 1). Shapes with few output tiles (decode-
 time M of 1-16, or small M x N with long K) split K across ``split_k`` blocks: each writes fp32
 partial sums to a workspace; on Tensor Cores the last block of each tile adds them and applies
 the epilogue in the same launch (``_epilogue.split_tile_finish``), on SIMT a second kernel does
@@ -349,9 +350,9 @@ def splitk_partials(like, stream, n):
 
 def gemv_fits(p, cfg):
     """The few-row kernel ``cfg`` can run problem ``p``: at most its rows, both operands
-    K-major with 16-byte loads, K a multiple of 8, no gated activation."""
+    K-major with 16-byte loads, K a multiple of 8 (and an even column count if gated)."""
     return (p.M <= cfg.block_m and p.a_k_inner and p.b_k_inner and p.a_vec and p.b_vec
-            and p.K % 8 == 0 and not p.gated)
+            and p.K % 8 == 0 and (cfg.block_n % 2 == 0 or not p.gated))
 
 
 def _run(p, cfg):
@@ -606,7 +607,9 @@ for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
 for _name, _cfg, _in, _out, _extra in (
         ("gemm_gemv_bf16_1x4", "gemv_1x4_w4_u2", "bfloat16", "bfloat16", {}),
         ("gemm_gemv_f16_4x4_epilogue", "gemv_4x4_w4_u2", "float16", "float32",
-         {"c_dtype": "float16", "bias_dtype": "float16", "act": "silu"})):
+         {"c_dtype": "float16", "bias_dtype": "float16", "act": "silu"}),
+        ("gemm_gemv_bf16_1x4_silu_and_mul", "gemv_1x4_w4_u2", "bfloat16", "bfloat16",
+         {"act": "silu_and_mul"})):
     compile_check.register(_name, _compile_target(CONFIGS[_cfg], True, True, _in, _out, **_extra),
                            sass_must_have=("LDG.E.128", "FFMA"))
 for _name, _out, _bias, _act in (("gemm_splitk_reduce_bf16_silu_and_mul", "bfloat16", None,

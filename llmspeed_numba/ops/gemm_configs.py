@@ -205,8 +205,10 @@ SIMT_CANDIDATES = ("simt_128x128x8_t8x8", "simt_128x128x16_t8x8", "simt_64x64x8_
 #: Candidates for M <= 32 (decode): one or two 16-row fragments per warp.
 SMALL_M_CANDIDATES = ("tc_16x128x64_w1x4_s4", "tc_16x256x64_w1x8_s4", "tc_32x128x64_w1x4_s4")
 
-#: The most rows the heuristic gives the CUDA-core few-row kernel (``gemv_*``).
-GEMV_MAX_M = 4
+#: The most rows the heuristic gives the CUDA-core few-row kernel (``gemv_*``): at M = 4 its
+#: 4-row form was slower than the decode Tensor Core tile (benchmarks/NOTES.md, "Few-row GEMM on
+#: CUDA cores"); M = 2 is not measured yet.
+GEMV_MAX_M = 1
 #: Few rows (17 .. ``SMALL_M_WGMMA_MAX``) on Hopper: ``_few_rows_wgmma`` picks the tile.
 SMALL_M_WGMMA_MAX = 256
 #: The least K a split of a wgmma tile takes (``split_count``).
