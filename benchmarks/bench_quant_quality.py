@@ -2,9 +2,10 @@
 (``tests/data/alice_ch1.txt``, the opening of *Alice's Adventures in Wonderland*) with the model
 in bf16 and with its projection weights quantized (``quantization=`` of ``load_model``).
 
-Modes (``--modes``): "bf16" (no quantization), "int8" (per channel) and "int4" (groups of 128,
-or 64 / 32 where K is not a multiple of 128: SmolLM2-135M's hidden size 576 takes 64), both
-quantized at load from the bf16 weights, and "gguf" (a .gguf's own Q4_0 / Q4_1 / Q8_0 blocks,
+Modes (``--modes``): "bf16" (no quantization), "int8" (per channel), "int4" (groups of 128,
+or 64 / 32 where K is not a multiple of 128: SmolLM2-135M's hidden size 576 takes 64) and "fp8"
+(e4m3 per channel, activations per token: W8A8, Hopper only), quantized at load from the bf16
+weights, and "gguf" (a .gguf's own Q4_0 / Q4_1 / Q8_0 blocks,
 kept packed; only for a .gguf model).
 
 Model (``--model``): a Hugging Face directory or a .gguf; default the embedded
@@ -37,7 +38,7 @@ import _harness  # noqa: E402
 
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests", "data",
                     "alice_ch1.txt")
-MODES = ("bf16", "int8", "int4", "gguf")
+MODES = ("bf16", "int8", "int4", "fp8", "gguf")
 
 
 def perplexity(model, ids, window):

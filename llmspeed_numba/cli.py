@@ -180,9 +180,10 @@ def _add_generate(subparsers):
                    help="print the text as it is generated (through the engine, LLM.stream)")
     p.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
                    help="the model's dtype (default: %(default)s)")
-    p.add_argument("--quantization", choices=("int4", "int8", "gguf"), default=None,
-                   help="weight-only quantized projections: int4 (groups of 128) or int8 (per "
-                        "channel) quantized at load, or gguf: a .gguf's own Q4_0 / Q4_1 / Q8_0 "
+    p.add_argument("--quantization", choices=("int4", "int8", "fp8", "gguf"), default=None,
+                   help="quantized projections: int4 (groups of 128) or int8 (per channel) "
+                        "weights, or fp8 (e4m3 weights and per-token activations, Hopper), "
+                        "quantized at load, or gguf: a .gguf's own Q4_0 / Q4_1 / Q8_0 "
                         "blocks kept packed (default: none, every weight in --dtype)")
     _add_tensor_parallel(p)
     p.set_defaults(func=_generate)
@@ -325,7 +326,7 @@ def _add_warm(subparsers):
     p.add_argument("--workers", type=int, default=None,
                    help="compile processes (default: the CPU count)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
-    p.add_argument("--quantization", default=None, choices=("int4", "int8", "gguf"),
+    p.add_argument("--quantization", default=None, choices=("int4", "int8", "fp8", "gguf"),
                    help="the weights as `generate --quantization` loads them (default: none)")
     p.set_defaults(func=_warm)
 

@@ -78,7 +78,7 @@ def test_usage_errors_exit_2_with_the_usage(argv, complaint, capsys):
 
 def test_generate_quantization_option(capsys):
     status, out, _ = _main(capsys, "generate", "--help")
-    assert status == 0 and "--quantization {int4,int8,gguf}" in out, out
+    assert status == 0 and "--quantization {int4,int8,fp8,gguf}" in out, out
     status, _, err = _main(capsys, "generate", "Hi", "--quantization", "int3")
     assert status == 2 and "invalid choice: 'int3'" in err, err
     if _env.SIMULATOR:

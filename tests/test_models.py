@@ -68,9 +68,11 @@ def _inv_freq(c):
     return np.array(out)
 
 
-def reference_logits(c, weights, ids, rnd=lambda a: a):
+def reference_logits(c, weights, ids, rnd=lambda a: a, project_input=lambda a: a):
     """Logits (len, vocab) of one sequence; ``rnd`` rounds each intermediate (identity: float64
-    throughout; bf16 rounding: the plain same-precision forward the tolerance is derived from)."""
+    throughout; bf16 rounding: the plain same-precision forward the tolerance is derived from);
+    ``project_input`` maps the input of each layer projection (W8A8: its per-token
+    quantization; not the LM head's)."""
     W = {k: v.float().numpy().astype(np.float64) for k, v in weights.items()}
     T, D, nq, nk = len(ids), c.head_dim, c.num_attention_heads, c.num_key_value_heads
 
@@ -78,7 +80,7 @@ def reference_logits(c, weights, ids, rnd=lambda a: a):
         return rnd(rnd(x / np.sqrt((x * x).mean(-1, keepdims=True) + c.rms_norm_eps)) * w)
 
     def linear(x, name, bias=None):
-        y = rnd(x @ W[name].T)
+        y = rnd(project_input(x) @ W[name].T)
         return y if bias not in W else rnd(y + W[bias])
 
     angles = np.arange(T)[:, None] * _inv_freq(c)[None, :]
@@ -118,11 +120,11 @@ def _bf16(a):
     return np.asarray(a).astype(BF16).astype(np.float64)
 
 
-def _check_logits(got, c, weights, ids, what, rows=slice(None)):
+def _check_logits(got, c, weights, ids, what, rows=slice(None), project_input=lambda a: a):
     """``got`` against the float64 forward's logits of ``ids`` (its ``rows``), with the bound
-    derived from the plain bf16 forward."""
-    exact = reference_logits(c, weights, ids)[rows]
-    plain = reference_logits(c, weights, ids, _bf16)[rows]
+    derived from the plain bf16 forward (``project_input``: see ``reference_logits``)."""
+    exact = reference_logits(c, weights, ids, project_input=project_input)[rows]
+    plain = reference_logits(c, weights, ids, _bf16, project_input)[rows]
     err = np.abs(np.asarray(got, np.float64) - exact).max()
     plain_err = np.abs(plain - exact).max()
     bound = 2 * plain_err + 1e-3 * np.abs(exact).max()

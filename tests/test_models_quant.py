@@ -23,6 +23,7 @@ from gguf_fixtures import small_tokenizer, write_gguf
 from test_models import _bf16, _check_logits, _config, _weights, reference_logits
 
 from llmspeed_numba import LLM, QuantizedWeight, SamplingParams
+from llmspeed_numba._fp8_codec import decode_e4m3, quantize_rows
 from llmspeed_numba.models.gguf_loader import GGUFBlocks, load_gguf_weights
 from llmspeed_numba.models.llama import int4_group_size
 from llmspeed_numba.models.model import Model, load_model
@@ -31,8 +32,16 @@ from llmspeed_numba.models.random_model import preset_config
 PROMPTS = [[3, 17, 42, 8, 61, 5, 29], [11, 2, 50]]
 #: max |logits - float64 forward of the original weights| / max |those logits| allowed: about
 #: twice what was measured on this model (int8 0.032, int4 0.45: random weights of std 0.25
-#: in groups of 32 / 64, two layers).
-FORMAT_COST = {"int8": 0.08, "int4": 0.9}
+#: in groups of 32 / 64, two layers; fp8 0.15: weights and activations in e4m3).
+FORMAT_COST = {"int8": 0.08, "int4": 0.9, "fp8": 0.3}
+
+
+def fp8_activations(x):
+    """What the fp8 (W8A8) projections compute with instead of their input: each token's row
+    quantized to e4m3 with its own scale, as ``quant_gemm`` does, in float64."""
+    x = np.asarray(x, np.float64)
+    codes, scales = quantize_rows(x.astype(np.float32))
+    return decode_e4m3(codes).astype(np.float64) * scales.astype(np.float64)[:, None]
 
 
 def dequantized_weights(model, weights):
@@ -56,14 +65,18 @@ def dequantized_weights(model, weights):
     return out
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4"])
+@pytest.mark.parametrize("quantization", ["int8", "int4", "fp8"])
 def test_quantized_logits_match_float64_forward_of_dequantized_weights(quantization):
+    """fp8 quantizes the projections' inputs too: its float64 forward does the same
+    (``fp8_activations``)."""
     c = _config()
     weights = _weights(c)
     model = Model(c, None, weights, quantization=quantization)
     layer = model.llama.layers[0]
+    fmt = "fp8_e4m3" if quantization == "fp8" else quantization
+    inputs = fp8_activations if quantization == "fp8" else (lambda a: a)
     for w in (layer.qkv_t, layer.o_t, layer.gate_up_t, layer.down_t):
-        assert isinstance(w, QuantizedWeight) and w.format == quantization
+        assert isinstance(w, QuantizedWeight) and w.format == fmt
     assert isinstance(model.llama.embed, torch.Tensor) and model.llama.embed.dtype == torch.bfloat16
     if quantization == "int4":  # K = 32 (hidden) and 64 (intermediate): no group of 128 fits
         assert (layer.qkv_t.group_size, layer.down_t.group_size) == (32, 64)
@@ -71,7 +84,8 @@ def test_quantized_logits_match_float64_forward_of_dequantized_weights(quantizat
     logits = model.prefill_logits(PROMPTS)
     for b, prompt in enumerate(PROMPTS):
         got = logits[b].cpu().numpy()
-        _check_logits(got, c, deq, prompt, f"{quantization} prefill of prompt {b}")
+        _check_logits(got, c, deq, prompt, f"{quantization} prefill of prompt {b}",
+                      project_input=inputs)
         exact = reference_logits(c, weights, prompt)
         cost = np.abs(got - exact).max() / np.abs(exact).max()
         assert cost <= FORMAT_COST[quantization], (
@@ -84,7 +98,7 @@ def test_quantized_logits_match_float64_forward_of_dequantized_weights(quantizat
     got = model.llama.forward(model._decode_step(cache, seqs, [7, 60]), cache).cpu().numpy()
     for b, prompt in enumerate(PROMPTS):
         _check_logits(got[b], c, deq, prompt + [[7, 60][b]], f"{quantization} decode of {b}",
-                      rows=-1)
+                      rows=-1, project_input=inputs)
 
 
 def test_int4_prefill_on_the_tensor_core_path():
@@ -178,9 +192,10 @@ def _bound(c, weights, ids):
 
 # ---- engine and errors ----------------------------------------------------------------------
 
-def test_engine_generates_with_int8():
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_engine_generates_with_quantized_weights(quantization):
     c = preset_config("tiny", num_hidden_layers=1, vocab_size=64, max_position_embeddings=64)
-    llm = LLM(c, load_format="dummy", quantization="int8", max_num_seqs=2, seed=0)
+    llm = LLM(c, load_format="dummy", quantization=quantization, max_num_seqs=2, seed=0)
     assert isinstance(llm.llama.layers[0].down_t, QuantizedWeight)
     outs = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=2, temperature=0.0))
     assert [len(o.token_ids) for o in outs] == [2, 2]
@@ -203,9 +218,9 @@ def test_generate_text_runs_int4_in_the_simulator():
 def test_bad_quantization_values(tmp_path):
     c = _config(num_hidden_layers=1)
     weights = _weights(c)
-    for bad in ("int3", "INT4", 4, "fp8"):
+    for bad in ("int3", "INT4", 4, "fp8_e4m3"):
         with pytest.raises(ValueError, match=r"quantization: expected one of \(None, 'int4', "
-                                             r"'int8', 'gguf'\)"):
+                                             r"'int8', 'fp8', 'gguf'\)"):
             Model(c, None, weights, quantization=bad)
     with pytest.raises(ValueError, match="quantization: expected one of"):
         LLM(c, load_format="dummy", quantization="q4")

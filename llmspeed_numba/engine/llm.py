@@ -65,8 +65,9 @@ class LLM:
     in (0, 1]) or a byte count (an int) given to the paged KV cache. ``max_model_len``: prompt + output tokens at most (default: the
     model's context, capped by the cache). ``max_num_batched_tokens``: tokens per step (default
     8192, at least ``max_num_seqs``). ``seed`` draws the seeds of requests that set none.
-    ``quantization``: None (the model dtype), "int4" / "int8" (the projection weights quantized
-    at load, run by ``quant_gemm``) or "gguf" (a GGUF's Q4_0 / Q4_1 / Q8_0 projection blocks
+    ``quantization``: None (the model dtype), "int4" / "int8" / "fp8" (the projection weights
+    quantized at load, run by ``quant_gemm``; fp8 also quantizes their inputs, Hopper only) or
+    "gguf" (a GGUF's Q4_0 / Q4_1 / Q8_0 projection blocks
     kept packed); see ``models.llama``. ``tensor_parallel_size``: GPUs the model is split over
     (``engine/tp.py``): this process drives the first (its current device) and starts one
     process for each other; every one keeps 1 / N of the weights and of the KV cache (whose

@@ -25,6 +25,9 @@ Weight-only quantization (``quantization``): the four projections of every layer
 fused gate_up, down) become ``QuantizedWeight``s (N, K) run by ``quant_gemm`` (same bias and
 epilogue); embeddings, norms and the LM head stay in the model dtype.
 
+- "fp8": W8A8 on Hopper (sm_90; the simulator runs its twins): e4m3 weights with one fp32 scale
+  per output channel, the activations quantized per token at each projection (``quant_gemm``'s
+  fp8_e4m3 path); on another GPU the load fails with NotImplementedError.
 - "int8": one scale per output channel; "int4": symmetric, groups of ``INT4_GROUP_SIZE`` (128)
   along K, or of the largest of 64 / 32 that divides K, else one group a row
   (``int4_group_size``; SmolLM2's K = 576 takes 64). Quantized from the model-dtype weights,
@@ -47,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ops._fp8_gemm import require_fp8_support
 from ..ops.gemm_gated import GATE_BLOCK, interleave_gate_up
 from ..ops.quant_weight import QuantizedWeight, quantize_weight
 from . import _ops
@@ -54,8 +58,9 @@ from .rope import cos_sin_cache
 
 #: tokens per page of the KV cache.
 BLOCK_SIZE = 16
-#: ``quantization`` values: None (the model dtype), int4 / int8 at load, a GGUF's own blocks.
-QUANTIZATIONS = (None, "int4", "int8", "gguf")
+#: ``quantization`` values: None (the model dtype), int4 / int8 / fp8 at load, a GGUF's own
+#: blocks.
+QUANTIZATIONS = (None, "int4", "int8", "fp8", "gguf")
 #: int4's group along K where K allows (``int4_group_size``).
 INT4_GROUP_SIZE = 128
 
@@ -212,6 +217,8 @@ class LlamaModel:
         def put(t):
             return t.to(dtype=dtype).to(self.device).contiguous()
 
+        if quantization == "fp8":
+            require_fp8_support()
         if quantization is None:
             self.linear = self.ops.gemm
         else:
@@ -273,8 +280,9 @@ class LlamaModel:
                                                  kind=kind, device=self.device)
             return put(torch.cat([_dense(p) for p in parts])).T
         w = torch.cat([_dense(p).to(self.dtype) for p in parts])
-        if self.quantization == "int8":
-            return quantize_weight(w, "int8", kind=kind, device=self.device)
+        if self.quantization in ("int8", "fp8"):
+            fmt = "int8" if self.quantization == "int8" else "fp8_e4m3"
+            return quantize_weight(w, fmt, kind=kind, device=self.device)
         return quantize_weight(w, "int4", group_size=int4_group_size(w.shape[1]), kind=kind,
                                device=self.device)
 

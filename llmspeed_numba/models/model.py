@@ -45,7 +45,7 @@ class Model:
 
     ``generate_greedy(prompt_token_ids, max_new_tokens)`` decodes a batch greedily;
     ``prefill_logits(prompt_token_ids)`` returns every position's logits (for checks).
-    ``quantization``: None, "int4", "int8" or "gguf" (``llama``'s module docstring).
+    ``quantization``: None, "int4", "int8", "fp8" or "gguf" (``llama``'s module docstring).
     ``tp``: None, or a ``distributed.Communicator``: this process runs its rank's share of the
     model (tensor parallelism), the whole model's ``weights`` given on every rank (each keeps
     its shards); every rank then makes the same calls.
@@ -210,7 +210,7 @@ def load_model(model=None, *, dtype="bfloat16", quantization=None):
     """Load a checkpoint onto the device: ``model`` is a Hugging Face directory, a .gguf file,
     or None for the embedded default (SmolLM2-135M-Instruct). GGUF block types are dequantized
     to ``dtype`` ("bfloat16" or "float16"), except with ``quantization="gguf"``, which keeps a
-    GGUF's Q4_0 / Q4_1 / Q8_0 projection weights packed; "int4" / "int8" quantize the
+    GGUF's Q4_0 / Q4_1 / Q8_0 projection weights packed; "int4" / "int8" / "fp8" quantize the
     projections at load (``llama``'s module docstring). Errors name the file, tensor or limit
     at fault (ValueError for "gguf" on a checkpoint without such blocks); a failed load leaves
     nothing on the device."""

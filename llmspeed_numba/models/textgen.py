@@ -31,7 +31,7 @@ def _simulator_model(out, quantization=None):
 def generate_text(prompt, *, model=None, max_new_tokens=64, chat=False, dtype="bfloat16",
                   quantization=None, out=sys.stdout, log=sys.stderr):
     """Generate a continuation of ``prompt`` and print it to ``out`` (timings to ``log``).
-    ``quantization``: None, "int4", "int8" or "gguf" (``load_model``). Returns
+    ``quantization``: None, "int4", "int8", "fp8" or "gguf" (``load_model``). Returns
     ``(text, timings)``."""
     if not isinstance(prompt, str):
         raise TypeError(f"prompt: expected a str, got {type(prompt).__name__}")

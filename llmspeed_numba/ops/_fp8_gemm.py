@@ -138,13 +138,18 @@ def _scratch(tx, stream, name, n, dtype):
     return workspace(tx, stream, name, n, np.dtype(dtype))
 
 
-def fp8_gemm(tx, qw, tbias, to, out_dtype, activation, stream):
-    """``quant_gemm`` of a checked call with an fp8_e4m3 weight (M, N, K >= 1)."""
+def require_fp8_support():
+    """NotImplementedError unless this GPU runs the fp8 GEMM (Hopper, or the simulator)."""
     if not wgmma_supported():
         cc = "".join(map(str, cuda.get_current_device().compute_capability))
         raise NotImplementedError(
-            f"quant_gemm with an fp8_e4m3 weight needs a Hopper GPU (sm_90: wgmma with e4m3 "
-            f"operands), this one is sm_{cc}; use 'int8' or 'int4' weights")
+            f"fp8_e4m3 weights need a Hopper GPU (sm_90: wgmma with e4m3 operands), this one "
+            f"is sm_{cc}; use 'int8' or 'int4' weights")
+
+
+def fp8_gemm(tx, qw, tbias, to, out_dtype, activation, stream):
+    """``quant_gemm`` of a checked call with an fp8_e4m3 weight (M, N, K >= 1)."""
+    require_fp8_support()
     codes16, row_scale = quantize_activations(tx, stream)
     gemm_quantized(codes16, row_scale, tx.shape[0], qw, tbias, to, out_dtype, activation,
                    stream)
