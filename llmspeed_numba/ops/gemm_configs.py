@@ -340,9 +340,14 @@ def candidates(p):
             pool = [CONFIGS[n] for n in WGMMA_CONFIGS] + pool
     if wgmma_supported() and p.a_vec and p.b_vec and 16 < p.M <= SMALL_M_WGMMA_MAX:
         pool = [CONFIGS[n] for n in SMALL_M_WGMMA_CANDIDATES] + pool
+    if (not SIMULATOR and p.backend == "tensor_core" and p.M <= 4 and p.a_vec and p.b_vec
+            and p.a_k_inner and p.b_k_inner and p.K % 8 == 0):
+        pool = [CONFIGS[f"gemv_{1 << (p.M - 1).bit_length()}x4_w4_u2"]] + pool
     out = []
     for cfg in pool:
         out.append(cfg)
+        if cfg.gemv:    # no K split: its warps split K inside the block
+            continue
         tiles = _cdiv(p.M, cfg.block_m) * _cdiv(p.N, cfg.block_n)
         if tiles < 2 * sm_count():  # few tiles: also try fixed splits around the heuristic's
             k_tiles = _cdiv(p.K, cfg.block_k)
