@@ -280,8 +280,8 @@ class LlamaModel:
                                                  kind=kind, device=self.device)
             return put(torch.cat([_dense(p) for p in parts])).T
         w = torch.cat([_dense(p).to(self.dtype) for p in parts])
-        if self.quantization in ("int8", "fp8"):
-            fmt = "int8" if self.quantization == "int8" else "fp8_e4m3"
+        if self.quantization in ("int8", "fp8"):   # one scale per output channel
+            fmt = {"int8": "int8", "fp8": "fp8_e4m3"}[self.quantization]
             return quantize_weight(w, fmt, kind=kind, device=self.device)
         return quantize_weight(w, "int4", group_size=int4_group_size(w.shape[1]), kind=kind,
                                device=self.device)

@@ -37,6 +37,13 @@ _ZERO = np.float32(0.0)
 
 
 @cuda.jit(device=True, inline="always")
+def gate_column(j):
+    """The interleaved operand's gate column of gated output column ``j`` (its up column is
+    ``GATE_BLOCK`` further)."""
+    return (j // GATE_BLOCK) * (2 * GATE_BLOCK) + j % GATE_BLOCK
+
+
+@cuda.jit(device=True, inline="always")
 def _load_f16(buf, i):
     return ptx.f16_to_f32(buf[i])
 
@@ -417,7 +424,7 @@ def gated_raw_store(block_m, block_n, tile_ld, threads, out_dtype, bias_dtype, g
         for e in range(tid, rows * half, threads):
             r = e // half
             j = e - r * half
-            col = (j // GATE_BLOCK) * (2 * GATE_BLOCK) + j % GATE_BLOCK
+            col = gate_column(j)
             n = n0 + col
             if n < N:
                 bias_gate, bias_up = bias_pair(bias, n, N)

@@ -23,8 +23,8 @@ import numpy as np
 from .. import ptx
 from .._env import cuda
 from ._activations_device import GATED_ACTIVATIONS
-from ._epilogue import epilogue, gated_epilogue, storer
-from .gemm_gated import GATE_BLOCK
+from ._epilogue import GATE_BLOCK, epilogue, gate_column, gated_epilogue, storer
+
 
 def make_kernel(rows, cols, warps, unroll, is_bf16, out_dtype, c_dtype, bias_dtype, act):
     """The kernel function (not yet jitted) for M <= ``rows``; ``cols`` rows of W a block of
@@ -41,13 +41,7 @@ def make_kernel(rows, cols, warps, unroll, is_bf16, out_dtype, c_dtype, bias_dty
         apply_epilogue = epilogue(out_dtype, c_dtype, bias_dtype, act)
     unpack = ptx.unpack_bf16x2 if is_bf16 else ptx.unpack_f16x2
     sums = rows * cols
-    steps = unroll
     threads = 32 * warps
-
-    @cuda.jit(device=True, inline="always")
-    def gate_column(j):
-        # b's gate column of output column j (its up column is GATE_BLOCK further)
-        return (j // GATE_BLOCK) * (2 * GATE_BLOCK) + j % GATE_BLOCK
 
     @cuda.jit(device=True, inline="always")
     def w_row(block, r):
@@ -96,7 +90,7 @@ def make_kernel(rows, cols, warps, unroll, is_bf16, out_dtype, c_dtype, bias_dty
         ch = lo + lane
         while ch < hi:
             # every load of the iteration first: unroll x (rows + cols) 16-byte loads in flight
-            for u in range(steps):
+            for u in range(unroll):
                 k = np.int64(ch + 32 * u) * 8
                 if ch + 32 * u < hi:
                     for r in range(cols):
@@ -107,12 +101,12 @@ def make_kernel(rows, cols, warps, unroll, is_bf16, out_dtype, c_dtype, bias_dty
                         x = ptx.load_u32x4(a, a_row[m] + k)
                         for i in range(4):
                             xw[u, m, i] = x[i]
-            for u in range(steps):
+            for u in range(unroll):
                 if ch + 32 * u < hi:
                     for m in range(rows):
                         for r in range(cols):
                             accumulate(acc, xw, ww, u, m, r)
-            ch += 32 * steps
+            ch += 32 * unroll
 
         # lanes, then warps in a fixed order
         part = cuda.shared.array((warps, sums), np.float32)

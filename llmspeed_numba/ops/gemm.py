@@ -22,12 +22,11 @@ read by ``wgmma.mma_async``, two warpgroups, the large-problem default there), `
 (cp.async multi-stage pipeline, swizzled shared tiles, ldmatrix, ``mma.sync``, warp tiling, grouped
 rasterisation, fused epilogue: other GPUs, small problems and operands that are not 16-byte
 aligned), ``_gemm_simt`` (register blocked, double buffered), ``_gemv`` (one row of ``a``
-against a K-major ``b`` on CUDA cores, streaming the weight: decode at batch 1). Shapes with few output tiles (decode-
-time M of 1-16, or small M x N with long K) split K across ``split_k`` blocks: each writes fp32
-partial sums to a workspace; on Tensor Cores the last block of each tile adds them and applies
-the epilogue in the same launch (``_epilogue.split_tile_finish``), on SIMT a second kernel does
-(``_splitk_reduce_kernel``). The
-tile configuration (``gemm_configs.py``) comes from ``config=``, else from the autotune cache
+against a K-major ``b`` on CUDA cores, streaming the weight: decode at batch 1). Shapes with
+few output tiles (decode-time M of 1-16, or small M x N with long K) split K across ``split_k``
+blocks: each writes fp32 partial sums to a workspace; on Tensor Cores the last block of each
+tile adds them and applies the epilogue in the same launch (``_epilogue.split_tile_finish``), on
+SIMT a second kernel does (``_splitk_reduce_kernel``). The tile configuration (``gemm_configs.py``) comes from ``config=``, else from the autotune cache
 (``llmspeed_numba.autotune``), else from ``gemm_configs.heuristic``.
 """
 
@@ -53,7 +52,7 @@ from . import _gemm_simt, _gemm_tensor_core, _gemm_wgmma, _gemv
 from ._activations_device import ACTIVATIONS, GATED_ACTIVATIONS
 from ._epilogue import epilogue, vector_width
 from .gemm_configs import (CONFIGS, LARGE_CONFIG, SIMT_CONFIG, GemmConfig, candidates,
-                           heuristic, resolve_config, split_count)
+                           gemv_fits, heuristic, resolve_config, split_count)
 from .gemm_gated import check_gated, gated_reduce_kernel_fn
 
 INPUT_DTYPES = ("float16", "bfloat16", "float32")
@@ -346,13 +345,6 @@ def splitk_partials(like, stream, n):
     stream's workspace, shared as the split tickets are (calls on one stream run in order; an
     allocation a call would cost more host time than a decode-size GEMM)."""
     return workspace(like, stream, "gemm_split_k", n, np.float32)
-
-
-def gemv_fits(p, cfg):
-    """The few-row kernel ``cfg`` can run problem ``p``: at most its rows, both operands
-    K-major with 16-byte loads, K a multiple of 8 (and an even column count if gated)."""
-    return (p.M <= cfg.block_m and p.a_k_inner and p.b_k_inner and p.a_vec and p.b_vec
-            and p.K % 8 == 0 and (cfg.block_n % 2 == 0 or not p.gated))
 
 
 def _run(p, cfg):

@@ -261,7 +261,7 @@ def heuristic(backend, M, N, K, wgmma=True, gemv=True):
     if backend == "simt":
         return CONFIGS["simt_64x64x8_t4x4" if M * N <= 512 * 512 else SIMT_CONFIG]
     if gemv and M <= GEMV_MAX_M:
-        return CONFIGS[f"gemv_{1 << (M - 1).bit_length()}x4_w4_u2"]
+        return gemv_config(M)
     if M <= 16:
         return CONFIGS["tc_16x128x64_w1x4_s4"]
     wgmma = wgmma and wgmma_supported()
@@ -284,6 +284,19 @@ def heuristic(backend, M, N, K, wgmma=True, gemv=True):
         if _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n) >= 0.75 * sm_count():
             return cfg
     return CONFIGS["tc_128x128x64_w2x2_s3"]
+
+
+def gemv_config(M):
+    """The registered few-row kernel for M <= 4 rows (its rows: M rounded up to 1, 2 or 4)."""
+    return CONFIGS[f"gemv_{1 << (M - 1).bit_length()}x4_w4_u2"]
+
+
+def gemv_fits(p, cfg):
+    """The few-row kernel ``cfg`` can run problem ``p`` (``gemm._Problem``): at most its rows,
+    both operands K-major with 16-byte loads, K a multiple of 8 (an even column count if
+    gated)."""
+    return (p.M <= cfg.block_m and p.a_k_inner and p.b_k_inner and p.a_vec and p.b_vec
+            and p.K % 8 == 0 and (cfg.block_n % 2 == 0 or not p.gated))
 
 
 def _few_rows_wgmma(M, N, K):
@@ -340,9 +353,9 @@ def candidates(p):
             pool = [CONFIGS[n] for n in WGMMA_CONFIGS] + pool
     if wgmma_supported() and p.a_vec and p.b_vec and 16 < p.M <= SMALL_M_WGMMA_MAX:
         pool = [CONFIGS[n] for n in SMALL_M_WGMMA_CANDIDATES] + pool
-    if (not SIMULATOR and p.backend == "tensor_core" and p.M <= 4 and p.a_vec and p.b_vec
-            and p.a_k_inner and p.b_k_inner and p.K % 8 == 0):
-        pool = [CONFIGS[f"gemv_{1 << (p.M - 1).bit_length()}x4_w4_u2"]] + pool
+    if not SIMULATOR and p.backend == "tensor_core" and p.M <= 4 and \
+            gemv_fits(p, gemv_config(p.M)):
+        pool = [gemv_config(p.M)] + pool
     out = []
     for cfg in pool:
         out.append(cfg)

@@ -48,7 +48,7 @@ import numpy as np
 from .._env import cuda
 from .._typing import ArrayLike
 from ._activations_device import GATED_ACTIVATIONS
-from ._epilogue import GATE_BLOCK, gated_epilogue, storer
+from ._epilogue import GATE_BLOCK, gate_column, gated_epilogue, storer
 
 __all__ = ["GATE_BLOCK", "GATED_ACTIVATIONS", "interleave_gate_up", "deinterleave_gate_up"]
 
@@ -179,7 +179,7 @@ def gated_reduce_kernel_fn(out_dtype, bias_dtype, act):
         while i < M * half:
             m = i // half
             j = i - m * half
-            n = (j // GATE_BLOCK) * (2 * GATE_BLOCK) + j % GATE_BLOCK
+            n = gate_column(j)
             gate = np.float32(0.0)
             up = np.float32(0.0)
             for z in range(splits):
