@@ -21,6 +21,10 @@ from llmspeed_numba.models.model import Model  # noqa: E402
 from llmspeed_numba.models.random_model import preset_config, random_weights  # noqa: E402
 
 GPU = not SIMULATOR and have_gpu()
+#: KV cache for the tests' engines on a GPU: plenty for their prompts, where the default (90 %
+#: of the free memory) would starve the GPU suite's other processes running beside them; the
+#: simulator's default is already small
+KV_CACHE_MEMORY = (1 << 30) if GPU else 0.9
 
 
 def _tiny():
@@ -29,7 +33,8 @@ def _tiny():
 
 def test_chunked_continuous_batching_equals_the_plain_loop():
     config = _tiny()
-    llm = LLM(config, load_format="dummy", max_num_seqs=2, max_num_batched_tokens=4, seed=0)
+    llm = LLM(config, load_format="dummy", max_num_seqs=2, max_num_batched_tokens=4, seed=0,
+              kv_cache_memory=KV_CACHE_MEMORY)
     prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]]
     outs = llm.generate(prompts, SamplingParams(max_tokens=2))
     expected = Model(config, None, random_weights(config, seed=0)).generate_greedy(prompts, 2)
@@ -40,7 +45,8 @@ def test_chunked_continuous_batching_equals_the_plain_loop():
 
 
 def test_bad_requests_fail_alone():
-    llm = LLM(_tiny(), load_format="dummy", max_num_seqs=2, max_model_len=16, seed=0)
+    llm = LLM(_tiny(), load_format="dummy", max_num_seqs=2, max_model_len=16, seed=0,
+              kv_cache_memory=KV_CACHE_MEMORY)
     outs = llm.generate([[1, 2], [], [3] * 20, [4], [5, 64], "text"],
                         [SamplingParams(max_tokens=1), SamplingParams(),
                          SamplingParams(), SamplingParams(top_p=2.0), SamplingParams(),
@@ -129,7 +135,8 @@ def test_gpu_engine_greedy_equals_each_prompt_alone():
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     c = model.config
     page_bytes = 2 * c.num_hidden_layers * 16 * c.num_key_value_heads * c.head_dim * 2
-    for kwargs in (dict(max_num_seqs=4, max_num_batched_tokens=64),
+    for kwargs in (dict(max_num_seqs=4, max_num_batched_tokens=64,
+                        kv_cache_memory=KV_CACHE_MEMORY),
                    # 24 pages of 16 tokens for 8 sequences of about 55 tokens: preemptions
                    dict(max_num_seqs=8, kv_cache_memory=24 * page_bytes)):
         llm = LLM(path, **kwargs)
@@ -145,7 +152,7 @@ def test_gpu_engine_greedy_equals_each_prompt_alone():
 @pytest.mark.gpu
 @gpu
 def test_gpu_engine_sampling_is_reproducible_and_streams():
-    llm = LLM(_gguf(), max_num_seqs=8)
+    llm = LLM(_gguf(), max_num_seqs=8, kv_cache_memory=KV_CACHE_MEMORY)
     prompts = _smollm2_prompts(llm.tokenizer, 6)
     params = [SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=s)
               for s in range(6)]

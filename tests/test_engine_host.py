@@ -241,6 +241,8 @@ def test_graph_decode_through_staged_inputs_samples_the_eager_tokens():
     """The engine with its decode steps run through ``DecodeGraph`` (staged inputs, padded
     batches; no capture off the GPU) draws the same tokens as the eager decode, with requests
     finishing at different steps so the batch shrinks across buckets."""
+    from test_engine import KV_CACHE_MEMORY
+
     from llmspeed_numba import LLM
     from llmspeed_numba.models.random_model import preset_config
 
@@ -251,7 +253,8 @@ def test_graph_decode_through_staged_inputs_samples_the_eager_tokens():
                 SamplingParams(max_tokens=3, top_p=0.9, temperature=0.7, seed=3)]
     outs = []
     for graphs in (False, "staged", "copied"):
-        llm = LLM(config, load_format="dummy", max_num_seqs=4, seed=0)
+        llm = LLM(config, load_format="dummy", max_num_seqs=4, seed=0,
+                  kv_cache_memory=KV_CACHE_MEMORY)
         llm.runner.cuda_graphs = bool(graphs)
         if graphs == "copied":  # inputs arriving as other arrays (a tensor-parallel worker's)
             run_decode = llm.runner.run_decode

@@ -20,6 +20,7 @@ gguf = pytest.importorskip("gguf")
 
 from gguf import GGMLQuantizationType as Q
 from gguf_fixtures import small_tokenizer, write_gguf
+from test_engine import KV_CACHE_MEMORY
 from test_models import _bf16, _check_logits, _config, _weights, reference_logits
 
 from llmspeed_numba import LLM, QuantizedWeight, SamplingParams
@@ -195,7 +196,8 @@ def _bound(c, weights, ids):
 @pytest.mark.parametrize("quantization", ["int8", "fp8"])
 def test_engine_generates_with_quantized_weights(quantization):
     c = preset_config("tiny", num_hidden_layers=1, vocab_size=64, max_position_embeddings=64)
-    llm = LLM(c, load_format="dummy", quantization=quantization, max_num_seqs=2, seed=0)
+    llm = LLM(c, load_format="dummy", quantization=quantization, max_num_seqs=2, seed=0,
+              kv_cache_memory=KV_CACHE_MEMORY)
     assert isinstance(llm.llama.layers[0].down_t, QuantizedWeight)
     outs = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=2, temperature=0.0))
     assert [len(o.token_ids) for o in outs] == [2, 2]

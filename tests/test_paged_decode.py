@@ -590,7 +590,9 @@ def test_gpu_resident_blocks_from_the_device_limits():
             smem + dev.RESERVED_SHARED_MEMORY_PER_BLOCK)
         by_threads = dev.MAX_THREADS_PER_MULTIPROCESSOR // (32 * warps)
         expected = min(by_regs, by_smem, by_threads, dev.MAX_BLOCKS_PER_MULTIPROCESSOR)
-        assert plan_mod.resident_blocks_per_sm(*config) == expected, config
+        assert plan_mod.resident_blocks_per_sm(*config) == expected, (
+            config, dict(registers=regs, by_registers=by_regs, shared=smem, by_shared=by_smem,
+                         by_threads=by_threads))
 
 
 @pytest.mark.gpu
