@@ -37,7 +37,9 @@ def test_chunked_continuous_batching_equals_the_plain_loop():
               kv_cache_memory=KV_CACHE_MEMORY)
     prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]]
     outs = llm.generate(prompts, SamplingParams(max_tokens=2))
-    expected = Model(config, None, random_weights(config, seed=0)).generate_greedy(prompts, 2)
+    # the engine draws its dummy weights on its device (CUDA's generator on a GPU): the same here
+    weights = random_weights(config, seed=0, device="cuda" if GPU else "cpu")
+    expected = Model(config, None, weights).generate_greedy(prompts, 2)
     assert [o.token_ids for o in outs] == expected
     assert [o.finish_reason for o in outs] == ["length", "length"]
     assert [o.prompt_token_ids for o in outs] == prompts

@@ -205,7 +205,7 @@ WGMMA_CASES = [
     (1, 33, 70, 1, 1, 64, "float16", False, (9, 4), WG_SHORT_3),          # window, 5 blocks
     (2, 130, 20, 1, 1, 64, "bfloat16", True, (-1, -1), WG_TWO_GROUPS),    # empty rows, 2 groups
     (1, 20, 37, 3, 1, 128, "float16", True, (5, -1), WG_ONE),             # MQA, headdim 128
-    (1, 130, 70, 2, 2, 64, "float16", False, (-1, -1), WG_PINGPONG),      # ping-pong, 5 blocks
+    (1, 130, 70, 1, 1, 64, "float16", False, (-1, -1), WG_PINGPONG),      # ping-pong, 5 blocks
     (1, 150, 20, 1, 1, 64, "bfloat16", True, (-1, -1), WG_PINGPONG),      # ... a block of none
     (1, 40, 50, 2, 1, 64, "bfloat16", False, (-1, -1), WG_RING),          # the ring form ...
     (1, 33, 70, 1, 1, 40, "float16", True, (9, -1), WG_RING_3),

@@ -102,7 +102,10 @@ def test_dynamic_shared_memory_beyond_48kb(rng):
 
 
 def test_kernel_cache_is_reused_by_a_new_process(tmp_path):
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=REPO)
+    # both caches empty, so the first process compiles (a kernel already in the library's
+    # machine-code store is never compiled, and numba's cache then gets no files)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"),
+               LLMSPEED_NUMBA_CACHE=str(tmp_path / "llmspeed"), PYTHONPATH=REPO)
     script = ("import numpy as np; from llmspeed_numba.ops.warp_tile import warp_tile_matmul;"
               "from numba import cuda;"
               "a = cuda.to_device(np.ones((16, 64), np.float16));"
@@ -112,5 +115,6 @@ def test_kernel_cache_is_reused_by_a_new_process(tmp_path):
         proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                               timeout=600)
         assert proc.returncode == 0, proc.stderr.decode()[-3000:]
-    cached = [f for _, _, files in os.walk(tmp_path) for f in files]
+    cached = [f for _, _, files in os.walk(tmp_path / "numba") for f in files]
     assert any(f.endswith(".nbi") for f in cached) and any(f.endswith(".nbc") for f in cached)
+    assert any(f.endswith(".cubin") for f in os.listdir(tmp_path / "llmspeed" / "kernels"))
