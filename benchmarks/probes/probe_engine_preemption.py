@@ -43,6 +43,8 @@ def main():
         "4 slots, large cache, graphs": dict(max_num_seqs=4, kv_cache_memory=large),
         "8 slots, small cache, graphs, 64-token budget": dict(
             max_num_seqs=8, kv_cache_memory=small, max_num_batched_tokens=64),
+        # the first again, after other engines ran in this process (the test ran it second)
+        "8 slots, small cache, graphs, again": dict(max_num_seqs=8, kv_cache_memory=small),
     }
     params = SamplingParams(max_tokens=TOKENS, ignore_eos=True)
     for name, kwargs in settings.items():
