@@ -122,7 +122,7 @@ def main(argv=None):
             print(f"    {mode} {shape} {name}: {ours['median'] * 1e3:.1f} us ours, "
                   f"{base['median'] * 1e3:.1f} us torch, read {read['median'] * 1e3:.1f} us "
                   f"({time.perf_counter() - t0:.1f} s)", flush=True)
-        del logits
+        logits = None  # freed before the next case's (the closures above hold the name)
         torch.cuda.empty_cache()
 
     path = results.write()
