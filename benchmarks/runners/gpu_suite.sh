@@ -12,6 +12,9 @@
 #          it ends, so a warm phase cut off at a call's limit resumes: run `warm` again on the
 #          same (still held) machine and it runs only the tests without a pass or skip there
 #          yet, and the compile check until it passed once. suite/summary.txt: the totals.
+#          $OUT/suite_outcomes.txt: every test's last outcome so far, headed by the commit
+#          (.gpu/commit); carried to a fresh machine as SUITE_RESUME=FILE it counts there too
+#          when its commit is the one under test (ignored, with a line saying so, otherwise).
 #   whole: the documented command, `python -m pytest -q tests`, in one process, on that cache.
 #   bash benchmarks/runners/gpu_suite.sh [warm|whole|both]       logs under $OUT
 #   TESTS="tests/test_gemm.py tests/test_softmax.py" limits the warm phase to those files (no
@@ -27,6 +30,15 @@ if [ "$phase" != whole ]; then
     list="$OUT/suite/buckets"; rm -rf "$list"; mkdir -p "$list"
     tests=${TESTS:-tests}
     state=${SUITE_STATE:-/tmp/suite_state}; mkdir -p "$state"
+    commit=${LLMSPEED_COMMIT:-unknown}
+    if [ -n "${SUITE_RESUME:-}" ]; then
+        from=$(head -n 1 "$SUITE_RESUME" | sed -n 's/^# commit //p')
+        if [ "$from" = "$commit" ] && [ "$commit" != unknown ]; then
+            tail -n +2 "$SUITE_RESUME" > "$state/outcomes_0_resumed.txt"
+        else
+            echo "SUITE_RESUME: outcomes of commit '$from', this is '$commit': not used"
+        fi
+    fi
     if [ "$tests" = tests ] && [ ! -f "$state/compile_check.passed" ]; then
         LLMSPEED_COMPILE_CHECK=all timeout "${WARM_LIMIT:-420}" python -m pytest -q \
             tests/test_compile_check.py --durations=8 -p no:cacheprovider > "$OUT/suite/compile_check.log" 2>&1 &
@@ -121,12 +133,12 @@ EOF
     done
     wait
     echo "warm phase: $(( $(date +%s) - start )) s"
-    for f in "$OUT"/suite/*.log; do echo "$(basename "$f" .log): $(tail -n 1 "$f")"; done
+    for f in "$OUT"/suite/*.log; do [ -e "$f" ] && echo "$(basename "$f" .log): $(tail -n 1 "$f")"; done
     check=$(tail -n 1 "$OUT/suite/compile_check.log" 2>/dev/null)
     if [[ "$check" == *" passed"* && "$check" != *failed* ]]; then
         touch "$state/compile_check.passed"
     fi
-    python - "$list/all.txt" "$state" <<'EOF' | tee "$OUT/suite/summary.txt"
+    python - "$list/all.txt" "$state" "$commit" "$OUT/suite_outcomes.txt" <<'EOF' | tee "$OUT/suite/summary.txt"
 import collections
 import glob
 import os
@@ -139,6 +151,9 @@ for path in sorted(glob.glob(f"{sys.argv[2]}/outcomes_*.txt")):
         outcome, _, node = line.strip().partition(" ")
         last[node] = outcome
 counts = collections.Counter(last.get(node, "not run yet") for node in every)
+with open(sys.argv[4], "w") as f:  # for SUITE_RESUME on another machine
+    f.write(f"# commit {sys.argv[3]}\n")
+    f.writelines(f"{outcome} {node}\n" for node, outcome in last.items())
 check = "passed" if os.path.exists(f"{sys.argv[2]}/compile_check.passed") else "not passed yet"
 print(f"suite on this machine so far: {len(every)} tests: "
       + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"; compile check {check}")
