@@ -90,18 +90,19 @@ class OpCalls:
         # is most of a replay's Python); the pointers go to ``ptrs``
         parts = []
         ptrs = []
+        part, ptr = parts.append, ptrs.append  # bound once: this loop runs per array per call
         for x in arrays:
             cls = type(x)
             if cls is torch_type:
                 p = x.data_ptr()
-                parts.append((x.shape, x.stride(), x.dtype, x.get_device(), p & 31))
-                ptrs.append(p)
+                part((x.shape, x.stride(), x.dtype, x.get_device(), p & 31))
+                ptr(p)
             elif x is None:
-                parts.append(None)
-                ptrs.append(0)
+                part(None)
+                ptr(0)
             elif cls in _SCALARS:  # a parameter given as an array or a number
-                parts.append((cls, x))
-                ptrs.append(0)
+                part((cls, x))
+                ptr(0)
             else:
                 if torch_type is None and cls.__module__.startswith("torch"):
                     _torch()  # first torch call of the process: the fast test above from now on
@@ -109,8 +110,8 @@ class OpCalls:
                 if found is None:  # CuPy, foreign, host: the checked path
                     _state.pending = None
                     return MISS
-                parts.append(found[0])
-                ptrs.append(found[1])
+                part(found[0])
+                ptr(found[1])
         try:
             key = (*parts, *options, *map(type, options), stream is None)
             plan = self.plans.get(key)
