@@ -4,7 +4,9 @@
 #          every kernel the suite needs is compiled into numba's disk cache at once (a bare
 #          machine has none, and one process compiles one kernel at a time). Buckets hold
 #          tests, not files (test_gemm alone outlasted the phase's limit), balanced by rough
-#          weights in seconds (weight() below), heaviest first, each to the lightest bucket.
+#          weights in seconds (weight() below), a test function's cases kept together where
+#          they fit (one process compiles their shared kernels once), heaviest first, each to the
+#          lightest bucket.
 #          test_compile_check is a bucket of its own, started first: its child compiles every
 #          registered kernel (3-4 min) and warms nothing. One summary line per bucket (logs:
 #          suite/bucket_NN.log; each bucket's node ids: suite/buckets/bucket_NN.txt).
@@ -110,14 +112,31 @@ def weight(node):
     return 15 if gemm else 2
 
 
-# longest first, each to the least loaded bucket
+# A test function's cases stay together in pieces of at most half a bucket's share: they mostly
+# share kernel specialisations, which one process then compiles once (spread over the buckets,
+# each of the processes starting at once compiled them). Pieces heaviest first, each to the
+# least loaded bucket.
+todo = [node for node in node_ids("all.txt") if node not in deselected]
+share = sum(map(weight, todo)) / max(n, 1)
+functions = {}
+for node in todo:
+    functions.setdefault(node.split("[")[0], []).append(node)
+pieces = []
+for nodes in functions.values():
+    piece, piece_weight = [], 0
+    for node in nodes:
+        if piece and piece_weight + weight(node) > share / 2:
+            pieces.append((piece_weight, piece))
+            piece, piece_weight = [], 0
+        piece.append(node)
+        piece_weight += weight(node)
+    pieces.append((piece_weight, piece))
 buckets = [[] for _ in range(n)]
 load = [0] * n
-for node in sorted((n for n in node_ids("all.txt") if n not in deselected), key=weight,
-                   reverse=True):
+for piece_weight, piece in sorted(pieces, key=lambda p: p[0], reverse=True):
     b = load.index(min(load))
-    buckets[b].append(node)
-    load[b] += weight(node)
+    buckets[b].extend(piece)
+    load[b] += piece_weight
 for b, nodes in enumerate(buckets):
     with open(f"{folder}/bucket_{b:02d}.txt", "w") as f:
         f.write("".join(node + "\n" for node in nodes))
