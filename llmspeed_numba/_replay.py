@@ -282,7 +282,7 @@ class Plan:
                              device) for _, kind, shape, dtype, device in rec.allocs)
         self.workspaces = tuple(w[1:] for w in rec.workspaces)
         # torch workspaces of their own under graph capture: one capture check a replay
-        self.own_specs = tuple((name, size, dtype)
+        self.own_specs = tuple((name, size, dtype, own)
                                for _, name, size, dtype, kind, own in self.workspaces
                                if own and kind == "torch")
         self.own_device = next((w[0] for w in self.workspaces if w[-1] and w[4] == "torch"),

@@ -10,11 +10,17 @@ grows is replaced (at least doubled), the old one kept alive: a captured CUDA gr
 point at it.
 
 CUDA graphs. A shared workspace is shared by every graph captured on its stream and by eager
-calls there. An op whose calls must not share (paged decode: a graph replayed concurrently
-with another, or from any state eager calls left) asks for ``own_in_graph``: then a call
-captured into a graph gets buffers of its own, made during the capture (their zeroing captured
-too, so each replay starts from zero), alive as long as the process; its eager workspace,
-never seen by a graph, is dropped when it grows.
+calls there: right for scratch that a launch writes before it reads. State that must be zero
+when a kernel starts (tickets, counters, atomic maxima; each kernel leaves it zero) cannot be
+shared by graphs: a buffer made during one graph's capture comes from that graph's memory pool,
+which graphs sharing the pool also use as their own scratch on replay, so another graph's
+replay can leave it dirty for the next (a wrong merge, not an error). Such state is asked for
+with ``own_in_graph``: under capture, ``"graph"`` gives each captured graph one buffer of its
+own (all its calls share it, one after another), ``True`` each captured call its own (paged
+decode: a graph that may run concurrently with another); either is made, and its zeroing
+captured, at the first call that needs it, so every replay zeroes it before its first use. They
+live as long as the process; the eager workspace of such state, never seen by a graph, is
+dropped when it grows.
 """
 
 import numpy as np
@@ -26,6 +32,7 @@ from ._env import SIMULATOR, cuda
 _WORKSPACE: dict = {}
 _RETIRED: list = []  # replaced workspaces stay alive: a captured CUDA graph may still point at them
 _CAPTURED: list = []  # (name, buffer) of captured own_in_graph calls: graphs replay into them
+_PER_GRAPH: dict = {}  # (device, stream, name, capture id) -> a captured graph's own buffer
 _UNUSED: dict = {}
 #: Bumped whenever a shared workspace is made or replaced: a replayed call may keep the addresses
 #: it looked up while this stays the same (``_replay``).
@@ -34,9 +41,10 @@ GENERATION = [0]
 
 def workspace(like, stream, name, size, dtype, own_in_graph=False):
     """A device buffer of at least ``size`` elements of ``dtype``, zero when first made, one per
-    (device, ``stream``, ``name``) (``own_in_graph``: one per captured call under CUDA-graph
-    capture, see above); ``like`` is the call's input ``Tensor`` (its kind and device decide
-    how the buffer is made). Returns a ``Buffer`` (a NumPy array under the simulator)."""
+    (device, ``stream``, ``name``) (``own_in_graph``: under CUDA-graph capture, one per captured
+    graph for ``"graph"``, per captured call for ``True``; see above); ``like`` is the call's
+    input ``Tensor`` (its kind and device decide how the buffer is made). Returns a ``Buffer``
+    (a NumPy array under the simulator)."""
     device = 0 if SIMULATOR else (like.obj.device.index if like.kind == "torch"
                                   else cuda.get_current_device().id)
     kind = "torch" if like.kind == "torch" else "numba"
@@ -57,13 +65,14 @@ def workspace_pointer(kind, device, stream, name, size, dtype, own_in_graph=Fals
 
 
 def own_in_graph_pointers(device, stream, specs):
-    """Addresses of the torch ``own_in_graph`` workspaces ``specs`` (``(name, size, dtype)``
-    each) for a replayed call (``_replay``): one capture check for them all."""
+    """Addresses of the torch ``own_in_graph`` workspaces ``specs`` (``(name, size, dtype,
+    own_in_graph)`` each) for a replayed call (``_replay``): one capture check for them all."""
     if capturing(device, stream):
-        bufs = [_own(device, stream, name, size, dtype) for name, size, dtype in specs]
+        bufs = [_captured(device, stream, name, size, dtype, own)
+                for name, size, dtype, own in specs]
     else:
         bufs = [_shared("torch", device, stream, name, size, dtype, True)
-                for name, size, dtype in specs]
+                for name, size, dtype, _ in specs]
     return [device_address(b) for b in bufs]
 
 
@@ -116,6 +125,38 @@ def _own(device, stream, name, size, dtype):
     return buf
 
 
+def capture_id(stream):
+    """The driver's id of the capture sequence running on ``stream`` (a raw handle), unique in
+    the process; None when it cannot be read."""
+    from cuda.bindings import driver
+
+    err, status, sequence, *_ = driver.cuStreamGetCaptureInfo(driver.CUstream(stream))
+    if (err != driver.CUresult.CUDA_SUCCESS
+            or status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE):
+        return None
+    return int(sequence)
+
+
+def _per_graph(device, stream, name, size, dtype):
+    """The graph being captured on ``stream``: its own zero buffer of ``name``, made (and its
+    zeroing captured) at its first call that needs it; a later call needing more gets a bigger
+    one (zeroed there) for the calls after it. Per call when the capture cannot be told."""
+    sequence = capture_id(stream)
+    if sequence is None:
+        return _own(device, stream, name, size, dtype)
+    key = (device, stream, name, sequence)
+    buf = _PER_GRAPH.get(key)
+    if buf is None or buf.shape[0] < size:
+        buf = _PER_GRAPH[key] = _own(device, stream, name, size, dtype)
+    return buf
+
+
+def _captured(device, stream, name, size, dtype, own_in_graph):
+    if own_in_graph == "graph":
+        return _per_graph(device, stream, name, size, dtype)
+    return _own(device, stream, name, size, dtype)
+
+
 def _shared(kind, device, stream, name, size, dtype, own_in_graph):
     key = (device, stream, name)
     buf = _WORKSPACE.get(key)
@@ -123,7 +164,7 @@ def _shared(kind, device, stream, name, size, dtype, own_in_graph):
         old = 0
         if buf is not None:
             old = buf.shape[0]
-            if not own_in_graph:  # no graph points at an own_in_graph op's eager workspace
+            if own_in_graph is not True:  # no graph points at a per-call op's eager workspace
                 _RETIRED.append(buf)
         buf = _WORKSPACE[key] = _make(kind, device, stream, max(size, 2 * old, 1024), dtype)
         GENERATION[0] += 1
@@ -132,5 +173,5 @@ def _shared(kind, device, stream, name, size, dtype, own_in_graph):
 
 def _buffer(kind, device, stream, name, size, dtype, own_in_graph):
     if own_in_graph and kind == "torch" and not SIMULATOR and capturing(device, stream):
-        return _own(device, stream, name, size, dtype)
+        return _captured(device, stream, name, size, dtype, own_in_graph)
     return _shared(kind, device, stream, name, size, dtype, own_in_graph)

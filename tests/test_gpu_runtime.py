@@ -1,6 +1,7 @@
 """GPU-only runtime behaviour of the launch layer (GPU suite; skipped under the simulator).
 
-Covers: capture of library launches in a CUDA graph and correct replay; the linked PTX backend
+Covers: capture of library launches in a CUDA graph and correct replay (also with every ticket
+and counter workspace left dirty between replays); the linked PTX backend
 giving bit-identical results to the intrinsic backend; more than 48 KB of dynamic shared memory
 through the automatic opt-in; the on-disk kernel cache being used by a second process.
 """
@@ -45,6 +46,57 @@ def test_two_ops_captured_in_a_cuda_graph_replay_correctly(rng):
         expected = f64(a) @ f64(bb)
         bound = 256 * np.finfo(np.float32).eps * (np.abs(f64(a)) @ np.abs(f64(bb)))
         assert np.all(np.abs(to_host(out) - expected) <= bound)
+
+
+#: workspaces that must be zero when a kernel starts (each kernel leaves them zero)
+_ZERO_STATE = ("gemm_split_tickets", "argmax_keys", "argmax_tickets", "softmax_counts")
+
+
+def test_graph_replays_do_not_depend_on_counters_left_dirty(rng):
+    """Graphs sharing a memory pool use each other's freed memory as scratch on replay, so a
+    ticket or counter buffer made inside one capture can be left dirty by another graph's replay
+    (the engine's wrong greedy token at 99a8acf). Split-K gemm, split argmax and split softmax
+    captured into two graphs of one pool; before each replay every such buffer the workspace
+    module holds (eager, and the graphs' own) is filled with ones: each replay still gives the
+    eager results, bit for bit."""
+    torch = pytest.importorskip("torch")
+    from llmspeed_numba import _workspace, argmax, gemm, softmax
+
+    a = to_device(random_array((8, 4096), "bfloat16", rng), "torch")      # split K at M 8
+    b = to_device(random_array((4096, 1024), "bfloat16", rng), "torch")
+    x = to_device(random_array((2, 49152), "float32", rng), "torch")      # split rows
+
+    def work():
+        return gemm(a, b), argmax(x), softmax(x)
+
+    expected = work()
+    torch.cuda.synchronize()
+    graphs, pool = [], None
+    for _ in range(2):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            outs = work()
+        pool = graph.pool()
+        graphs.append((graph, outs))
+
+    buffers = [buf for key, buf in _workspace._WORKSPACE.items() if key[2] in _ZERO_STATE]
+    buffers += [buf for name, buf in _workspace._CAPTURED if name in _ZERO_STATE]
+    assert buffers
+    try:
+        for _ in range(2):
+            for graph, outs in graphs:
+                for out in outs:
+                    out.fill_(-7 if out.dtype == torch.int64 else float("nan"))
+                for buf in buffers:
+                    buf.fill_(-1)  # every bit set: a count past any split, the largest key
+                graph.replay()
+                torch.cuda.synchronize()
+                for got, want in zip(outs, expected):
+                    assert torch.equal(got, want)
+    finally:
+        for buf in buffers:  # as the kernels leave them, for the tests after this one
+            buf.zero_()
+        torch.cuda.synchronize()
 
 
 _BACKEND_SCRIPT = textwrap.dedent("""

@@ -253,8 +253,8 @@ def _argmax_checked(x, out, stream):
     handle = stream_handle(stream, (tx,))
     kernel, splits, tpr, rpb = _argmax_plan(rows, chunks, rw.kind(tx.dtype), vec)
     span = -(-chunks // splits)
-    keys = workspace(tx, handle, "argmax_keys", rows, np.uint64)
-    tickets = workspace(tx, handle, "argmax_tickets", rows, np.uint32)
+    keys = workspace(tx, handle, "argmax_keys", rows, np.uint64, own_in_graph="graph")
+    tickets = workspace(tx, handle, "argmax_tickets", rows, np.uint32, own_in_graph="graph")
     kernel((-(-rows // rpb), splits), tpr * rpb,
            (kernel_buffer(tx), kernel_buffer(to), keys, tickets, rows, cols, x_stride, span),
            handle)

@@ -383,7 +383,7 @@ def _run(p, cfg):
         if split_finish:
             ws = splitk_partials(p.ta, p.stream, splits * p.M * p.N)
             counters = workspace(p.ta, p.stream, "gemm_split_tickets", tiles_m * tiles_n,
-                                 np.int32)
+                                 np.int32, own_in_graph="graph")
         extra = (ws, counters)
     if not partials:
         kernel = _gemm_kernel(cfg, p.a_k_inner, p.b_k_inner, a_vec, b_vec, p.ta.dtype,

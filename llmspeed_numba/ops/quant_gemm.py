@@ -146,7 +146,8 @@ def _decode(tx, qw, tbias, to, out_dtype, activation, stream):
     out_buf = kernel_buffer(to)
     bias_buf = kernel_buffer(tbias) if tbias is not None else out_buf
     col_blocks = _cdiv(N, block_n)
-    counters = workspace(tx, stream, "quant_gemm_tickets", col_blocks, np.int32)
+    counters = workspace(tx, stream, "quant_gemm_tickets", col_blocks, np.int32,
+                         own_in_graph="graph")
     work = splitk_partials(tx, stream, splits * M * N) if partial else counters
     x_sm = tx.strides[0] if M > 1 else K
     so_m, so_n = to.strides

@@ -169,7 +169,7 @@ def _softmax_checked(x, temperature, dtype, out, stream):
     kernel, splits, _ = _softmax_split_plan(rows, chunks, x_kind, o_kind, vec)
     span = -(-chunks // splits)
     parts = workspace(tx, handle, "softmax_parts", rows * splits, np.uint64)
-    counts = workspace(tx, handle, "softmax_counts", 2 * rows, np.uint32)
+    counts = workspace(tx, handle, "softmax_counts", 2 * rows, np.uint32, own_in_graph="graph")
     kernel((rows, splits), threads,
            (xb, ob, parts, counts, cols, x_stride, o_stride, span, scale), handle)
     return out
