@@ -9,13 +9,17 @@ bf16); fp32 logits for softmax / argmax / sample, as an lm head gives them. Smal
 never fills, median over bursts). Baseline, same run and shapes: the closest torch op (matmul,
 SDPA, F.rms_norm, softmax...) timed the same way, written in the numba rows too; where torch has
 none, one bare ctypes ``cuLaunchKernelEx`` with its arguments ready (bench_launch's floor).
+Every case (ours, the baselines, the floor) is set up first and then timed in ``--rounds``
+interleaved rounds (default 5); each number is the median of its rounds, the CSV's spread their
+min-max (timed one after another, the host's drift made ops of equal work differ by +-2 us).
 ``--checked``: each op also timed with the repeated-call fast path off (``_replay.ENABLED``),
 every call through its checked path (validation, planning, packing), in rows whose variant ends
 in " checked": before and after, side by side in one CSV. ``--profile``: cProfile over 2000
 calls of each op (torch kind), the top 15 functions by own time (us per op call) in
 ``<results dir>/host_profile.txt``: where the time goes.
 
-    python benchmarks/bench_host.py [--ops gemm,rms_norm] [--quick] [--checked] [--profile]
+    python benchmarks/bench_host.py [--ops gemm,rms_norm] [--quick] [--rounds 5] [--checked]
+        [--profile]
     NUMBA_ENABLE_CUDASIM=1 python benchmarks/bench_host.py --smoke   # each call once, untimed
 """
 
@@ -24,7 +28,9 @@ import contextlib
 import cProfile
 import os
 import pstats
+import statistics
 import sys
+import time
 import types
 
 import numpy as np
@@ -240,13 +246,52 @@ OPS = ["gemm", "flash_attn", "flash_attn_varlen", "rms_norm", "layer_norm", "rot
 # ---- measuring -------------------------------------------------------------------------------
 
 def launch_floor():
-    """bench_launch's floor: one ctypes cuLaunchKernelEx of a near-empty kernel, args ready."""
+    """A timer of bench_launch's floor: one ctypes cuLaunchKernelEx of a near-empty kernel,
+    arguments ready."""
     kernel = Kernel(jit(bench_launch._touch), (array1d(np.float32), nb_types.int32), "touch")
     x = cuda.to_device(np.ones(16, np.float32))
     prepared = PreparedLaunch(kernel, 1, 32, (kernel_buffer(as_tensor(x, "x")), 16))
     _, _, config, params, _ = prepared._site()
     launch, handle = prepared._launch, prepared.handle
-    return bench_launch.per_call_us(lambda: launch(config, handle, params, None))
+    return _timer(lambda: launch(config, handle, params, None))
+
+
+#: (op, variant) -> the name of its torch baseline
+BASE_NAMES: dict = {}
+
+
+def _timer(fn, checked=False):
+    """A function timing ``fn`` once (us per call, ``bench_launch.per_call_us``); ``checked``:
+    with the fast path off."""
+    def time_it():
+        if not checked:
+            return bench_launch.per_call_us(fn)
+        with checked_path():
+            return bench_launch.per_call_us(fn)
+    return time_it
+
+
+def time_rounds(timers, rounds, failed):
+    """key -> one number a round for each ``(key, timer)``, all timed in turn ``rounds`` times
+    (a line a round shows the progress). A timer that raises is dropped (reported in
+    ``failed``): a baseline's row falls back to the floor."""
+    samples, broken = {}, set()
+    for r in range(rounds):
+        start = time.perf_counter()
+        for key, timer in timers:
+            if key in broken:
+                continue
+            try:
+                samples.setdefault(key, []).append(timer())
+            except Exception as exc:  # noqa: BLE001
+                cuda.synchronize()
+                broken.add(key)
+                samples.pop(key, None)
+                failed.append(f"{key}: {type(exc).__name__}: {exc}")
+                print("FAILED", failed[-1])
+        print(f"round {r + 1}/{rounds}: {len(timers) - len(broken)} cases timed in "
+              f"{time.perf_counter() - start:.1f} s", flush=True)
+    return samples
 
 
 @contextlib.contextmanager
@@ -286,18 +331,6 @@ def profile(fn, calls, burst):
     return "\n".join(lines)
 
 
-def baseline(name, fn, floor):
-    """(name, us, note) of the torch baseline; the floor where there is none or it fails."""
-    if not fn:
-        return FLOOR, floor, "no torch equivalent"
-    try:
-        return name, bench_launch.per_call_us(fn), ""
-    except Exception as exc:  # noqa: BLE001  (e.g. a torch without SDPA's enable_gqa)
-        cuda.synchronize()
-        print(f"baseline {name} failed ({type(exc).__name__}: {exc}): the floor instead")
-        return FLOOR, floor, f"{name} failed: {type(exc).__name__}"
-
-
 def main():
     global torch, F
     parser = argparse.ArgumentParser(
@@ -308,6 +341,8 @@ def main():
                         help="also time each op with the fast path off (rows '... checked')")
     parser.add_argument("--profile", action="store_true", help="write host_profile.txt")
     parser.add_argument("--smoke", action="store_true", help="each call once (the simulator)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved rounds over every case; each number is their median")
     args = parser.parse_args()
     ops = args.ops.split(",")
     if set(ops) - set(OPS):
@@ -323,10 +358,10 @@ def main():
         import torch.nn.functional as F
         bench_launch.BURSTS = 5 if args.quick else bench_launch.BURSTS
         results = Results("host")
-        floor = launch_floor()
-        print(f"{FLOOR}: {floor:.2f} us")
-    baselines, table, profiles, failed = {}, [], [], []
+    table, profiles, failed, timers = [], [], [], []
     checked_ops = replayed_ops() if args.checked else set()
+    # set up every case first, then time them all in interleaved rounds (the host's speed
+    # drifts: timed one after another, ops of equal work differed by +-2 us)
     for kind in kinds:
         A = Arrays(kind)
         for op in ops:
@@ -342,21 +377,17 @@ def main():
                         cuda.synchronize()
                         print(f"ok {case} ({shape}){' and checked' * (op in checked_ops)}")
                         continue
-                    timed = [(case, bench_launch.per_call_us(fn))]
+                    fn()  # the first call records the plan; an error surfaces here
+                    row = dict(op=op, kind=kind, variant=variant, shape=shape, case=case,
+                               dtype="float32" if op in LOGITS else A.dtype,
+                               base=(op, variant))
+                    table.append(row)
+                    timers.append((case, _timer(fn)))
                     if op in checked_ops:
-                        with checked_path():
-                            timed.append((f"{case} checked", bench_launch.per_call_us(fn)))
-                    if kind == "torch":  # measured once, written in the numba row too
-                        baselines[op, variant] = baseline(base_name, base_fn, floor)
-                    bname, bus, note = baselines.get((op, variant), (FLOOR, floor, "no torch"))
-                    for row_case, us in timed:
-                        ms = us / 1e3
-                        results.add("host", row_case, shape,
-                                    "float32" if op in LOGITS else A.dtype,
-                                    {"median": ms, "p20": ms, "p80": ms}, bname,
-                                    {"median": bus / 1e3}, "us", us, bus, note)
-                    checked_us = timed[1][1] if len(timed) > 1 else None
-                    table.append((op, kind, variant, timed[0][1], checked_us, bname, bus))
+                        timers.append((f"{case} checked", _timer(fn, checked=True)))
+                    if kind == "torch" and base_fn:  # timed once, written in the numba row too
+                        timers.append((("base", op, variant), _timer(base_fn)))
+                        BASE_NAMES[op, variant] = base_name
                 if args.profile and kind == kinds[0]:
                     calls, burst = (2, 1) if args.smoke else (2000, bench_launch.BURST)
                     profiles.append(f"==== {op} {kind} {rows[0][0]} ({shape}): {calls} calls\n"
@@ -364,13 +395,39 @@ def main():
             except Exception as exc:  # noqa: BLE001
                 failed.append(f"{op} {kind}: {type(exc).__name__}: {exc}")
                 print("FAILED", failed[-1])
+    if timers:
+        timers.append(("floor", launch_floor()))
+    samples = time_rounds(timers, args.rounds, failed) if timers else {}
+    if "floor" in samples:
+        floor = statistics.median(samples["floor"])
+        print(f"{FLOOR}: {floor:.2f} us (median of {args.rounds} rounds)")
+    table = [row for row in table if row["case"] in samples]
+    for row in table:
+        row["us"] = statistics.median(samples[row["case"]])
+        row["range"] = (min(samples[row["case"]]), max(samples[row["case"]]))
+        checked = samples.get(f"{row['case']} checked")
+        row["checked"] = statistics.median(checked) if checked else None
+        base = samples.get(("base",) + row["base"])
+        row["bname"], row["bus"], row["note"] = ((BASE_NAMES[row["base"]],
+                                                  statistics.median(base), "")
+                                                 if base else (FLOOR, floor, "no torch baseline"))
+        for suffix, values in (("", samples[row["case"]]), (" checked", checked)):
+            if values:
+                ms = [v / 1e3 for v in values]
+                results.add("host", row["case"] + suffix, row["shape"], row["dtype"],
+                            {"median": statistics.median(ms), "p20": min(ms), "p80": max(ms)},
+                            row["bname"], {"median": row["bus"] / 1e3}, "us",
+                            statistics.median(values), row["bus"],
+                            f"{row['note']}; median of {args.rounds} interleaved rounds, spread "
+                            f"= min-max".lstrip("; "))
     if table:
-        print(f"\n{'op':<24} {'kind':<6} {'variant':<15} {'ours us':>8} {'checked':>8}  "
-              f"{'baseline':<22} {'us':>7}")
-        for op, kind, variant, us, checked_us, bname, bus in table:
-            checked = "" if checked_us is None else f"{checked_us:.2f}"
-            print(f"{op:<24} {kind:<6} {variant:<15} {us:8.2f} {checked:>8}  {bname:<22} "
-                  f"{bus:7.2f}")
+        print(f"\n{'op':<24} {'kind':<6} {'variant':<15} {'ours us':>8} {'rounds':>13} "
+              f"{'checked':>8}  {'baseline':<22} {'us':>7}")
+        for row in table:
+            checked = "" if row["checked"] is None else f"{row['checked']:.2f}"
+            spread = f"{row['range'][0]:.2f}-{row['range'][1]:.2f}"
+            print(f"{row['op']:<24} {row['kind']:<6} {row['variant']:<15} {row['us']:8.2f} "
+                  f"{spread:>13} {checked:>8}  {row['bname']:<22} {row['bus']:7.2f}")
         print("rows written:", results.write())
     if profiles:
         directory = results.directory if results else os.environ.get("OUT") or RESULTS_DIR
