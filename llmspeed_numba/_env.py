@@ -1,11 +1,14 @@
 """Process-wide facts every module needs before it touches numba.
 
 Import this module before ``numba.cuda`` is used anywhere in the package: it fixes the NumPy 2.5
-incompatibility of numba-cuda 0.30.4 and teaches the CUDA simulator the ``alignment=`` keyword of
+incompatibility of numba-cuda 0.30.4, keeps numba-cuda's slow ml_dtypes import off the cold
+start (``_LateMlDtypes``) and teaches the CUDA simulator the ``alignment=`` keyword of
 ``cuda.shared.array``, so kernels are written once for both targets.
 """
 
+import importlib.abc
 import os
+import sys
 
 import numpy as np
 
@@ -18,11 +21,56 @@ if not hasattr(np, "row_stack"):
 #: with no GPU. Decided once, at import, exactly as numba decides it.
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
-from numba import cuda  # noqa: E402  (after the NumPy fix above)
+
+class _LateMlDtypes(importlib.abc.MetaPathFinder):
+    """numba-cuda imports ml_dtypes, when installed, only to map NumPy's ml_dtypes bfloat16 to
+    its own bfloat16 type. That import takes 0.3-0.6 s (NumPy registers each of its thousands of
+    ufunc loops by a linear search), about half of a cold start. So while numba.cuda is imported
+    ml_dtypes looks absent, unless it is loaded already; this one-shot finder then adds numba's
+    mapping when ml_dtypes is first imported (by anyone, this library included), so numba behaves
+    as if it had imported it itself."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "ml_dtypes":
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None) if finder is not self else None
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        if spec is not None and spec.loader is not None:
+            exec_module = spec.loader.exec_module
+
+            def exec_and_register(module):
+                exec_module(module)
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
+                _register_bfloat16(module)
+
+            spec.loader.exec_module = exec_and_register
+        return spec
+
+
+def _register_bfloat16(ml_dtypes):
+    """What numba-cuda's numpy_support does at import when ml_dtypes is there."""
+    numpy_support = sys.modules.get("numba.cuda.np.numpy_support")
+    if numpy_support is not None and getattr(numpy_support, "ml_dtypes", None) is None:
+        numpy_support.ml_dtypes = ml_dtypes
+        numpy_support.FROM_DTYPE[np.dtype(ml_dtypes.bfloat16)] = numpy_support.types.bfloat16
+
+
+_DEFER_ML_DTYPES = "ml_dtypes" not in sys.modules and "numba.cuda" not in sys.modules
+if _DEFER_ML_DTYPES:
+    # None in sys.modules: importing ml_dtypes raises ImportError
+    sys.modules["ml_dtypes"] = None  # type: ignore[assignment]
+try:
+    from numba import cuda  # noqa: E402  (after the NumPy fix above)
+finally:
+    if _DEFER_ML_DTYPES:
+        del sys.modules["ml_dtypes"]
+        sys.meta_path.insert(0, _LateMlDtypes())
 
 if SIMULATOR:
-    import sys as _sys
-
     from numba.cuda.simulator import kernelapi as _kernelapi
 
     def _as_dtype(dtype):
@@ -41,7 +89,7 @@ if SIMULATOR:
             from numba.np import numpy_support
 
             dtype = numpy_support.as_dtype(dtype)
-        caller = _sys._getframe(1)
+        caller = sys._getframe(1)
         key = (caller.f_code.co_filename, caller.f_lineno)
         array = self._allocations.get(key)
         if array is None:
