@@ -305,7 +305,10 @@ def checked_path():
 
 
 def replayed_ops():
-    """Names of the ops on ``_replay``'s fast path (those ``--checked`` times both ways)."""
+    """Names of the ops on ``_replay``'s fast path (those ``--checked`` times both ways); every
+    op's module imported first (the package imports them at first use)."""
+    for op in OPS:
+        getattr(lsn, op)
     return {calls.name for calls in _recording._ALL}
 
 

@@ -10,13 +10,16 @@ falling back to the heuristic. The cache functions (``lookup``, ``record``, ``fo
 ``cache_path``, ...) are re-exported here.
 """
 
-from typing import Sequence
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
 
 from ._tuning_cache import (cache_dir, cache_path, enabled, forget, generation, lookup, record,
                             time_ms)
 from ._typing import ArrayLike, DTypeLike, StreamLike
-from .ops import gemm as _gemm
-from .ops.gemm_configs import GemmConfig, resolve_config
+
+if TYPE_CHECKING:
+    from .ops.gemm_configs import GemmConfig
 
 
 def autotune(a: ArrayLike, b: ArrayLike, *, c: ArrayLike | None = None, alpha: float = 1.0,
@@ -28,6 +31,9 @@ def autotune(a: ArrayLike, b: ArrayLike, *, c: ArrayLike | None = None, alpha: f
     """Autotune ``gemm`` for the shape class of these arguments (same meaning as ``gemm``'s);
     returns the winning ``GemmConfig``, which later ``gemm`` calls of the class then use.
     ``candidates``: the configurations to time (default: ``ops.gemm_configs.candidates``)."""
+    from .ops import gemm as _gemm  # here: importing the package must not load the GEMM
+    from .ops.gemm_configs import resolve_config
+
     p = _gemm.prepare(a, b, c, alpha, beta, bias, activation, out, out_dtype, backend, stream)
     if min(p.M, p.N, p.K) == 0:
         raise ValueError(f"autotune: nothing to tune for an empty problem "
