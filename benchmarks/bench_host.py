@@ -253,7 +253,10 @@ def launch_floor():
     prepared = PreparedLaunch(kernel, 1, 32, (kernel_buffer(as_tensor(x, "x")), 16))
     _, _, config, params, _ = prepared._site()
     launch, handle = prepared._launch, prepared.handle
-    return _timer(lambda: launch(config, handle, params, None))
+    # The addresses stay valid only while the kernel's module, the array and the launch's
+    # parameter block live: the closure holds them.
+    keep = (kernel, x, prepared)
+    return _timer(lambda: launch(config, handle, params, None) if keep else None)
 
 
 #: (op, variant) -> the name of its torch baseline
