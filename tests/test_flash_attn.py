@@ -403,6 +403,7 @@ def test_bad_varlen_inputs(rng):
     cu_q = to_device(np.array([0, 4, 10], np.int32), KIND)
     cu_k = to_device(np.array([0, 5, 12], np.int32), KIND)
     flash_attn_varlen(q, k, v, cu_q, cu_k, 6, 7)   # valid
+    # the offsets' contents are checked on request (by default only in the simulator)
     cases = [
         (TypeError, "cu_seqlens_q: expected dtype int32",
          (q, k, v, to_device(np.array([0, 4, 10], np.int64), KIND), cu_k, 6, 7)),
@@ -427,9 +428,33 @@ def test_bad_varlen_inputs(rng):
         flash_attn_varlen(q, k, v, cu_q, cu_k, 6, 7, return_lse="yes")
     for error, match, args in cases:
         with pytest.raises(error, match=match):
-            flash_attn_varlen(*args)
+            flash_attn_varlen(*args, check_bounds=True)
     with pytest.raises(ValueError, match="window_size\\[0\\]"):
         flash_attn_varlen(q, k, v, cu_q, cu_k, 6, 7, window_size=(-3, 2))
+    with pytest.raises(TypeError, match="check_bounds: expected a bool, got int"):
+        flash_attn_varlen(q, k, v, cu_q, cu_k, 6, 7, check_bounds=1)
+
+
+@pytest.mark.parametrize("impl,config", [("simt", None), ("tc", TC_ONE_WARP),
+                                         ("wgmma", WG_SHORT_3)])
+def test_varlen_any_offsets_are_memory_safe(rng, impl, config):
+    """With the checks off, negative, decreasing and out-of-range offsets are clamped to the
+    packed rows: the kernel runs without reading or writing out of bounds (the simulator raises
+    on an index past an array's end; on the GPU, runners/gpu_sanitize.sh's memcheck) and what
+    it writes is finite."""
+    dim = 64 if impl == "wgmma" else 16
+    q = _dev((10, 2, dim), "float16", rng)
+    k = _dev((12, 1, dim), "float16", rng)
+    v = _dev((12, 1, dim), "float16", rng)
+    with overrides(flash_attn={"impl": impl, "config": config}):
+        for cu_q, cu_k in (([-4, 6, 2], [0, 30, 5]), ([3, 99, 100], [-9, -2, 12]),
+                           ([0, 10, 10], [12, 0, 12])):
+            out = to_device(np.full((10, 2, dim), np.nan, np.float16), KIND)
+            flash_attn_varlen(q, k, v, to_device(np.array(cu_q, np.int32), KIND),
+                              to_device(np.array(cu_k, np.int32), KIND), 10, 12, causal=True,
+                              out=out, check_bounds=False)
+            written = ~np.isnan(f64(out))
+            assert np.isfinite(f64(out)[written]).all()
 
 
 # ---- GPU suite: real configurations, many examples ---------------------------------------------

@@ -71,7 +71,7 @@ def flash_attn_lse_case(rng, dt):
     return (q, k, v), {"return_lse": True}  # allocates out and lse
 
 
-def varlen_case(shared_offsets=False):
+def varlen_case(shared_offsets=False, check_bounds=None):
     """Two sequences in 16 packed tokens each side (max_seqlen 12); offsets drawn per call."""
     def make(rng, dt):
         a, b = rng.integers(4, 13, size=2)
@@ -80,7 +80,10 @@ def varlen_case(shared_offsets=False):
             cu_k = cu_q
         q, out = rand(rng, dt, 16, 4, 64), nan(dt, 16, 4, 64)
         k, v = rand(rng, dt, 16, 2, 64), rand(rng, dt, 16, 2, 64)
-        return (q, k, v, cu_q, cu_k, 12, 12), {"causal": True, "out": out}
+        kwargs = {"causal": True, "out": out}
+        if check_bounds is not None:
+            kwargs["check_bounds"] = check_bounds
+        return (q, k, v, cu_q, cu_k, 12, 12), kwargs
     return make
 
 
@@ -355,7 +358,7 @@ def test_flash_attn_varlen_replays_with_new_offsets(fast_path, rng):
 
 def test_flash_attn_varlen_offsets_modified_in_place_raise_on_a_replay(fast_path, rng):
     calls, runs = spy_checked(fast_path, lsn.flash_attn_varlen)
-    make = varlen_case()
+    make = varlen_case(check_bounds=True)
     args, kwargs = place(make(rng, BF16), "torch")
     lsn.flash_attn_varlen(*args, **kwargs)
     lsn.flash_attn_varlen(*args, **kwargs)

@@ -91,6 +91,25 @@ def block_is_full(row_lo, row_hi, col_lo, col_hi, offset, seqlen_k, window_left,
 
 
 @_device
+def clamped_range(cu_seqlens, batch, total):
+    """``(start, length)`` of sequence ``batch``'s rows ``cu_seqlens[batch]:cu_seqlens[batch +
+    1]``, clamped to ``[0, total]`` (an empty range where the offsets decrease): a kernel reading
+    packed rows through offsets it never validated stays in bounds whatever they hold."""
+    start = min(max(cu_seqlens[batch], 0), total)
+    end = min(max(cu_seqlens[batch + 1], start), total)
+    return start, end - start
+
+
+@_device
+def varlen_sequence(cu_seqlens_q, cu_seqlens_k, batch, total_q, total_k):
+    """``(q_start, seqlen_q, k_start, seqlen_k)`` of packed sequence ``batch``, its query rows
+    clamped to ``[0, total_q]`` and its key rows to ``[0, total_k]``."""
+    q_start, seqlen_q = clamped_range(cu_seqlens_q, batch, total_q)
+    k_start, seqlen_k = clamped_range(cu_seqlens_k, batch, total_k)
+    return q_start, seqlen_q, k_start, seqlen_k
+
+
+@_device
 def scaled_max(row_max, scale_log2):
     """``row_max * scale_log2``, or 0 for a row with nothing attended yet (``-inf``)."""
     if row_max == NEG_INF:

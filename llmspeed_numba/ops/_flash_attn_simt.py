@@ -17,7 +17,7 @@ from .. import ptx
 from .._env import cuda
 from .._launch import Kernel, jit
 from ._attention_common import (NEG_INF, attends, finish_row, key_bounds, rescale_factor,
-                                scaled_max)
+                                scaled_max, varlen_sequence)
 
 #: Threads (query rows) per block and keys per shared-memory block on the GPU. The kernel is a
 #: fallback: the values only need to be reasonable (64 rows keep 2 warps busy per block, 32 keys
@@ -45,10 +45,8 @@ def _simt_kernel_fn(head_dim, block_m, block_n, is_bf16, is_varlen):
         head = cuda.blockIdx.y
         batch = cuda.blockIdx.z
         if is_varlen:
-            q_start = cu_seqlens_q[batch]
-            seqlen_q = cu_seqlens_q[batch + 1] - q_start
-            k_start = cu_seqlens_k[batch]
-            seqlen_k = cu_seqlens_k[batch + 1] - k_start
+            q_start, seqlen_q, k_start, seqlen_k = varlen_sequence(
+                cu_seqlens_q, cu_seqlens_k, batch, seqlen_q_arg, seqlen_k_arg)
         else:
             q_start = 0
             seqlen_q = seqlen_q_arg

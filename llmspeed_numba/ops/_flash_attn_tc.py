@@ -44,8 +44,9 @@ import numpy as np
 from .. import ptx
 from .._env import cuda
 from .._launch import Kernel, jit
-from ._attention_common import (NEG_INF, block_is_full, finish_row, fmax, key_bounds,
-                                rescale_factor, row_key_range, scaled_max)
+from ._attention_common import (NEG_INF, block_is_full, clamped_range, finish_row, fmax,
+                                key_bounds, rescale_factor, row_key_range, scaled_max,
+                                varlen_sequence)
 
 _device = cuda.jit(device=True, inline="always")
 
@@ -114,14 +115,6 @@ def _tile_loader(rows, dim, head_dim, threads):
     return load_tile, thread_offset
 
 
-@_device
-def clamped_range(cu_seqlens, batch, total):
-    """``(start, length)`` of sequence ``batch``'s rows ``cu_seqlens[batch]:cu_seqlens[batch +
-    1]``, clamped to ``[0, total]`` (an empty range where the offsets decrease)."""
-    start = min(max(cu_seqlens[batch], 0), total)
-    end = min(max(cu_seqlens[batch + 1], start), total)
-    return start, end - start
-
 
 @functools.lru_cache(maxsize=None)
 def _paged_tile_loader(rows, dim, head_dim, threads):
@@ -184,11 +177,14 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen, mi
     that numba's disk cache, which keys on the closure but not on launch bounds, keeps the
     variants apart.
 
+    ``seqlen_q_arg`` / ``seqlen_k_arg``: the lengths of every sequence, or with ``is_varlen`` the
+    packed totals (total_q, total_k), to which each sequence's offsets are clamped, so any
+    offsets are memory-safe.
+
     ``paged`` (with ``is_varlen``): K and V are read from a paged cache (``ops/paged_prefill.py``)
     instead of packed rows. Then ``cu_seqlens_k`` holds each sequence's total length (seq_lens),
-    ``k_sb`` / ``k_sn`` / ``k_sh`` are the cache's page / slot / head strides (V alike),
-    ``seqlen_q_arg`` is total_q and ``seqlen_k_arg`` the table's capacity in keys: the query
-    offsets and the lengths are clamped to them, so any contents are memory-safe. The other
+    ``k_sb`` / ``k_sn`` / ``k_sh`` are the cache's page / slot / head strides (V alike), and
+    ``seqlen_k_arg`` is the table's capacity in keys, to which the lengths are clamped. The other
     variants ignore ``block_table``, ``bt_sb``, ``bt_ss``, ``num_pages`` and ``bs_shift``."""
     assert dim % 16 == 0 and head_dim <= dim and block_n % 16 == 0
     assert is_varlen or not paged
@@ -231,10 +227,8 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen, mi
             k_start = 0
             seqlen_k = min(max(cu_seqlens_k[batch], 0), seqlen_k_arg)
         elif is_varlen:
-            q_start = cu_seqlens_q[batch]
-            seqlen_q = cu_seqlens_q[batch + 1] - q_start
-            k_start = cu_seqlens_k[batch]
-            seqlen_k = cu_seqlens_k[batch + 1] - k_start
+            q_start, seqlen_q, k_start, seqlen_k = varlen_sequence(
+                cu_seqlens_q, cu_seqlens_k, batch, seqlen_q_arg, seqlen_k_arg)
         else:
             q_start = 0
             seqlen_q = seqlen_q_arg
@@ -410,11 +404,8 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen, mi
         # normalise once, stage the warp's rows in its Q rows, write 16-byte chunks
         ptx.cp_async_wait(0)
         cuda.syncthreads()           # no copy into the Q tile is still in flight
-        if paged:                    # read again rather than kept in registers over the loop
+        if is_varlen:                # read again rather than kept in registers over the loop
             q_start, seqlen_q = clamped_range(cu_seqlens_q, batch, seqlen_q_arg)
-        elif is_varlen:
-            q_start = cu_seqlens_q[batch]
-            seqlen_q = cu_seqlens_q[batch + 1] - q_start
         for mt in range(m_tiles):
             for h in range(2):
                 total = row_sum[mt, h]

@@ -49,8 +49,9 @@ import numpy as np
 from .. import ptx
 from .._env import cuda
 from .._launch import Kernel, jit
-from ._attention_common import (NEG_INF, block_is_full, finish_row, fmax, key_bounds,
-                                rescale_factor, row_key_range, scaled_max)
+from ._attention_common import (NEG_INF, block_is_full, clamped_range, finish_row, fmax,
+                                key_bounds, rescale_factor, row_key_range, scaled_max,
+                                varlen_sequence)
 from ._gemm_tensor_core import tile_loader
 
 PANEL = 64            # b16 elements in one 128-byte swizzle row
@@ -346,8 +347,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
 
         ptx.cp_async_wait(0)
         if is_varlen:                # read again rather than kept in registers over the loop
-            q_start = cu_seqlens_q[batch]
-            seqlen_q = cu_seqlens_q[batch + 1] - q_start
+            q_start, seqlen_q = clamped_range(cu_seqlens_q, batch, seqlen_q_arg)
         finish(tiles, acc_o, rows, out, lse, wg, warp, g, t, tid % 128, row0,
                q_start, seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh,
                softmax_scale, 1 + wg)
@@ -476,8 +476,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             ptx.mbarrier_arrive(bars, stages + s)
 
         if is_varlen:                # read again rather than kept in registers over the loop
-            q_start = cu_seqlens_q[batch]
-            seqlen_q = cu_seqlens_q[batch + 1] - q_start
+            q_start, seqlen_q = clamped_range(cu_seqlens_q, batch, seqlen_q_arg)
         finish(tiles, acc_o, rows, out, lse, wg, warp, g, t, ctid % 128, row0,
                q_start, seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh,
                softmax_scale, 2 + wg)
@@ -489,12 +488,10 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
 
 @_device
 def _sequence(cu_seqlens_q, cu_seqlens_k, batch, seqlen_q_arg, seqlen_k_arg, is_varlen):
-    """``(q_start, seqlen_q, k_start, seqlen_k)`` of sequence ``batch``."""
+    """``(q_start, seqlen_q, k_start, seqlen_k)`` of sequence ``batch`` (varlen: the packed
+    totals in ``seqlen_q_arg`` / ``seqlen_k_arg`` bound the offsets)."""
     if is_varlen:
-        q_start = cu_seqlens_q[batch]
-        k_start = cu_seqlens_k[batch]
-        return (q_start, cu_seqlens_q[batch + 1] - q_start, k_start,
-                cu_seqlens_k[batch + 1] - k_start)
+        return varlen_sequence(cu_seqlens_q, cu_seqlens_k, batch, seqlen_q_arg, seqlen_k_arg)
     return 0, seqlen_q_arg, 0, seqlen_k_arg
 
 

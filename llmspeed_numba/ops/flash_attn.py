@@ -417,8 +417,9 @@ def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Ar
                       cu_seqlens_k: ArrayLike, max_seqlen_q: int, max_seqlen_k: int, *,
                       causal: bool = False, softmax_scale: float | None = None,
                       window_size: tuple[int, int] = (-1, -1), return_lse: bool = False,
-                      out: ArrayLike | None = None,
-                      stream: StreamLike = None) -> ArrayLike | tuple[ArrayLike, ArrayLike]:
+                      out: ArrayLike | None = None, stream: StreamLike = None,
+                      check_bounds: bool | None = None
+                      ) -> ArrayLike | tuple[ArrayLike, ArrayLike]:
     """Attention forward over a packed batch of sequences of different lengths.
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); sequence ``b`` is rows
@@ -429,20 +430,31 @@ def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Ar
 
     Returns out (total_q, nheads, headdim) (rows of q outside every sequence are not written),
     and with ``return_lse=True`` lse (nheads, total_q) float32 (FlashAttention 2's varlen
-    layout). Reading the offsets for validation copies the ``batch + 1`` integers to the host.
+    layout).
+
+    Bounds: the kernels are memory-safe for any offsets (each sequence's rows are clamped to
+    ``[0, total_q]`` and ``[0, total_k]``), but invalid ones give meaningless results, and rows
+    of a sequence longer than ``max_seqlen_q`` are not written. ``check_bounds=True`` reads the
+    offsets back to the host (a device synchronisation; once per torch tensor version) and
+    raises ``ValueError`` for negative, decreasing or out-of-range offsets or a sequence longer
+    than ``max_seqlen_*``. Default (``None``): checked when the arrays are host memory (the CUDA
+    simulator), unchecked on the GPU, as ``paged_prefill_attention``.
     """
     result = _FLASH_ATTN_VARLEN_CALLS.replay(
         (q, k, v, cu_seqlens_q, cu_seqlens_k, out),
-        (max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size, return_lse), stream)
+        (max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size, return_lse,
+         check_bounds), stream)
     if result is MISS:
         result = _FLASH_ATTN_VARLEN_CALLS.record(
             _flash_attn_varlen_checked, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-            max_seqlen_k, causal, softmax_scale, window_size, return_lse, out, stream)
+            max_seqlen_k, causal, softmax_scale, window_size, return_lse, out, stream,
+            check_bounds)
     return result
 
 
 def _flash_attn_varlen_checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               causal, softmax_scale, window_size, return_lse, out, stream):
+                               causal, softmax_scale, window_size, return_lse, out, stream,
+                               check_bounds):
     """The checked path of ``flash_attn_varlen`` (validation, planning, launch)."""
     tq = tensor(q, "q", ndim=3, dtypes=HALF_DTYPES)
     tk = tensor(k, "k", ndim=3, dtypes=HALF_DTYPES)
@@ -470,15 +482,21 @@ def _flash_attn_varlen_checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
     scale, left, right = _check_options(causal, softmax_scale, window_size, headdim,
                                         return_lse)
-    _check_cu_seqlens("cu_seqlens_q", tcq, total_q, max_seqlen_q, "max_seqlen_q")
-    _check_cu_seqlens("cu_seqlens_k", tck, total_k, max_seqlen_k, "max_seqlen_k")
+    if check_bounds is None:
+        check_bounds = SIMULATOR or tcq.kind == "numpy"
+    else:
+        _checks.boolean("check_bounds", check_bounds)
+    if check_bounds:
+        _check_cu_seqlens("cu_seqlens_q", tcq, total_q, max_seqlen_q, "max_seqlen_q")
+        _check_cu_seqlens("cu_seqlens_k", tck, total_k, max_seqlen_k, "max_seqlen_k")
     out, to = _output(out, tq, tq.shape)
     lse, lse_buf = lse_output(tq, (nheads, total_q), return_lse, stream)
     batch = tcq.shape[0] - 1
     if batch and max_seqlen_q and nheads:
         left, right = _normalise_window(causal, left, right, max_seqlen_q, max_seqlen_k)
         _launch(tq, tk, tv, to, lse_buf, tcq, tck, batch=batch, nheads=nheads,
-                nheads_k=nheads_k, seqlen_q=0, seqlen_k=0, max_seqlen_q=max_seqlen_q,
+                nheads_k=nheads_k, seqlen_q=total_q, seqlen_k=total_k,
+                max_seqlen_q=max_seqlen_q,
                 q_strides=(0,) + tq.strides[:2], k_strides=(0,) + tk.strides[:2],
                 v_strides=(0,) + tv.strides[:2], o_strides=(0,) + to.strides[:2],
                 lse_strides=(0, total_q), scale=scale, left=left, right=right, stream=stream)
