@@ -349,11 +349,15 @@ def test_replay_matches_the_checked_path(fast_path, rng, name, op, make, kind, d
     assert_replay_matches_checked(fast_path, rng, name, op, make, kind, dtype)
 
 
-def test_flash_attn_varlen_replays_with_new_offsets(fast_path, rng):
-    # the first call reads the new offsets back to check them (not recorded); the second, on
-    # the same offsets, finds them checked and records; B's offsets are checked on replay
+@pytest.mark.parametrize("check_bounds, first_calls", [(None, 1), (True, 2)],
+                         ids=["unchecked", "checked"])
+def test_flash_attn_varlen_replays_with_new_offsets(fast_path, rng, check_bounds, first_calls):
+    # unchecked (the GPU default): the offsets are never read back, so the first call records.
+    # checked: the first call reads the new offsets back to check them (not recorded); the
+    # second, on the same offsets, finds them checked and records; B's are checked on replay
     assert_replay_matches_checked(fast_path, rng, "flash_attn_varlen", lsn.flash_attn_varlen,
-                                  varlen_case(), "torch", BF16, first_calls=2)
+                                  varlen_case(check_bounds=check_bounds), "torch", BF16,
+                                  first_calls=first_calls)
 
 
 def test_flash_attn_varlen_offsets_modified_in_place_raise_on_a_replay(fast_path, rng):

@@ -94,9 +94,12 @@ def block_is_full(row_lo, row_hi, col_lo, col_hi, offset, seqlen_k, window_left,
 def clamped_range(cu_seqlens, batch, total):
     """``(start, length)`` of sequence ``batch``'s rows ``cu_seqlens[batch]:cu_seqlens[batch +
     1]``, clamped to ``[0, total]`` (an empty range where the offsets decrease): a kernel reading
-    packed rows through offsets it never validated stays in bounds whatever they hold."""
-    start = min(max(cu_seqlens[batch], 0), total)
-    end = min(max(cu_seqlens[batch + 1], start), total)
+    packed rows through offsets it never validated stays in bounds whatever they hold. In int32
+    throughout: a min / max with an int64 literal widens the offsets, and the 64-bit values held
+    over the kernel's loop cost registers."""
+    total = np.int32(total)
+    start = min(max(np.int32(cu_seqlens[batch]), np.int32(0)), total)
+    end = min(max(np.int32(cu_seqlens[batch + 1]), start), total)
     return start, end - start
 
 
