@@ -438,23 +438,30 @@ def test_bad_varlen_inputs(rng):
 @pytest.mark.parametrize("impl,config", [("simt", None), ("tc", TC_ONE_WARP),
                                          ("wgmma", WG_SHORT_3)])
 def test_varlen_any_offsets_are_memory_safe(rng, impl, config):
-    """With the checks off, negative, decreasing and out-of-range offsets are clamped to the
-    packed rows: the kernel runs without reading or writing out of bounds (the simulator raises
-    on an index past an array's end; on the GPU, runners/gpu_sanitize.sh's memcheck) and what
-    it writes is finite."""
+    """With the checks off, negative, decreasing and out-of-range query offsets are clamped to
+    the packed rows and a sequence with such key offsets writes nothing: the kernel runs without
+    reading or writing out of bounds (the simulator raises on an index past an array's end; on
+    the GPU, runners/gpu_sanitize.sh's memcheck) and what it writes is finite."""
     dim = 64 if impl == "wgmma" else 16
     q = _dev((10, 2, dim), "float16", rng)
     k = _dev((12, 1, dim), "float16", rng)
     v = _dev((12, 1, dim), "float16", rng)
+    # (cu_q, cu_k, query rows that must be written: those of sequences with valid keys)
+    cases = (([-4, 6, 2], [0, 30, 5], []), ([3, 99, 100], [-9, -2, 12], []),
+             ([0, 10, 10], [12, 0, 12], []), ([-4, 6, 2], [0, 5, 12], range(0, 6)),
+             ([3, 99, 100], [0, 12, 12], range(3, 10)))
     with overrides(flash_attn={"impl": impl, "config": config}):
-        for cu_q, cu_k in (([-4, 6, 2], [0, 30, 5]), ([3, 99, 100], [-9, -2, 12]),
-                           ([0, 10, 10], [12, 0, 12])):
+        for cu_q, cu_k, rows in cases:
             out = to_device(np.full((10, 2, dim), np.nan, np.float16), KIND)
             flash_attn_varlen(q, k, v, to_device(np.array(cu_q, np.int32), KIND),
                               to_device(np.array(cu_k, np.int32), KIND), 10, 12, causal=True,
                               out=out, check_bounds=False)
             written = ~np.isnan(f64(out))
             assert np.isfinite(f64(out)[written]).all()
+            expected = np.zeros(10, bool)
+            expected[list(rows)] = True
+            np.testing.assert_array_equal(written.all(axis=(1, 2)), expected)
+            np.testing.assert_array_equal(written.any(axis=(1, 2)), expected)
 
 
 # ---- GPU suite: real configurations, many examples ---------------------------------------------
