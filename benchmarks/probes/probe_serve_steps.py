@@ -1,0 +1,47 @@
+"""Engine steps of a serving load on the GPU (Llama-3-8B shapes, dummy weights; no transformers
+baseline): each step's wall time (synchronised), its decodes, prefill chunks and tokens, whether
+its decodes replayed a graph, preemptions and free pages; a summary by step kind. For the
+256-request case that ran slower than 64 at 51d35e6 (NOTES, session 19).
+
+    python benchmarks/probes/probe_serve_steps.py [N]     (default 256; about 4 min from cold)
+"""
+import sys, time, collections
+import torch
+from llmspeed_numba.engine import LLM
+from llmspeed_numba.engine.bench_serve import run
+
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 256
+llm = LLM("llama-3-8b", load_format="dummy", max_num_seqs=256)
+alloc = llm.scheduler.allocator if hasattr(llm.scheduler, "allocator") else None
+print("cache blocks", getattr(alloc, "num_blocks", "?"), "block size", getattr(alloc, "block_size", "?"),
+      "max_num_batched_tokens", llm.scheduler.max_num_batched_tokens, flush=True)
+for m in (1, 64, 256):
+    run(llm, num_requests=m, prompt_len=512, output_len=4, random_lengths=False)
+print("warm done", flush=True)
+log = []
+orig_schedule, orig_step = llm.scheduler.schedule, llm.step
+state = {}
+def schedule():
+    b = orig_schedule(); state["b"] = b; return b
+def step():
+    t = time.perf_counter(); out = orig_step(); torch.cuda.synchronize()
+    b = state["b"]
+    log.append((time.perf_counter() - t, b.num_decodes, len(b.entries) - b.num_decodes,
+                b.num_tokens - b.num_decodes, len(b.preempted), llm.runner.last_replayed,
+                len(getattr(alloc, "_free", []))))
+    return out
+llm.scheduler.schedule, llm.step = schedule, step
+for m in (64, n):
+    log.clear(); pre0 = llm.num_preemptions
+    stats = run(llm, num_requests=m, prompt_len=512, output_len=256, random_lengths=False)
+    print(f"== {m} requests: {stats['output_tokens_per_s']:.0f} tok/s, TTFT median "
+          f"{stats['ttft_median_ms']:.0f} ms, elapsed {stats['elapsed_s']:.1f} s, steps {len(log)}, "
+          f"preemptions {llm.num_preemptions - pre0}", flush=True)
+    kinds = collections.defaultdict(lambda: [0, 0.0, 0])
+    for dt, dec, pre, ptok, preempt, replayed, free in log:
+        k = ("decode-graph" if replayed and pre == 0 else "decode-eager" if pre == 0 else "mixed")
+        kinds[k][0] += 1; kinds[k][1] += dt; kinds[k][2] += ptok
+    for k, (c, s, p) in kinds.items():
+        print(f"   {k:13s} steps {c:4d} total {s:7.2f} s mean {1e3 * s / c:7.1f} ms prefill tokens {p}")
+    for row in log[:40:2]:
+        print("   step dt %.1f ms dec %d prefills %d ptok %d preempt %d replayed %s free %d" % (row[0] * 1e3, *row[1:]))
