@@ -167,3 +167,42 @@ def test_every_registered_kernel_has_a_cache_key():
     child = subprocess.run([sys.executable, "-c", _DESCRIBE_ALL], env=env, capture_output=True,
                            text=True, timeout=600)
     assert child.returncode == 0, (child.stdout + child.stderr)[-3000:]
+
+
+def test_store_key_misses_on_any_changed_input(monkeypatch):
+    """The store's key changes with the kernel's source, its signature, its options, the compute
+    capability, numba-cuda's version and the package's source (which holds its version): a
+    cached kernel is never loaded for another build."""
+    import types as pytypes
+
+    import numba_cuda
+    from numba.core import types
+
+    from llmspeed_numba import _kernel_cache
+
+    def kernel_a(x):
+        x[0] = 1
+
+    def kernel_b(x):
+        x[0] = 2
+
+    def dispatcher(fn, **options):
+        return pytypes.SimpleNamespace(py_func=fn, targetoptions=options)
+
+    sig = (types.float32[::1],)
+    base = _kernel_cache.store_key(dispatcher(kernel_a), sig, (9, 0))
+    assert base == _kernel_cache.store_key(dispatcher(kernel_a), sig, (9, 0))
+    changed = {
+        "source": _kernel_cache.store_key(dispatcher(kernel_b), sig, (9, 0)),
+        "signature": _kernel_cache.store_key(dispatcher(kernel_a), (types.float64[::1],), (9, 0)),
+        "options": _kernel_cache.store_key(dispatcher(kernel_a, max_registers=64), sig, (9, 0)),
+        "compute capability": _kernel_cache.store_key(dispatcher(kernel_a), sig, (8, 0)),
+    }
+    monkeypatch.setattr(numba_cuda, "__version__", numba_cuda.__version__ + ".other")
+    changed["numba-cuda version"] = _kernel_cache.store_key(dispatcher(kernel_a), sig, (9, 0))
+    monkeypatch.undo()
+    monkeypatch.setattr(_kernel_cache, "package_digest", lambda: "another package source")
+    changed["package source"] = _kernel_cache.store_key(dispatcher(kernel_a), sig, (9, 0))
+    for what, key in changed.items():
+        assert key != base, f"the key ignores a changed {what}"
+    assert len(set(changed.values())) == len(changed)
