@@ -9,6 +9,24 @@ import sys, time, collections
 import torch
 from llmspeed_numba.engine import LLM
 from llmspeed_numba.engine.bench_serve import run
+from llmspeed_numba import _launch
+
+# Kernels resolved (compiled, or loaded from a cache) while the timed runs go: a step that
+# meets a new specialisation pays for it there.
+resolved = []
+_handle = _launch.Kernel.handle
+
+
+def handle(self):
+    if self._handle is not None:
+        return self._handle
+    start = time.perf_counter()
+    found = _handle(self)
+    resolved.append((self.name, time.perf_counter() - start))
+    return found
+
+
+_launch.Kernel.handle = handle
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 256
 llm = LLM("llama-3-8b", load_format="dummy", max_num_seqs=256)
@@ -32,7 +50,7 @@ def step():
     return out
 llm.scheduler.schedule, llm.step = schedule, step
 for m in (64, n):
-    log.clear(); pre0 = llm.num_preemptions
+    log.clear(); resolved.clear(); pre0 = llm.num_preemptions
     stats = run(llm, num_requests=m, prompt_len=512, output_len=256, random_lengths=False)
     print(f"== {m} requests: {stats['output_tokens_per_s']:.0f} tok/s, TTFT median "
           f"{stats['ttft_median_ms']:.0f} ms, elapsed {stats['elapsed_s']:.1f} s, steps {len(log)}, "
@@ -41,7 +59,11 @@ for m in (64, n):
     for dt, dec, pre, ptok, preempt, replayed, free in log:
         k = ("decode-graph" if replayed and pre == 0 else "decode-eager" if pre == 0 else "mixed")
         kinds[k][0] += 1; kinds[k][1] += dt; kinds[k][2] += ptok
+    print(f"   kernels resolved during the run: {len(resolved)}, "
+          f"{sum(t for _, t in resolved):.2f} s: {sorted(set(n for n, _ in resolved))}")
     for k, (c, s, p) in kinds.items():
         print(f"   {k:13s} steps {c:4d} total {s:7.2f} s mean {1e3 * s / c:7.1f} ms prefill tokens {p}")
+    print("   mixed steps (ms, decodes, prefill tokens):",
+          [(round(r[0] * 1e3), r[1], r[3]) for r in log if r[2]])
     for row in log[:40:2]:
         print("   step dt %.1f ms dec %d prefills %d ptok %d preempt %d replayed %s free %d" % (row[0] * 1e3, *row[1:]))
