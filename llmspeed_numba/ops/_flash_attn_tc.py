@@ -115,7 +115,6 @@ def _tile_loader(rows, dim, head_dim, threads):
     return load_tile, thread_offset
 
 
-
 @functools.lru_cache(maxsize=None)
 def _paged_tile_loader(rows, dim, head_dim, threads):
     """Device function copying a ``rows x dim`` tile of keys (or values) from a paged cache into
@@ -178,8 +177,8 @@ def _tc_kernel_fn(head_dim, dim, warps, m_tiles, block_n, is_bf16, is_varlen, mi
     variants apart.
 
     ``seqlen_q_arg`` / ``seqlen_k_arg``: the lengths of every sequence, or with ``is_varlen`` the
-    packed totals (total_q, total_k), to which each sequence's offsets are clamped, so any
-    offsets are memory-safe.
+    packed totals (total_q, total_k) that bound each sequence's offsets (``varlen_sequence``), so
+    any offsets are memory-safe.
 
     ``paged`` (with ``is_varlen``): K and V are read from a paged cache (``ops/paged_prefill.py``)
     instead of packed rows. Then ``cu_seqlens_k`` holds each sequence's total length (seq_lens),

@@ -435,10 +435,10 @@ def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Ar
     Bounds: the kernels are memory-safe for any offsets (each sequence's query rows are clamped
     to ``[0, total_q]``; a sequence whose key offsets are not ``0 <= start <= end <= total_k``
     writes no rows), but invalid ones give meaningless results, and rows of a sequence longer
-    than ``max_seqlen_q`` are not written. ``check_bounds=True`` reads the
-    offsets back to the host (a device synchronisation; once per torch tensor version) and
-    raises ``ValueError`` for negative, decreasing or out-of-range offsets or a sequence longer
-    than ``max_seqlen_*``. Default (``None``): checked when the arrays are host memory (the CUDA
+    than ``max_seqlen_q`` are not written. ``check_bounds=True`` reads the offsets back to the
+    host (a device synchronisation; once per torch tensor version) and raises ``ValueError``
+    for negative, decreasing or out-of-range offsets or a sequence longer than
+    ``max_seqlen_*``. Default (``None``): checked when the arrays are host memory (the CUDA
     simulator), unchecked on the GPU, as ``paged_prefill_attention``.
     """
     result = _FLASH_ATTN_VARLEN_CALLS.replay(
