@@ -216,6 +216,14 @@ class Kernel:
             self._key = _kernel_cache.store_key(self.dispatcher, self.signature, cc)
         return self._key
 
+    def resolvable(self):
+        """True when ``handle()`` needs no compile: resolved already, or in the machine-code
+        store (a kernel outside the store may still sit in numba's cache: False)."""
+        if self._handle is not None:
+            return True
+        key = self._store_key()
+        return key is not None and os.path.exists(_kernel_cache.store_path(key))
+
     def handle(self):
         """The driver handle (a ``CUkernel`` or ``CUfunction`` of cuda.bindings): from the
         machine-code store when it has the kernel (no numba compile or cache load), else

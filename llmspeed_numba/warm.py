@@ -30,28 +30,45 @@ def model_kernels(model=None, *, dtype="bfloat16", quantization=None,
     """The distinct kernels (``Kernel`` objects) the model's prefill and decode launch. Loads the
     model (``quantization`` as ``load_model``'s) unless ``loaded`` (a ``models.Model``) is
     given."""
-    from . import _replay
-    from ._launch import collecting_kernels
     from .models.model import load_model
 
     m = loaded if loaded is not None else load_model(model, dtype=dtype,
                                                      quantization=quantization)
     limit = m.config.max_position_embeddings - 2
+
+    def workload():
+        for n in prefill_lengths:
+            m.generate_greedy([[1] * max(1, min(n, limit))], 2, stop_at_eos=False,
+                              cuda_graphs=False)
+        for b in decode_batches:
+            m.generate_greedy([[1] * 8] * b, 2, stop_at_eos=False, cuda_graphs=False)
+
+    return kernels_of(workload)
+
+
+def kernels_of(workload):
+    """The distinct kernels (``Kernel`` objects) ``workload()`` launches, none compiled or run
+    (its op calls' outputs are left unwritten)."""
+    from . import _replay
+    from ._launch import collecting_kernels
+
     enabled = _replay.ENABLED
     _replay.ENABLED = False  # a recorded plan prepares its launches: that compiles
     try:
         with collecting_kernels() as found:
-            for n in prefill_lengths:
-                m.generate_greedy([[1] * max(1, min(n, limit))], 2, stop_at_eos=False,
-                                  cuda_graphs=False)
-            for b in decode_batches:
-                m.generate_greedy([[1] * 8] * b, 2, stop_at_eos=False, cuda_graphs=False)
+            workload()
     finally:
         _replay.ENABLED = enabled
     unique = {}
     for k in found:
         unique.setdefault(id(k), k)
     return list(unique.values())
+
+
+def unresolved(kernels):
+    """Those of ``kernels`` neither resolved in this process nor in the machine-code store:
+    the ones a first launch could have to compile."""
+    return [k for k in kernels if not k.resolvable()]
 
 
 def op_of(kernel):
@@ -209,6 +226,24 @@ def run_with_progress(model=None, *, dtype="bfloat16", quantization=None, ops=No
                       workers=None, loaded=None, log=sys.stderr):
     """``warm`` with a progress bar on ``log`` and a summary line; returns the kernels that
     failed to compile (they compile at first use instead), and marks the model warm."""
+    t0 = time.perf_counter()
+    kernels = model_kernels(model, dtype=dtype, quantization=quantization, loaded=loaded)
+    if ops:
+        unknown = set(ops) - {op_of(k) for k in kernels}
+        if unknown:
+            print(f"warm: no kernel of {sorted(unknown)} in this model's forward pass", file=log)
+        kernels = [k for k in kernels if op_of(k) in ops]
+    failed = compile_with_progress(kernels, workers=workers, log=log, what="warm")
+    print(f"warm: {len(kernels) - len(failed)} of {len(kernels)} kernels ready in "
+          f"{time.perf_counter() - t0:.1f} s", file=log, flush=True)
+    if not failed and not ops:
+        _mark_warm(model, dtype, quantization)
+    return failed
+
+
+def compile_with_progress(kernels, *, workers=None, log=sys.stderr, what="warm"):
+    """``compile_kernels`` with a progress bar on ``log``, its lines prefixed ``what``; returns
+    the kernels that failed to compile ("name: why"; they compile at first use instead)."""
     from ._progress import ProgressBar
 
     bar = None
@@ -225,24 +260,13 @@ def run_with_progress(model=None, *, dtype="bfloat16", quantization=None, ops=No
             failed.append(f"{name}: {detail}")
         bar.done(name, ok)
 
-    t0 = time.perf_counter()
-    kernels = model_kernels(model, dtype=dtype, quantization=quantization, loaded=loaded)
-    if ops:
-        unknown = set(ops) - {op_of(k) for k in kernels}
-        if unknown:
-            print(f"warm: no kernel of {sorted(unknown)} in this model's forward pass", file=log)
-        kernels = [k for k in kernels if op_of(k) in ops]
-    print(f"warm: compiling {len(kernels)} kernels in up to {workers or os.cpu_count()} "
+    print(f"{what}: compiling {len(kernels)} kernels in up to {workers or os.cpu_count()} "
           f"processes", file=log, flush=True)
     compile_kernels(kernels, workers=workers, on_start=start, on_done=done)
     if bar is not None:
         bar.close()
     for line in failed:
-        print(f"warm: failed {line}", file=log)
-    print(f"warm: {len(kernels) - len(failed)} of {len(kernels)} kernels ready in "
-          f"{time.perf_counter() - t0:.1f} s", file=log, flush=True)
-    if not failed and not ops:
-        _mark_warm(model, dtype, quantization)
+        print(f"{what}: failed {line}", file=log)
     return failed
 
 

@@ -180,3 +180,24 @@ def test_decode_stats_host_share():
     stats.add(0.010, 0.009)
     stats.add(0.030, 0.027)
     assert stats.steps == 2 and abs(stats.host_share - 0.1) < 1e-12
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_engine_captures_every_decode_graph_at_start():
+    """``LLM`` captures the decode graph of every (batch bucket, table width) at start-up, so a
+    load of growing and shrinking batches and sequences crossing table widths neither captures
+    nor replaces one (the tokens against the plain loop: the tests above)."""
+    config = preset_config("tiny", num_hidden_layers=1, vocab_size=64,
+                           max_position_embeddings=600)
+    llm = LLM(config, load_format="dummy", max_num_seqs=8, seed=0,
+              kv_cache_memory=KV_CACHE_MEMORY)
+    graphs = dict(llm.runner.graphs)
+    assert set(graphs) == set(llm.runner.decode_shapes(8)) and len(graphs) == 4 * 3
+    assert all(g.graph is not None for g in graphs.values())
+    prompts = [[1 + i] * (5 + 40 * i) for i in range(8)]   # tables of 1 .. 21 pages
+    outs = llm.generate(prompts, [SamplingParams(max_tokens=8 + 30 * (i % 3), ignore_eos=True)
+                                  for i in range(8)])
+    assert llm.runner.graphs == graphs  # the same graph objects: none made or replaced
+    assert [len(o.token_ids) for o in outs] == [8 + 30 * (i % 3) for i in range(8)]
+    assert llm.decode_stats.steps > 0  # decode-only steps replayed the captured graphs

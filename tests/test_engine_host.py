@@ -269,3 +269,16 @@ def test_graph_decode_through_staged_inputs_samples_the_eager_tokens():
 
 def _copies(x):
     return tuple(_copies(v) for v in x) if isinstance(x, tuple) else np.array(x, copy=True)
+
+
+@pytest.mark.parametrize("max_width", [1, 5, 16, 48, 512])
+@pytest.mark.parametrize("max_rows", [1, 3, 8, 256])
+def test_decode_shapes_are_every_shape_a_step_can_take(max_rows, max_width):
+    """``ModelRunner.decode_shapes`` (the graphs captured at start-up) is exactly the set of
+    (batch bucket, table width) a decode step of 1 .. max_rows sequences of 1 .. max_width pages
+    can ask for: none missing (a step would capture), none extra, no duplicate."""
+    runner = ModelRunner(None, None, scratch_page=0, cuda_graphs=False, max_width=max_width)
+    shapes = runner.decode_shapes(max_rows)
+    reached = {(_bucket(n, BATCH_BUCKETS), runner._width(pages))
+               for n in range(1, max_rows + 1) for pages in range(1, max_width + 1)}
+    assert len(shapes) == len(set(shapes)) and set(shapes) == reached

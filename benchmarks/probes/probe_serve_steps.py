@@ -29,13 +29,17 @@ def handle(self):
 _launch.Kernel.handle = handle
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 256
+t0 = time.perf_counter()
 llm = LLM("llama-3-8b", load_format="dummy", max_num_seqs=256)
+print(f"LLM() {time.perf_counter() - t0:.1f} s; decode graphs at start-up: {len(llm.runner.graphs)} "
+      f"in {getattr(llm, 'capture_seconds', 0.0):.1f} s; kernels resolved so far: {len(resolved)}",
+      flush=True)
 alloc = llm.scheduler.allocator if hasattr(llm.scheduler, "allocator") else None
 print("cache blocks", getattr(alloc, "num_blocks", "?"), "block size", getattr(alloc, "block_size", "?"),
       "max_num_batched_tokens", llm.scheduler.max_num_batched_tokens, flush=True)
 for m in (1, 64, 256):
     run(llm, num_requests=m, prompt_len=512, output_len=4, random_lengths=False)
-print("warm done", flush=True)
+print(f"warm done; decode graphs {len(llm.runner.graphs)}", flush=True)
 log = []
 orig_schedule, orig_step = llm.scheduler.schedule, llm.step
 state = {}
@@ -59,7 +63,8 @@ for m in (64, n):
     for dt, dec, pre, ptok, preempt, replayed, free in log:
         k = ("decode-graph" if replayed and pre == 0 else "decode-eager" if pre == 0 else "mixed")
         kinds[k][0] += 1; kinds[k][1] += dt; kinds[k][2] += ptok
-    print(f"   kernels resolved during the run: {len(resolved)}, "
+    print(f"   decode graphs after the run: {len(llm.runner.graphs)}; "
+          f"kernels resolved during the run: {len(resolved)}, "
           f"{sum(t for _, t in resolved):.2f} s: {sorted(set(n for n, _ in resolved))}")
     for k, (c, s, p) in kinds.items():
         print(f"   {k:13s} steps {c:4d} total {s:7.2f} s mean {1e3 * s / c:7.1f} ms prefill tokens {p}")

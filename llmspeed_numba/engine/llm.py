@@ -58,20 +58,24 @@ class RequestOutput:
 class LLM:
     """A model served by the engine.
 
-    ``model``: a Hugging Face directory, a .gguf file, or None (the embedded SmolLM2-135M);
-    with ``load_format="dummy"``, also a preset name of ``models.random_model.PRESETS``
-    ("llama-3-8b", "llama-3-70b", "smollm2-135m", "tiny") or a ``ModelConfig``, weights drawn
-    at random. ``kv_cache_memory``: the fraction of the GPU memory free after loading (a float
-    in (0, 1]) or a byte count (an int) given to the paged KV cache. ``max_model_len``: prompt + output tokens at most (default: the
-    model's context, capped by the cache). ``max_num_batched_tokens``: tokens per step (default
-    8192, at least ``max_num_seqs``). ``seed`` draws the seeds of requests that set none.
-    ``quantization``: None (the model dtype), "int4" / "int8" / "fp8" (the projection weights
-    quantized at load, run by ``quant_gemm``; fp8 also quantizes their inputs, Hopper only) or
-    "gguf" (a GGUF's Q4_0 / Q4_1 / Q8_0 projection blocks
-    kept packed); see ``models.llama``. ``tensor_parallel_size``: GPUs the model is split over
-    (``engine/tp.py``): this process drives the first (its current device) and starts one
-    process for each other; every one keeps 1 / N of the weights and of the KV cache (whose
-    memory budget is per GPU). ``close()`` stops those processes.
+    ``model``: a Hugging Face directory, a .gguf file, or None (the embedded SmolLM2-135M); with
+    ``load_format="dummy"``, also a preset name of ``models.random_model.PRESETS``
+    ("llama-3-8b", "llama-3-70b", "smollm2-135m", "tiny") or a ``ModelConfig``, weights drawn at
+    random. ``kv_cache_memory``: the fraction of the GPU memory free after loading (a float in
+    (0, 1]) or a byte count (an int) given to the paged KV cache. ``max_model_len``: prompt +
+    output tokens at most (default: the model's context, capped by the cache).
+    ``max_num_batched_tokens``: tokens per step (default 8192, at least ``max_num_seqs``).
+    ``seed`` draws the seeds of requests that set none. ``quantization``: None (the model
+    dtype), "int4" / "int8" / "fp8" (the projection weights quantized at load, run by
+    ``quant_gemm``; fp8 also quantizes their inputs, Hopper only) or "gguf" (a GGUF's Q4_0 /
+    Q4_1 / Q8_0 projection blocks kept packed); see ``models.llama``. ``tensor_parallel_size``:
+    GPUs the model is split over (``engine/tp.py``): this process drives the first (its current
+    device) and starts one process for each other; every one keeps 1 / N of the weights and of
+    the KV cache (whose memory budget is per GPU). ``close()`` stops those processes.
+    ``cuda_graphs`` (on a GPU): the decode step of every batch bucket up to ``max_num_seqs`` and
+    every block-table width up to ``max_model_len`` is captured here, its missing kernels
+    compiled first in parallel processes (as vLLM captures at start-up), so no step of a load
+    compiles or captures.
     """
 
     def __init__(self, model=None, *, dtype="bfloat16", max_num_seqs=256, max_model_len=None,
@@ -133,6 +137,13 @@ class LLM:
                      max_width=-(-max_model_len // BLOCK_SIZE))
         self.runner = (ModelRunner(self.llama, self.cache, **setup) if self._tp is None
                        else self._tp.runner(self.cache, **setup))
+        try:
+            #: seconds spent capturing (and compiling for) every decode graph at start-up
+            self.capture_seconds = self.runner.capture(max_num_seqs)
+        except BaseException:
+            if self._tp is not None:
+                self._tp.close(abort=True)
+            raise
         self._seeds = np.random.default_rng(seed)
         #: requests preempted (pages freed, recomputed later) so far
         self.num_preemptions = 0

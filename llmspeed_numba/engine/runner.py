@@ -14,6 +14,9 @@ seed with the position of the token drawn, so a request's tokens do not depend o
 batched with it, nor on being recomputed after a preemption.
 """
 
+import sys
+import time
+
 import numpy as np
 
 from ..models.decode_graph import SAMPLING_PARAMS, DecodeGraph
@@ -119,6 +122,52 @@ class ModelRunner:
         while width < longest_pages:
             width *= 2
         return min(width, max(self.max_width, longest_pages))
+
+    def decode_shapes(self, max_rows):
+        """``(rows, width)`` of every decode graph a step of up to ``max_rows`` decodes can
+        replay: each batch bucket up to ``max_rows``'s, by each table width ``_width`` gives."""
+        top = _bucket(max_rows, BATCH_BUCKETS)
+        widths, pages = [], MIN_WIDTH
+        while True:
+            width = self._width(min(pages, self.max_width))
+            if width not in widths:
+                widths.append(width)
+            if pages >= self.max_width:
+                break
+            pages *= 2
+        return [(rows, width) for rows in BATCH_BUCKETS if rows <= top for width in widths]
+
+    def capture(self, max_rows, *, log=None):
+        """Capture the decode graph of every shape of ``decode_shapes(max_rows)`` (a no-op
+        without graphs), so that no step of a served load compiles or captures: the kernels
+        no cache holds are compiled first, in parallel processes with a progress bar on
+        ``log`` (tensor parallelism: each rank compiles its own while capturing). Each
+        capture runs one step of padding rows (they write only the scratch page). Returns
+        the seconds it took."""
+        if not self.cuda_graphs:
+            return 0.0
+        from ..warm import compile_with_progress, kernels_of, unresolved
+
+        start = time.perf_counter()
+        shapes = self.decode_shapes(max_rows)
+        if type(self) is ModelRunner:     # a tensor-parallel runner's workers could not follow
+            def workload():
+                for rows, width in shapes:
+                    staged = self._graph(rows, width).staged()
+                    step = decode_step(self.llama.device, staged.token_ids, staged.positions,
+                                       staged.table, staged.seq_lens)
+                    self._sample(self._run(step), staged.params)
+
+            missing = unresolved(kernels_of(workload))
+            if missing:
+                compile_with_progress(missing, log=log or sys.stderr, what="decode graphs")
+        for rows, width in shapes:
+            staged = self._graph(rows, width).staged()
+            staged.pad(0)
+            self.run_decode(staged.token_ids, staged.positions, staged.table, staged.seq_lens,
+                            staged.params)
+        self.last_replayed, self.last_wait = False, 0.0
+        return time.perf_counter() - start
 
     # ---- passes --------------------------------------------------------------------------------
 
