@@ -61,12 +61,12 @@ def bench(name, results, concurrency, hf_decode_tokens):
     hf_batch = _hf_tokens_per_s(config, HF_BATCH, OUTPUT)
     copy_gbs = _harness.copy_bandwidth()
     llm = LLM(name, load_format="dummy", max_num_seqs=max(concurrency))
-    print(f"{name}: {len(llm.runner.graphs)} decode graphs captured at start-up in "
-          f"{llm.capture_seconds:.1f} s", flush=True)
+    print(f"{name}: start-up warm-up {llm.warm_up_seconds:.1f} s ({len(llm.runner.graphs)} "
+          f"decode graphs)", flush=True)
     weight_bytes = sum(p.numel() * p.element_size() for p in _weights_of(llm))
     limit = copy_gbs * 1e9 / weight_bytes
-    # warm: the prefill kernels of the timed runs' step shapes (LLM() captured every decode
-    # graph, its kernels compiled)
+    # warm: the timed runs' kinds of step once (replay plans, workspaces); LLM() made every
+    # kernel ready and captured every decode graph
     for n in [1] + list(concurrency):
         run(llm, num_requests=n, prompt_len=PROMPT, output_len=4, random_lengths=False)
     b1 = run(llm, num_requests=1, prompt_len=PROMPT, output_len=OUTPUT, random_lengths=False)

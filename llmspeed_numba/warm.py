@@ -271,18 +271,25 @@ def compile_with_progress(kernels, *, workers=None, log=sys.stderr, what="warm")
 
 
 def _marker(model, dtype, quantization=None):
-    """The file saying this model's kernels were compiled, keyed by everything a kernel binary
-    depends on: the model, dtype, quantization (other kernels), library, numba-cuda and
-    PTX-backend versions, the GPU."""
+    """The file saying this model's kernels were compiled (``marker_path`` of the model, dtype
+    and quantization: other kernels)."""
+    where = "default" if model is None else os.path.abspath(os.fspath(model))
+    return marker_path(where, dtype, quantization)
+
+
+def marker_path(*parts):
+    """A marker file under the cache, keyed by ``parts`` (str-able) and everything a kernel
+    binary depends on besides: the library's version and source, numba-cuda and PTX-backend
+    versions, the GPU."""
     import hashlib
 
     import numba
 
-    from . import __version__, _tuning_cache, ptx
+    from . import __version__, _kernel_cache, _tuning_cache, ptx
 
-    where = "default" if model is None else os.path.abspath(os.fspath(model))
-    key = "|".join(str(p) for p in (where, dtype, quantization, __version__, numba.__version__,
-                                     _cuda_version(), ptx.BACKEND, _tuning_cache.device_name()))
+    key = "|".join(str(p) for p in (*parts, __version__, _kernel_cache.package_digest(),
+                                     numba.__version__, _cuda_version(), ptx.BACKEND,
+                                     _tuning_cache.device_name()))
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
     return os.path.join(_tuning_cache.cache_dir(), "warm", f"{digest}.done")
 

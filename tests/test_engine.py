@@ -184,14 +184,20 @@ def test_decode_stats_host_share():
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_engine_captures_every_decode_graph_at_start():
-    """``LLM`` captures the decode graph of every (batch bucket, table width) at start-up, so a
-    load of growing and shrinking batches and sequences crossing table widths neither captures
-    nor replaces one (the tokens against the plain loop: the tests above)."""
+def test_gpu_engine_captures_every_decode_graph_at_start(monkeypatch):
+    """``LLM`` makes every kernel ready and captures the decode graph of every (batch bucket,
+    table width) at start-up, so a load of growing and shrinking batches, prompts of many
+    lengths and sequences crossing table widths compiles no kernel and neither captures nor
+    replaces a graph (the tokens against the plain loop: the tests above)."""
+    from llmspeed_numba import _launch
+
     config = preset_config("tiny", num_hidden_layers=1, vocab_size=64,
                            max_position_embeddings=600)
     llm = LLM(config, load_format="dummy", max_num_seqs=8, seed=0,
               kv_cache_memory=KV_CACHE_MEMORY)
+    compiled, compile = [], _launch.Kernel.compiled
+    monkeypatch.setattr(_launch.Kernel, "compiled",
+                        lambda self: compiled.append(self.name) or compile(self))
     graphs = dict(llm.runner.graphs)
     assert set(graphs) == set(llm.runner.decode_shapes(8)) and len(graphs) == 4 * 3
     assert all(g.graph is not None for g in graphs.values())
@@ -199,5 +205,6 @@ def test_gpu_engine_captures_every_decode_graph_at_start():
     outs = llm.generate(prompts, [SamplingParams(max_tokens=8 + 30 * (i % 3), ignore_eos=True)
                                   for i in range(8)])
     assert llm.runner.graphs == graphs  # the same graph objects: none made or replaced
+    assert compiled == []  # every kernel came from the machine-code store
     assert [len(o.token_ids) for o in outs] == [8 + 30 * (i % 3) for i in range(8)]
     assert llm.decode_stats.steps > 0  # decode-only steps replayed the captured graphs

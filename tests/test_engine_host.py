@@ -282,3 +282,37 @@ def test_decode_shapes_are_every_shape_a_step_can_take(max_rows, max_width):
     reached = {(_bucket(n, BATCH_BUCKETS), runner._width(pages))
                for n in range(1, max_rows + 1) for pages in range(1, max_width + 1)}
     assert len(shapes) == len(set(shapes)) and set(shapes) == reached
+
+
+def test_warm_up_lists_every_step_kind_once_and_marks_it(tmp_path):
+    """``ModelRunner.warm_up`` (``LLM()`` runs it on a GPU) hands the compile step the kernels of
+    every decode shape and of prefill steps (prompts from their start, chunks continuing one)
+    in one list, makes each decode graph (run eagerly here: no capture off the GPU), writes its
+    marker, and with the marker there skips the listing."""
+    from test_engine import KV_CACHE_MEMORY
+
+    from llmspeed_numba import LLM
+    from llmspeed_numba.engine.runner import prefill_sizes
+    from llmspeed_numba.models.random_model import preset_config
+
+    config = preset_config("tiny", num_hidden_layers=1, vocab_size=64, max_position_embeddings=64)
+    llm = LLM(config, load_format="dummy", max_num_seqs=1, max_num_batched_tokens=8, seed=0,
+              kv_cache_memory=KV_CACHE_MEMORY)
+    runner = llm.runner
+    runner.cuda_graphs = True
+    lists = []
+
+    def compile(kernels, **_):
+        lists.append({k.name for k in kernels})
+        return []
+
+    marker = str(tmp_path / "engine.done")
+    runner.warm_up(1, 8, page_tokens=16, max_model_len=64, marker=marker, compile=compile)
+    (names,) = lists
+    assert {"paged_decode_kernel", "sample_kernel", "paged_kv_append_kernel"} <= names
+    assert any("paged_prefill" in n for n in names)             # a chunk continuing a sequence
+    assert any(n.startswith("flash_attn") for n in names)       # a prompt from its start
+    assert set(runner.graphs) == set(runner.decode_shapes(1)) == {(1, 4)}
+    runner.warm_up(1, 8, page_tokens=16, max_model_len=64, marker=marker, compile=compile)
+    assert len(lists) == 1 and prefill_sizes(8) == [1, 2, 3, 4, 5, 8]
+    assert prefill_sizes(1) == [1] and prefill_sizes(100)[-3:] == [64, 65, 100]

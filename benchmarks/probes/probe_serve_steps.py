@@ -31,9 +31,10 @@ _launch.Kernel.handle = handle
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 256
 t0 = time.perf_counter()
 llm = LLM("llama-3-8b", load_format="dummy", max_num_seqs=256)
-print(f"LLM() {time.perf_counter() - t0:.1f} s; decode graphs at start-up: {len(llm.runner.graphs)} "
-      f"in {getattr(llm, 'capture_seconds', 0.0):.1f} s; kernels resolved so far: {len(resolved)}",
-      flush=True)
+startup = getattr(llm, "warm_up_seconds", getattr(llm, "capture_seconds", 0.0))
+print(f"LLM() {time.perf_counter() - t0:.1f} s; decode graphs at start-up: "
+      f"{len(llm.runner.graphs)}, warm-up {startup:.1f} s; kernels resolved so far: "
+      f"{len(resolved)}", flush=True)
 alloc = llm.scheduler.allocator if hasattr(llm.scheduler, "allocator") else None
 print("cache blocks", getattr(alloc, "num_blocks", "?"), "block size", getattr(alloc, "block_size", "?"),
       "max_num_batched_tokens", llm.scheduler.max_num_batched_tokens, flush=True)

@@ -72,10 +72,11 @@ class LLM:
     GPUs the model is split over (``engine/tp.py``): this process drives the first (its current
     device) and starts one process for each other; every one keeps 1 / N of the weights and of
     the KV cache (whose memory budget is per GPU). ``close()`` stops those processes.
-    ``cuda_graphs`` (on a GPU): the decode step of every batch bucket up to ``max_num_seqs`` and
-    every block-table width up to ``max_model_len`` is captured here, its missing kernels
-    compiled first in parallel processes (as vLLM captures at start-up), so no step of a load
-    compiles or captures.
+    On a GPU, start-up makes ready every kernel a step can launch (prefill steps of up to
+    ``max_num_batched_tokens``, decode batches up to ``max_num_seqs``), compiling the missing ones
+    in parallel processes, and with ``cuda_graphs`` captures the decode step of every batch
+    bucket and block-table width (as vLLM captures at start-up), so no step of a load compiles or
+    captures (``ModelRunner.warm_up``).
     """
 
     def __init__(self, model=None, *, dtype="bfloat16", max_num_seqs=256, max_model_len=None,
@@ -137,9 +138,18 @@ class LLM:
                      max_width=-(-max_model_len // BLOCK_SIZE))
         self.runner = (ModelRunner(self.llama, self.cache, **setup) if self._tp is None
                        else self._tp.runner(self.cache, **setup))
+        #: seconds the start-up warm-up took (``ModelRunner.warm_up``; 0 off the GPU)
+        self.warm_up_seconds = 0.0
         try:
-            #: seconds spent capturing (and compiling for) every decode graph at start-up
-            self.capture_seconds = self.runner.capture(max_num_seqs)
+            if not _env.SIMULATOR:
+                from ..warm import marker_path
+
+                marker = marker_path("engine", config, dt, quantization,
+                                     self.tensor_parallel_size, max_num_seqs, max_model_len,
+                                     max_num_batched_tokens, self.runner.cuda_graphs)
+                self.warm_up_seconds = self.runner.warm_up(
+                    max_num_seqs, max_num_batched_tokens, page_tokens=BLOCK_SIZE,
+                    max_model_len=max_model_len, marker=marker)
         except BaseException:
             if self._tp is not None:
                 self._tp.close(abort=True)

@@ -14,6 +14,7 @@ seed with the position of the token drawn, so a request's tokens do not depend o
 batched with it, nor on being recomputed after a preemption.
 """
 
+import os
 import sys
 import time
 
@@ -39,6 +40,17 @@ def _bucket(n, buckets):
         if b >= n:
             return b
     raise ValueError(f"batch of {n} decodes exceeds the largest bucket {buckets[-1]}")
+
+
+def prefill_sizes(max_tokens):
+    """Prefill step sizes (new tokens) whose kernels ``ModelRunner.warm_up`` makes ready: each
+    power of two up to ``max_tokens``, the size one past it, and ``max_tokens`` (GEMM tiles and
+    attention configurations change at such bounds)."""
+    sizes, n = {max_tokens}, 1
+    while n <= max_tokens:
+        sizes.update((n, min(n + 1, max_tokens)))
+        n *= 2
+    return sorted(sizes)
 
 
 def row_seed(seed, position):
@@ -137,30 +149,44 @@ class ModelRunner:
             pages *= 2
         return [(rows, width) for rows in BATCH_BUCKETS if rows <= top for width in widths]
 
-    def capture(self, max_rows, *, log=None):
-        """Capture the decode graph of every shape of ``decode_shapes(max_rows)`` (a no-op
-        without graphs), so that no step of a served load compiles or captures: the kernels
-        no cache holds are compiled first, in parallel processes with a progress bar on
-        ``log`` (tensor parallelism: each rank compiles its own while capturing). Each
-        capture runs one step of padding rows (they write only the scratch page). Returns
+    def warm_up(self, max_rows, max_tokens, *, page_tokens, max_model_len, log=None,
+                marker=None, compile=None):
+        """Make every kernel a step can launch ready and capture every decode graph, so that
+        no step of a load compiles or captures: the decode steps of ``decode_shapes(max_rows)``
+        and prefill steps of each of ``prefill_sizes(max_tokens)`` new tokens (one prompt from
+        its start, one chunk continuing a sequence of ``page_tokens`` cached tokens, each within
+        ``max_model_len``) are run
+        under ``collecting_kernels`` (nothing launched), the kernels neither resolved nor in
+        the machine-code store compiled by ``compile`` (default ``warm.compile_with_progress``:
+        parallel processes, a progress bar on ``log``), then each decode graph captured (one
+        step of padding rows, which write only the scratch page). ``marker``: a file that, once
+        written by a warm-up whose kernels all compiled, lets later ones skip the listing (a
+        kernel missing after all compiles at its first launch). A tensor-parallel runner's
+        workers cannot follow the listing: each rank compiles its own while capturing. Returns
         the seconds it took."""
-        if not self.cuda_graphs:
-            return 0.0
         from ..warm import compile_with_progress, kernels_of, unresolved
 
         start = time.perf_counter()
-        shapes = self.decode_shapes(max_rows)
-        if type(self) is ModelRunner:     # a tensor-parallel runner's workers could not follow
+        shapes = self.decode_shapes(max_rows) if self.cuda_graphs else []
+        if type(self) is ModelRunner and not (marker and os.path.exists(marker)):
             def workload():
                 for rows, width in shapes:
                     staged = self._graph(rows, width).staged()
                     step = decode_step(self.llama.device, staged.token_ids, staged.positions,
                                        staged.table, staged.seq_lens)
                     self._sample(self._run(step), staged.params)
+                for tokens in prefill_sizes(max_tokens):
+                    for cached in (0, page_tokens):
+                        if cached + tokens <= max_model_len:
+                            self._prefill_probe(tokens, cached, page_tokens)
 
             missing = unresolved(kernels_of(workload))
-            if missing:
-                compile_with_progress(missing, log=log or sys.stderr, what="decode graphs")
+            failed = (compile or compile_with_progress)(missing, log=log or sys.stderr,
+                                                        what="warm-up") if missing else []
+            if marker and not failed:
+                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                with open(marker, "w") as f:
+                    f.write(f"{len(missing)} kernels compiled\n")
         for rows, width in shapes:
             staged = self._graph(rows, width).staged()
             staged.pad(0)
@@ -168,6 +194,26 @@ class ModelRunner:
                             staged.params)
         self.last_replayed, self.last_wait = False, 0.0
         return time.perf_counter() - start
+
+    def _prefill_probe(self, tokens, cached, page_tokens):
+        """``ModelRunner.run_prefill`` of one sequence's ``tokens`` new tokens after ``cached``
+        ones (0: a prompt from its start, else a chunk continuing it), greedy, every page the
+        scratch page: for listing the kernels of such a step."""
+        pages = -(-(cached + tokens) // page_tokens)
+        table = np.full((1, pages), self.scratch_page, np.int32)
+        bounds = np.array([0, tokens], np.int32)
+        fields = dict(token_ids=np.zeros(tokens, np.int64),
+                      positions=np.arange(cached, cached + tokens, dtype=np.int32),
+                      last_rows=np.array([tokens - 1], np.int64))
+        if cached == 0:
+            fields.update(cu_seqlens=bounds, max_seqlen=tokens, fresh_tokens=tokens)
+        else:
+            fields.update(cu_seqlens=bounds[:1], max_seqlen=0, fresh_tokens=0,
+                          chunk_cu_seqlens=bounds, chunk_max_seqlen=tokens,
+                          chunk_block_table=table,
+                          chunk_seq_lens=np.array([cached + tokens], np.int32))
+        params = tuple(np.zeros(1, dtype) for _, dtype in SAMPLING_PARAMS)
+        ModelRunner.run_prefill(self, table, [tokens], fields, params)
 
     # ---- passes --------------------------------------------------------------------------------
 
