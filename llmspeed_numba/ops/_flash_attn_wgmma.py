@@ -296,12 +296,18 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         """Normalise once, stage the warpgroup's rows in its own Q rows (no other warpgroup
         reads them), write 16-byte chunks; ``barrier``: the warpgroup's named barrier."""
         ptx.fence_proxy_async()   # wgmma's reads of Q (async proxy) before these writes
-        # each of the thread's two rows by a call of its own: with ``h`` a constant every
-        # accumulator index is one (a loop over h that stays rolled leaves O in local memory)
-        stage_row(tiles, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start, seqlen_q,
-                  batch, head, lse_sb, lse_sh, softmax_scale, 0)
-        stage_row(tiles, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start, seqlen_q,
-                  batch, head, lse_sb, lse_sh, softmax_scale, 1)
+        if o_parts == 2:
+            # each of the thread's two rows by a call of its own: with ``h`` a constant every
+            # accumulator index is one (at d256 a loop over h stays rolled, leaving O in local
+            # memory; up to d128 it is unrolled, and kept for the same code as before)
+            stage_row(tiles, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start, seqlen_q,
+                      batch, head, lse_sb, lse_sh, softmax_scale, 0)
+            stage_row(tiles, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start, seqlen_q,
+                      batch, head, lse_sb, lse_sh, softmax_scale, 1)
+        else:
+            for h in range(2):
+                stage_row(tiles, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start,
+                          seqlen_q, batch, head, lse_sb, lse_sh, softmax_scale, h)
         ptx.named_barrier_sync(barrier, 128)   # the warpgroup's rows are staged
         o_base = batch * o_sb + (q_start + row0) * o_sn + head * o_sh
         for c in range(out_chunks):
