@@ -549,6 +549,16 @@ def test_gpu_wgmma_matches_reference(problem):
 
 
 @pytest.mark.gpu
+@settings(max_examples=20)
+@given(problem=attention_problems(max_seqlen=200, headdims=(200, 256), max_batch=2))
+@pytest.mark.parametrize("config", [(1, 64, 2, 1, 1, 0), (2, 64, 2, 1, 1, 0)])
+def test_gpu_wgmma_d256_two_accumulators(config, problem):
+    """The wgmma kernel at head dimension 256 (200 padded to it), O in two accumulators of 128
+    columns, forced (the planner keeps d256 on mma.sync until it is measured faster)."""
+    _solve(problem, impl="wgmma", config=config)
+
+
+@pytest.mark.gpu
 def test_gpu_planner_takes_wgmma_on_hopper():
     from llmspeed_numba.ops.gemm_configs import wgmma_supported
 

@@ -109,7 +109,12 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
     assert block_n % 16 == 0 and 16 <= block_n <= 256 and stages >= 2
     block_m = 64 * groups
     s_regs = block_n // 2            # S accumulator registers a thread
-    o_regs = dim // 2                # O accumulator registers a thread
+    # O as one accumulator up to 128 columns, as two of 128 at 256 (one m64n256 accumulator of
+    # 128 registers stays in local memory: offline sm_90a, a 544-byte stack even with 255
+    # registers free); the second, ``acc_o2``, a one-element placeholder when unused
+    o_parts = 2 if dim > 128 else 1
+    o_n = dim // o_parts             # columns of one O accumulator
+    o_regs = o_n // 2                # registers of one O accumulator a thread
     n_tiles = block_n // 8           # n8 column tiles of S
     k_steps = dim // 16              # k16 steps of Q K^T
     p_steps = block_n // 16          # k16 steps of P V
@@ -155,12 +160,15 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                 + ((((col % PANEL) // 8) ^ (row % 8)) * 8) + col % 8)
 
     @_device
-    def init_state(acc_o, rows):
+    def init_state(acc_o, acc_o2, rows):
         """O = 0; the rows' maxima -inf and sums 0."""
         # not a literal 0: LLVM would make the zero fill a memset over local memory
         zero = ptx.ex2_approx(NEG_INF)
-        for i in range(o_regs):
+        for i in range(o_regs):     # a loop an accumulator: each one fully unrolled
             acc_o[i] = zero
+        if o_parts == 2:
+            for i in range(o_regs):
+                acc_o2[i] = zero
         for h in range(2):
             rows[MAX, h] = NEG_INF
             rows[SUM, h] = zero
@@ -176,14 +184,28 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         ptx.wgmma_commit()
 
     @_device
-    def issue_pv(tiles, stage, p_frag, acc_o):
-        """Issue O += P V of the V tile in ``stage`` as one wgmma group."""
+    def issue_pv(tiles, stage, p_frag, acc_o, acc_o2):
+        """Issue O += P V of the V tile in ``stage`` as one wgmma group (the second O
+        accumulator: V's columns from ``o_n`` on, ``o_n / 64`` panels further)."""
         s_v = s_kv + stage * 2 * kv_elems + kv_elems
         for kk in range(p_steps):
             dv = ptx.smem_desc(tiles, s_v + kk * 16 * PANEL, v_lbo, 1024, 1)
             ptx.wgmma_m64k16_rs(acc_o, p_frag[4 * kk], p_frag[4 * kk + 1], p_frag[4 * kk + 2],
-                                p_frag[4 * kk + 3], dv, 1, dim, is_bf16, 1)
+                                p_frag[4 * kk + 3], dv, 1, o_n, is_bf16, 1)
+            if o_parts == 2:
+                dv2 = ptx.smem_desc(tiles, s_v + (o_n // PANEL) * kv_panel + kk * 16 * PANEL,
+                                    v_lbo, 1024, 1)
+                ptx.wgmma_m64k16_rs(acc_o2, p_frag[4 * kk], p_frag[4 * kk + 1],
+                                    p_frag[4 * kk + 2], p_frag[4 * kk + 3], dv2, 1, o_n,
+                                    is_bf16, 1)
         ptx.wgmma_commit()
+
+    @_device
+    def wait_o(acc_o, acc_o2):
+        """Wait for every wgmma group (P V's last): O readable."""
+        ptx.wgmma_wait(acc_o, o_regs, 0)
+        if o_parts == 2:
+            ptx.wgmma_wait(acc_o2, o_regs, 0)
 
     @_device
     def turn_begin(wg):
@@ -236,32 +258,56 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             rows[SUM, (i // 2) % 2] += p
 
     @_device
-    def rescale_and_pack(acc_o, acc_s, p_frag, rows):
+    def rescale_and_pack(acc_o, acc_o2, acc_s, p_frag, rows):
         """O *= the rows' factors; P packed to b16 pairs (the A fragments of P V)."""
         for i in range(o_regs):
             acc_o[i] *= rows[ALPHA, (i // 2) % 2]
+        if o_parts == 2:
+            for i in range(o_regs):
+                acc_o2[i] *= rows[ALPHA, (i // 2) % 2]
         for i in range(p_regs):
             p_frag[i] = pack(acc_s[2 * i], acc_s[2 * i + 1])
 
     @_device
-    def finish(tiles, acc_o, rows, out, lse, wg, warp, g, t, wtid, row0, q_start,
+    def stage_row(tiles, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start, seqlen_q,
+                  batch, head, lse_sb, lse_sh, softmax_scale, h):
+        """Row ``g + 8 h`` of the warp, normalised, into its Q row of ``tiles``; its lse."""
+        total = rows[SUM, h]
+        total += ptx.shfl_xor_f32(total, 1)
+        total += ptx.shfl_xor_f32(total, 2)
+        inv_sum, row_lse = finish_row(rows[MAX, h], total, softmax_scale)
+        r = wg * 64 + warp * 16 + g + 8 * h
+        for jb in range(o_regs // 4):
+            base = swizzled(r, 8 * jb + 2 * t, block_m)
+            tiles[base] = from_f32(acc_o[4 * jb + 2 * h] * inv_sum)
+            tiles[base + 1] = from_f32(acc_o[4 * jb + 2 * h + 1] * inv_sum)
+        if o_parts == 2:
+            for jb in range(o_regs // 4):
+                base = swizzled(r, o_n + 8 * jb + 2 * t, block_m)
+                tiles[base] = from_f32(acc_o2[4 * jb + 2 * h] * inv_sum)
+                tiles[base + 1] = from_f32(acc_o2[4 * jb + 2 * h + 1] * inv_sum)
+        if t == 0 and row0 + r < seqlen_q:
+            lse[batch * lse_sb + head * lse_sh + q_start + row0 + r] = row_lse
+
+    @_device
+    def finish(tiles, acc_o, acc_o2, rows, out, lse, wg, warp, g, t, wtid, row0, q_start,
                seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh, softmax_scale,
                barrier):
         """Normalise once, stage the warpgroup's rows in its own Q rows (no other warpgroup
         reads them), write 16-byte chunks; ``barrier``: the warpgroup's named barrier."""
         ptx.fence_proxy_async()   # wgmma's reads of Q (async proxy) before these writes
-        for h in range(2):
-            total = rows[SUM, h]
-            total += ptx.shfl_xor_f32(total, 1)
-            total += ptx.shfl_xor_f32(total, 2)
-            inv_sum, row_lse = finish_row(rows[MAX, h], total, softmax_scale)
-            r = wg * 64 + warp * 16 + g + 8 * h
-            for jb in range(o_regs // 4):
-                base = swizzled(r, 8 * jb + 2 * t, block_m)
-                tiles[base] = from_f32(acc_o[4 * jb + 2 * h] * inv_sum)
-                tiles[base + 1] = from_f32(acc_o[4 * jb + 2 * h + 1] * inv_sum)
-            if t == 0 and row0 + r < seqlen_q:
-                lse[batch * lse_sb + head * lse_sh + q_start + row0 + r] = row_lse
+        if o_parts == 2:
+            # each of the thread's two rows by a call of its own: with ``h`` a constant every
+            # accumulator index is one (at d256 a loop over h stays rolled, leaving O in local
+            # memory; up to d128 it is unrolled, and kept for the same code as before)
+            stage_row(tiles, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start, seqlen_q,
+                      batch, head, lse_sb, lse_sh, softmax_scale, 0)
+            stage_row(tiles, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start, seqlen_q,
+                      batch, head, lse_sb, lse_sh, softmax_scale, 1)
+        else:
+            for h in range(2):
+                stage_row(tiles, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start,
+                          seqlen_q, batch, head, lse_sb, lse_sh, softmax_scale, h)
         ptx.named_barrier_sync(barrier, 128)   # the warpgroup's rows are staged
         o_base = batch * o_sb + (q_start + row0) * o_sn + head * o_sh
         for c in range(out_chunks):
@@ -302,9 +348,10 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
 
         acc_s = cuda.local.array(s_regs, np.float32)
         acc_o = cuda.local.array(o_regs, np.float32)
+        acc_o2 = cuda.local.array(o_regs if o_parts == 2 else 1, np.float32)
         p_frag = cuda.local.array(p_regs, np.uint32)
         rows = cuda.local.array((4, 2), np.float32)
-        init_state(acc_o, rows)
+        init_state(acc_o, acc_o2, rows)
 
         q_base = batch * q_sb + (q_start + row0) * q_sn + head * q_sh
         load_q(tiles, 0, q, q_base, q_sn, seqlen_q - row0, head_dim, tid)
@@ -339,16 +386,16 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             ptx.wgmma_wait(acc_s, s_regs, 0)
             softmax(acc_s, rows, warp_row0, g, t, col0, offset, seqlen_k, window_left,
                     window_right, scale_log2)
-            rescale_and_pack(acc_o, acc_s, p_frag, rows)
+            rescale_and_pack(acc_o, acc_o2, acc_s, p_frag, rows)
             ptx.wgmma_fence()
-            issue_pv(tiles, stage, p_frag, acc_o)
-            ptx.wgmma_wait(acc_o, o_regs, 0)
+            issue_pv(tiles, stage, p_frag, acc_o, acc_o2)
+            wait_o(acc_o, acc_o2)
             stage = stage + 1 if stage < stages - 1 else 0
 
         ptx.cp_async_wait(0)
         if is_varlen:                # read again rather than kept in registers over the loop
             q_start, seqlen_q = clamped_range(cu_seqlens_q, batch, seqlen_q_arg)
-        finish(tiles, acc_o, rows, out, lse, wg, warp, g, t, tid % 128, row0,
+        finish(tiles, acc_o, acc_o2, rows, out, lse, wg, warp, g, t, tid % 128, row0,
                q_start, seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh,
                softmax_scale, 1 + wg)
 
@@ -426,9 +473,10 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         warp_row0 = row0 + wg * 64 + warp * 16     # this warp's 16 query rows
         acc_s = cuda.local.array(s_regs, np.float32)
         acc_o = cuda.local.array(o_regs, np.float32)
+        acc_o2 = cuda.local.array(o_regs if o_parts == 2 else 1, np.float32)
         p_frag = cuda.local.array(p_regs, np.uint32)
         rows = cuda.local.array((4, 2), np.float32)
-        init_state(acc_o, rows)
+        init_state(acc_o, acc_o2, rows)
 
         q_base = batch * q_sb + (q_start + row0) * q_sn + head * q_sh
         load_q(tiles, 0, q, q_base, q_sn, seqlen_q - row0, head_dim, ctid)
@@ -449,7 +497,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             ptx.wgmma_wait(acc_s, s_regs, 0)
             softmax(acc_s, rows, warp_row0, g, t, (n_end - 1) * block_n, offset, seqlen_k,
                     window_left, window_right, scale_log2)
-            rescale_and_pack(acc_o, acc_s, p_frag, rows)
+            rescale_and_pack(acc_o, acc_o2, acc_s, p_frag, rows)
         # block j: S of j + 1 and P V of j in flight together, then the softmax of j + 1
         for j in range(n_blocks - 1):
             s = j % stages
@@ -458,26 +506,26 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             turn_begin(wg)
             ptx.wgmma_fence()
             issue_s(tiles, s_next, q_desc0, acc_s)
-            issue_pv(tiles, s, p_frag, acc_o)
+            issue_pv(tiles, s, p_frag, acc_o, acc_o2)
             turn_end(wg, False)
             ptx.wgmma_wait(acc_s, s_regs, 1)       # S of j + 1 is done, P V of j may run
             softmax(acc_s, rows, warp_row0, g, t, (n_end - 2 - j) * block_n, offset, seqlen_k,
                     window_left, window_right, scale_log2)
-            ptx.wgmma_wait(acc_o, o_regs, 0)
+            wait_o(acc_o, acc_o2)
             ptx.mbarrier_arrive(bars, stages + s)  # K and V of block j are no longer read
-            rescale_and_pack(acc_o, acc_s, p_frag, rows)
+            rescale_and_pack(acc_o, acc_o2, acc_s, p_frag, rows)
         if n_blocks > 0:
             s = (n_blocks - 1) % stages
             turn_begin(wg)
             ptx.wgmma_fence()
-            issue_pv(tiles, s, p_frag, acc_o)
+            issue_pv(tiles, s, p_frag, acc_o, acc_o2)
             turn_end(wg, True)
-            ptx.wgmma_wait(acc_o, o_regs, 0)
+            wait_o(acc_o, acc_o2)
             ptx.mbarrier_arrive(bars, stages + s)
 
         if is_varlen:                # read again rather than kept in registers over the loop
             q_start, seqlen_q = clamped_range(cu_seqlens_q, batch, seqlen_q_arg)
-        finish(tiles, acc_o, rows, out, lse, wg, warp, g, t, ctid % 128, row0,
+        finish(tiles, acc_o, acc_o2, rows, out, lse, wg, warp, g, t, ctid % 128, row0,
                q_start, seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh,
                softmax_scale, 2 + wg)
 
