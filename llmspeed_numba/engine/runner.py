@@ -151,19 +151,18 @@ class ModelRunner:
 
     def warm_up(self, max_rows, max_tokens, *, page_tokens, max_model_len, log=None,
                 marker=None, compile=None):
-        """Make every kernel a step can launch ready and capture every decode graph, so that
-        no step of a load compiles or captures: the decode steps of ``decode_shapes(max_rows)``
-        and prefill steps of each of ``prefill_sizes(max_tokens)`` new tokens (one prompt from
-        its start, one chunk continuing a sequence of ``page_tokens`` cached tokens, each within
-        ``max_model_len``) are run
-        under ``collecting_kernels`` (nothing launched), the kernels neither resolved nor in
-        the machine-code store compiled by ``compile`` (default ``warm.compile_with_progress``:
-        parallel processes, a progress bar on ``log``), then each decode graph captured (one
-        step of padding rows, which write only the scratch page). ``marker``: a file that, once
-        written by a warm-up whose kernels all compiled, lets later ones skip the listing (a
-        kernel missing after all compiles at its first launch). A tensor-parallel runner's
-        workers cannot follow the listing: each rank compiles its own while capturing. Returns
-        the seconds it took."""
+        """Make every kernel a step can launch ready and capture every decode graph, so that no
+        step of a load compiles or captures: the decode steps of ``decode_shapes(max_rows)`` and
+        prefill steps of each of ``prefill_sizes(max_tokens)`` new tokens (one prompt from its
+        start, one chunk continuing a sequence of ``page_tokens`` cached tokens, each within
+        ``max_model_len``) are run under ``collecting_kernels`` (nothing launched), the kernels
+        neither resolved nor in the machine-code store compiled by ``compile`` (default
+        ``warm.compile_with_progress``: parallel processes, a progress bar on ``log``), then
+        each decode graph captured (one step of padding rows, which write only the scratch
+        page). ``marker``: a file that, once written by a warm-up whose kernels all compiled,
+        lets later ones skip the listing (a kernel missing after all compiles at its first
+        launch). A tensor-parallel runner's workers cannot follow the listing: each rank
+        compiles its own while capturing. Returns the seconds it took."""
         from ..warm import compile_with_progress, kernels_of, unresolved
 
         start = time.perf_counter()
@@ -213,7 +212,7 @@ class ModelRunner:
                           chunk_block_table=table,
                           chunk_seq_lens=np.array([cached + tokens], np.int32))
         params = tuple(np.zeros(1, dtype) for _, dtype in SAMPLING_PARAMS)
-        ModelRunner.run_prefill(self, table, [tokens], fields, params)
+        self.run_prefill(table, [tokens], fields, params)
 
     # ---- passes --------------------------------------------------------------------------------
 
