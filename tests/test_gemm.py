@@ -207,6 +207,22 @@ def test_wgmma_split_k_epilogue(rng):
                   bias=random_array((N,), "float16", rng), activation="gelu")
 
 
+@pytest.mark.parametrize("M, N, K, layout, split", [
+    (72, 72, 392, "NT", ""),     # 7 K tiles over 3 stages: every stage reused, edge tiles
+    (8, 64, 40, "TN", ""),       # one K tile: only the peeled first one
+    (64, 80, 200, "NN", "_k2"),  # K split: each split's producer and consumers alone
+])
+def test_wgmma_producer(M, N, K, layout, split, rng):
+    """The warp-specialised form (a producer warpgroup copying, mbarriers handing the stages
+    over): every stage's parities through more than one round, partial K and edge tiles, a K
+    split finished in the launch with the epilogue."""
+    extra = {} if not split else dict(c=random_array((M, N), "float32", rng), beta=0.5,
+                                      bias=random_array((N,), "float16", rng),
+                                      activation="silu")
+    run_and_check(M, N, K, "float16", layout, SIM_WG + "_p" + split, rng, out_dtype="float32",
+                  **extra)
+
+
 def test_wgmma_unaligned_falls_back(rng):
     """N = 17 (b's rows are not 16-byte multiples): no 16-byte copies, so the call runs on the
     mma.sync kernel, still correct."""

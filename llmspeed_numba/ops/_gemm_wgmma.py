@@ -44,15 +44,17 @@ from ._epilogue import (block_work, epilogue_tile_ld, gated_fragment, gated_tile
 from ._gemm_tensor_core import either_loader, stage_loader
 
 BLOCK_K = 64          # one 128-byte swizzle row of b16 per tile row along K
+PRODUCER_THREADS = 128   # the copying warpgroup of the warp-specialised form
 _ALIGN_BYTES = 1024   # the 128-byte swizzle repeats every 8 rows of 128 bytes
 
 
 def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16, out_dtype,
-                c_dtype, bias_dtype, act, split_finish=False):
+                c_dtype, bias_dtype, act, split_finish=False, producer=False):
     """The kernel function (not yet jitted) for one configuration; same parameters and launch
-    as ``_gemm_tensor_core.make_kernel`` with ``threads(block_m)`` threads and
-    ``shared_bytes(...)`` of dynamic shared memory."""
-    threads = threads_for(block_m)
+    as ``_gemm_tensor_core.make_kernel`` with ``threads_for(block_m, producer)`` threads and
+    ``shared_bytes(...)`` of dynamic shared memory. ``producer``: the warp-specialised pipeline
+    (``producer_mainloop``)."""
+    threads = threads_for(block_m, producer)
     regs = block_n // 2
     work = block_work(block_m, block_n, BLOCK_K, group_m)
     is_bf16 = int(is_bf16)     # the intrinsic takes compile-time integers
@@ -63,7 +65,10 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
     def mma(acc, da, db, scale_d):
         ptx.wgmma_m64k16(acc, da, db, scale_d, block_n, is_bf16, trans_a, trans_b)
 
-    run = mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma)
+    run = (producer_mainloop if producer else mainloop)(block_m, block_n, stages, a_k_inner,
+                                                        b_k_inner, mma)
+    n_bars = 2 * stages if producer else 1
+    first_consumer = PRODUCER_THREADS if producer else 0
     stage_acc, store_tile = staged_store(
         split_finish, lambda *dtypes: _staged_epilogue(block_m, block_n, threads, *dtypes),
         block_m, block_n, threads, out_dtype, c_dtype, bias_dtype, act)
@@ -74,11 +79,14 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
         tid = np.int32(cuda.threadIdx.x)
         m0, n0, z, k_begin, k_end, k_tiles = work(tiles_m, tiles_n, K, k_split)
         acc = cuda.local.array(regs, np.float32)
-        run(tiles, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc)
+        bars = cuda.shared.array(n_bars, np.uint64)
+        run(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc)
 
-        # epilogue through shared memory (the pipeline's buffers, once every group is done)
+        # epilogue through shared memory (the pipeline's buffers, once every group is done);
+        # the accumulators are the consumers', the stores every thread's
         tile = cuda.shared.array(0, np.float32)
-        stage_acc(tile, acc, tid, n0, N, bias, alpha)
+        if tid >= first_consumer:
+            stage_acc(tile, acc, tid - first_consumer, n0, N, bias, alpha)
         cuda.syncthreads()
         store_tile(tile, tid, m0, n0, M, N, out, z * out_z, so_m, so_n, c, sc_m, sc_n, bias,
                    alpha, beta, out_vec, ws, counters)
@@ -96,25 +104,17 @@ def aligned_tiles(smem):
 
 
 def mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
-    """Device function ``(tiles, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid,
-    acc)``: the pipeline of the module note over K tiles ``k_begin .. k_end`` of the block
-    tile at (m0, n0), leaving the block tile in ``acc`` (``block_n / 2`` fp32 a thread), every
+    """Device function ``(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles,
+    tid, acc)`` (``bars`` unused): the pipeline of the module note over K tiles ``k_begin ..
+    k_end`` of the block tile at (m0, n0), leaving the block tile in ``acc`` (``block_n / 2`` fp32 a thread), every
     wgmma group retired, every copy landed and the block past a barrier, so ``tiles`` may be
     reused. Operands and ``tiles`` are ``uint16`` arrays and K, lda, ldb count 16-bit units
     (``BLOCK_K`` a tile). ``mma(acc, desc_a, desc_b, scale_d)`` issues one wgmma of 32 bytes
     along K (k16 of b16, k32 of 8-bit data) from the two descriptors."""
     threads = threads_for(block_m)
     regs = block_n // 2
-    a_stage = block_m * BLOCK_K
-    b_stage = block_n * BLOCK_K
-    b_base = stages * a_stage
     lead = stages - 2          # K tiles in flight ahead of the one multiplied
     tile_pending = lead - 1    # cp.async groups that may still run when a tile is needed
-    # descriptors: LBO (unused by K-major swizzled tiles: 16), SBO, and the 32-byte K step
-    a_lbo = 16 if a_k_inner else BLOCK_K * 128
-    b_lbo = 16 if b_k_inner else BLOCK_K * 128
-    a_step = 16 if a_k_inner else 16 * 64
-    b_step = 16 if b_k_inner else 16 * 64
     # warpgroup g's 64 rows of A: 64 rows of 64 (K-major) or panel g (M-major), 4096 elements
     a_group = 64 * 64
     load_edge = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
@@ -122,19 +122,7 @@ def mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
     load_full = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
                              True, True, True, panels=True)
     load_any = either_loader(BLOCK_K, load_full, load_edge)
-
-    @cuda.jit(device=True, inline="always")
-    def mma_tile(tiles, stage, a_row0, acc, first):
-        """Issue the four 32-byte K steps of one K tile as one wgmma group. ``first``: the
-        very first tile, whose first step overwrites the accumulator (scale-d = 0)."""
-        a_s = np.int32(stage * a_stage + a_row0)
-        b_s = np.int32(b_base + stage * b_stage)
-        ptx.wgmma_fence()
-        for j in range(BLOCK_K // 16):
-            da = ptx.smem_desc(tiles, a_s + j * a_step, a_lbo, 1024, 1)
-            db = ptx.smem_desc(tiles, b_s + j * b_step, b_lbo, 1024, 1)
-            mma(acc, da, db, 0 if first and j == 0 else 1)
-        ptx.wgmma_commit()
+    mma_tile = tile_mma(block_m, block_n, stages, a_k_inner, b_k_inner, mma)
 
     def tile_step(full):
         load = load_full if full else load_edge
@@ -161,7 +149,7 @@ def mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
     step_edge = tile_step(False)
 
     @cuda.jit(device=True, inline="always")
-    def run(tiles, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc):
+    def run(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc):
         a_row0 = np.int32((tid >> 7) * a_group)
         interior = m0 + block_m <= M and n0 + block_n <= N
         k_full = (k_end - k_begin) // BLOCK_K if interior else 0
@@ -197,6 +185,100 @@ def mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
             kt += 1
         ptx.wgmma_wait(acc, regs, 0)
         ptx.cp_async_wait(0)
+        cuda.syncthreads()
+
+    return run
+
+
+def tile_mma(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
+    """Device function ``mma_tile(tiles, stage, a_row0, acc, first)``: the four 32-byte K steps
+    of the K tile in ``stage`` as one wgmma group of the calling warpgroup (rows from element
+    ``a_row0`` of the A tile). ``first``: the very first tile, whose first step overwrites the
+    accumulator (scale-d = 0)."""
+    a_stage = block_m * BLOCK_K
+    b_stage = block_n * BLOCK_K
+    b_base = stages * a_stage
+    # descriptors: LBO (unused by K-major swizzled tiles: 16), SBO, and the 32-byte K step
+    a_lbo = 16 if a_k_inner else BLOCK_K * 128
+    b_lbo = 16 if b_k_inner else BLOCK_K * 128
+    a_step = 16 if a_k_inner else 16 * 64
+    b_step = 16 if b_k_inner else 16 * 64
+
+    @cuda.jit(device=True, inline="always")
+    def mma_tile(tiles, stage, a_row0, acc, first):
+        a_s = np.int32(stage * a_stage + a_row0)
+        b_s = np.int32(b_base + stage * b_stage)
+        ptx.wgmma_fence()
+        for j in range(BLOCK_K // 16):
+            da = ptx.smem_desc(tiles, a_s + j * a_step, a_lbo, 1024, 1)
+            db = ptx.smem_desc(tiles, b_s + j * b_step, b_lbo, 1024, 1)
+            mma(acc, da, db, 0 if first and j == 0 else 1)
+        ptx.wgmma_commit()
+
+    return mma_tile
+
+
+def producer_mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
+    """``mainloop``'s device function, warp-specialised: warpgroup 0 (``PRODUCER_THREADS``)
+    only copies, the consumer warpgroups after it only multiply, handing the ``stages`` ring
+    over through mbarriers in ``bars`` (``full[s] = bars[s]``, ``empty[s] = bars[stages + s]``),
+    so each side runs at its own pace instead of meeting at a block barrier every K tile.
+
+    The producer copies K tile kt into stage ``kt % stages`` once the consumers released it
+    (``empty``; a fresh barrier passes the first round), keeps ``stages - 1`` tiles in flight
+    and announces each on ``full`` when its copies landed (its own ``cp.async`` wait, then the
+    proxy fence that makes them visible to wgmma). The consumers wait for ``full``, issue the
+    tile's wgmma group, wait for the previous group and release its stage. Deadlock-free with
+    ``stages - 1`` in flight: the producer's wait for tile kt's stage needs tile
+    ``kt - stages + 1`` announced, which it was after tile ``kt - 1`` was issued."""
+    consumer_threads = threads_for(block_m)
+    regs = block_n // 2
+    depth = stages - 1             # tiles in flight in the producer
+    pending = depth - 1            # cp.async groups left running when a tile is announced
+    a_group = 64 * 64              # as ``mainloop``
+    load_edge = stage_loader(block_m, block_n, BLOCK_K, stages, PRODUCER_THREADS, a_k_inner,
+                             b_k_inner, True, True, False, panels=True)
+    load_full = stage_loader(block_m, block_n, BLOCK_K, stages, PRODUCER_THREADS, a_k_inner,
+                             b_k_inner, True, True, True, panels=True)
+    load_any = either_loader(BLOCK_K, load_full, load_edge)
+    mma_tile = tile_mma(block_m, block_n, stages, a_k_inner, b_k_inner, mma)
+
+    @cuda.jit(device=True, inline="always")
+    def run(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc):
+        if tid == 0:
+            for s in range(stages):
+                ptx.mbarrier_init(bars, s, PRODUCER_THREADS)
+                ptx.mbarrier_init(bars, stages + s, consumer_threads)
+            ptx.fence_mbarrier_init()
+        cuda.syncthreads()
+        if tid < PRODUCER_THREADS:
+            interior = m0 + block_m <= M and n0 + block_n <= N
+            k_full = (k_end - k_begin) // BLOCK_K if interior else 0
+            for kt in range(k_tiles):
+                s = kt % stages
+                ptx.mbarrier_wait_parity(bars, stages + s, ((kt // stages) & 1) ^ 1)
+                load_any(tiles, s, kt, k_full, k_begin, k_end, a, b, m0, n0, M, N, lda, ldb,
+                         tid)
+                ptx.cp_async_commit()
+                if kt >= pending:
+                    ptx.cp_async_wait(pending)
+                    ptx.fence_proxy_async()
+                    ptx.mbarrier_arrive(bars, (kt - pending) % stages)
+            ptx.cp_async_wait(0)
+            ptx.fence_proxy_async()
+            for kt in range(max(0, k_tiles - pending), k_tiles):
+                ptx.mbarrier_arrive(bars, kt % stages)
+        else:
+            a_row0 = np.int32(((tid - PRODUCER_THREADS) >> 7) * a_group)
+            ptx.mbarrier_wait_parity(bars, 0, 0)
+            mma_tile(tiles, 0, a_row0, acc, True)
+            for kt in range(1, k_tiles):
+                s = kt % stages
+                ptx.mbarrier_wait_parity(bars, s, (kt // stages) & 1)
+                mma_tile(tiles, s, a_row0, acc, False)
+                ptx.wgmma_wait(acc, regs, 1)   # tile kt - 1's group is done: release it
+                ptx.mbarrier_arrive(bars, stages + (kt - 1) % stages)
+            ptx.wgmma_wait(acc, regs, 0)
         cuda.syncthreads()
 
     return run
@@ -267,9 +349,10 @@ def _staged_epilogue(block_m, block_n, threads, out_dtype, c_dtype, bias_dtype, 
     return stage_gated, gated_tile_store(block_m, block_n, tile_ld, threads, out_dtype)
 
 
-def threads_for(block_m):
-    """Threads of a block: one warpgroup (128) per 64 rows."""
-    return 2 * block_m
+def threads_for(block_m, producer=False):
+    """Threads of a block: one warpgroup (128) per 64 rows, after the producer warpgroup of the
+    warp-specialised form."""
+    return 2 * block_m + (PRODUCER_THREADS if producer else 0)
 
 
 def shared_bytes(block_m, block_n, stages):

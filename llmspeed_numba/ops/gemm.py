@@ -89,9 +89,12 @@ def _min_blocks(cfg, a_vec, b_vec, in_dtype):
     a SIMT kernel with 16-byte loads of both fp32 operands, which then fits 128 registers
     without spilling in every layout (offline SASS: 127-130 registers unbounded, so NT / TT
     would otherwise run one 256-thread block per SM); none otherwise (the scalar-load SIMT
-    path would spill under that cap)."""
+    path would spill under that cap); 1 for the warp-specialised wgmma form, whose extra
+    warpgroup would otherwise let ptxas take more registers than the block may hold."""
     if cfg.min_blocks is not None:
         return cfg.min_blocks
+    if cfg.producer:
+        return 1
     if cfg.backend == "simt" and a_vec and b_vec and in_dtype == "float32":
         return 2
     return 0
@@ -110,7 +113,7 @@ def _kernel_fn(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_d
         return _gemm_wgmma.make_kernel(
             cfg.block_m, cfg.block_n, cfg.stages, cfg.group_m, a_k_inner, b_k_inner,
             in_dtype == "bfloat16", out_dtype, c_dtype, bias_dtype, act,
-            split_finish), options
+            split_finish, cfg.producer), options
     if cfg.backend == "tensor_core":
         return _gemm_tensor_core.make_kernel(
             cfg.block_m, cfg.block_n, cfg.block_k, cfg.warps_m, cfg.warps_n, cfg.stages,
@@ -587,6 +590,11 @@ for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
          "bfloat16", {"bias_dtype": "bfloat16", "act": "silu", "split_finish": True}),
         ("gemm_wgmma_bf16_nt_64x256_split", "wg_64x256x64_s4", True, True, "bfloat16",
          "bfloat16", {"split_finish": True}),
+        # warp-specialised (producer warpgroup, mbarriers)
+        ("gemm_wgmma_bf16_nt_64x128_producer", "wg_64x128x64_s6_p", True, True, "bfloat16",
+         "bfloat16", {}),
+        ("gemm_wgmma_f16_tn_128x128_producer_split", "wg_128x128x64_s5_p", False, False,
+         "float16", "float16", {"bias_dtype": "float16", "act": "silu", "split_finish": True}),
         ("gemm_wgmma_bf16_nt_64x256_silu_and_mul_split", "wg_64x256x64_s4", True, True,
          "bfloat16", "bfloat16", {"act": "silu_and_mul", "split_finish": True}),
 ):

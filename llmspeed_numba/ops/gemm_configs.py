@@ -29,7 +29,9 @@ class GemmConfig:
     at 65536 / (threads * min_blocks); 0: no bound; None: ``_min_blocks``' default; name suffix
     ``_b<min_blocks>`` when set). ``wgmma``: the Hopper kernel (``_gemm_wgmma``, sm_90 only):
     ``block_m / 64`` warpgroups, ``block_k`` 64, warp fields unused; it needs both operands
-    16-byte aligned and otherwise runs as the ``mma.sync`` kernel of ``LARGE_CONFIG``.
+    16-byte aligned and otherwise runs as the ``mma.sync`` kernel of ``LARGE_CONFIG``;
+    ``producer``: its warp-specialised form (a copying warpgroup besides, mbarrier hand-over;
+    name suffix ``_p``).
     ``gemv``: the few-row CUDA-core kernel (``_gemv``, fp16 / bf16) for M <= ``block_m``:
     ``block_n`` output columns a block of ``warps_n`` warps, ``stages`` chunk steps a loop
     iteration; it needs both operands K-major and 16-byte aligned and K a multiple of 8, and
@@ -49,6 +51,7 @@ class GemmConfig:
     min_blocks: int | None = None
     wgmma: bool = False
     gemv: bool = False
+    producer: bool = False
 
     @property
     def name(self):
@@ -56,7 +59,7 @@ class GemmConfig:
         if self.gemv:
             body = f"gemv_{self.block_m}x{self.block_n}_w{self.warps_n}_u{self.stages}"
         elif self.wgmma:
-            body = f"wg_{tile}_s{self.stages}"
+            body = f"wg_{tile}_s{self.stages}" + ("_p" if self.producer else "")
         elif self.backend == "tensor_core":
             body = f"tc_{tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}"
         else:
@@ -72,7 +75,7 @@ class GemmConfig:
         if self.gemv:
             return 32 * self.warps_n
         if self.wgmma:
-            return _gemm_wgmma.threads_for(self.block_m)
+            return _gemm_wgmma.threads_for(self.block_m, self.producer)
         if self.backend == "tensor_core":
             return 32 * self.warps_m * self.warps_n
         return _gemm_simt.threads(self.block_m, self.block_n, self.thread_m, self.thread_n)
@@ -119,6 +122,8 @@ class GemmConfig:
                     "256, block_k 64 and stages >= 3")
             if not wgmma_supported():
                 bad("wgmma needs an sm_90 GPU (Hopper)")
+        if self.producer and not self.wgmma:
+            bad("producer (warp specialisation) is a form of the wgmma kernel only")
         elif self.backend == "tensor_core":
             if not all(pow2(x) for x in (self.block_m, self.block_n, self.block_k,
                                          self.warps_m, self.warps_n)):
@@ -174,6 +179,20 @@ CONFIGS = {c.name: c for c in (
     GemmConfig("tensor_core", 64, 128, 64, stages=6, wgmma=True),
     GemmConfig("tensor_core", 64, 256, 64, stages=3, wgmma=True),
     GemmConfig("tensor_core", 64, 256, 64, stages=4, wgmma=True),
+    # Hopper, few rows, narrow: twice the blocks of 128 columns at N = 4096 (64 x 64 tiles fit
+    # two blocks an SM at six stages)
+    GemmConfig("tensor_core", 64, 64, 64, stages=6, wgmma=True),
+    GemmConfig("tensor_core", 64, 64, 64, stages=8, wgmma=True),
+    GemmConfig("tensor_core", 128, 64, 64, stages=6, wgmma=True),
+    GemmConfig("tensor_core", 128, 64, 64, stages=8, wgmma=True),
+    GemmConfig("tensor_core", 64, 128, 64, stages=8, wgmma=True),
+    # the same, warp-specialised (a producer warpgroup copies, mbarriers hand stages over)
+    GemmConfig("tensor_core", 64, 128, 64, stages=6, wgmma=True, producer=True),
+    GemmConfig("tensor_core", 64, 128, 64, stages=8, wgmma=True, producer=True),
+    GemmConfig("tensor_core", 64, 256, 64, stages=4, wgmma=True, producer=True),
+    GemmConfig("tensor_core", 64, 64, 64, stages=8, wgmma=True, producer=True),
+    GemmConfig("tensor_core", 128, 64, 64, stages=6, wgmma=True, producer=True),
+    GemmConfig("tensor_core", 128, 128, 64, stages=5, wgmma=True, producer=True),
     # SIMT: 8 x 8 per thread, 256 threads, two blocks per SM (128 registers); BK = 16 halves
     # the barriers per FMA
     GemmConfig("simt", 128, 128, 8, thread_m=8, thread_n=8),
@@ -184,6 +203,7 @@ CONFIGS = {c.name: c for c in (
     GemmConfig("tensor_core", 32, 32, 16, 2, 1, 3),
     GemmConfig("tensor_core", 16, 16, 32, 1, 1, 2),   # two k16 steps per K tile
     GemmConfig("tensor_core", 64, 64, 64, stages=3, wgmma=True),
+    GemmConfig("tensor_core", 64, 64, 64, stages=3, wgmma=True, producer=True),
     GemmConfig("simt", 16, 16, 8, thread_m=2, thread_n=2),
 )}
 
