@@ -26,9 +26,9 @@ TILES = ("tc_16x128x64_w1x4_s4", "tc_64x128x64_w1x4_s4", "wg_64x128x64_s4", "wg_
 SPLITS = (None, 1, 2, 4, 8, 16)
 
 
-def cases(ms, tiles=TILES, splits=SPLITS):
+def cases(ms, tiles=TILES, splits=SPLITS, shapes=SHAPES):
     for M in ms:
-        for N, K in SHAPES:
+        for N, K in shapes:
             for tile in tiles:
                 if tile.startswith("tc_16") and M > 32:
                     continue
@@ -72,6 +72,8 @@ def main(argv=None):
     parser.add_argument("--no-compile", action="store_true", help="kernels already cached")
     parser.add_argument("--tiles", help="comma-separated config names (default: TILES)")
     parser.add_argument("--splits", help="comma-separated splits, 'auto' for the heuristic's")
+    parser.add_argument("--shapes", help="N:K pairs, comma-separated (default: SHAPES; "
+                        "Llama-3-8B's q / k / v projection is 6144:4096)")
     args = parser.parse_args(argv)
     if args.compile_worker:
         compile_worker(args.compile_worker)
@@ -80,10 +82,12 @@ def main(argv=None):
     tiles = args.tiles.split(",") if args.tiles else TILES
     splits = tuple(None if x == "auto" else int(x) for x in args.splits.split(",")) \
         if args.splits else SPLITS
-    all_cases = list(cases(ms, tiles, splits))
+    shapes = tuple(tuple(int(x) for x in nk.split(":")) for nk in args.shapes.split(",")) \
+        if args.shapes else SHAPES
+    all_cases = list(cases(ms, tiles, splits, shapes))
     # one compile task per kernel: (tile, split or not); the heuristic's picks too
     tasks, seen = [], set()
-    for M, N, K, cfg in all_cases + [(M, N, K, None) for M in ms for N, K in SHAPES]:
+    for M, N, K, cfg in all_cases + [(M, N, K, None) for M in ms for N, K in shapes]:
         c = gemm_configs.resolve_config(cfg) if cfg else gemm_configs.heuristic(
             "tensor_core", M, N, K)
         key = (c.replace(split_k=None), gemm_configs.split_count(c, M, N, K) > 1)
@@ -101,7 +105,7 @@ def main(argv=None):
     print(f"copy bandwidth {copy:.0f} GB/s", flush=True)
     results = Results("gemm_small_m")
     for M in ms:
-        for N, K in SHAPES:
+        for N, K in shapes:
             x, w = inputs(M, N, K)
             out = torch.empty(M, N, device="cuda", dtype=x.dtype)
             ref = x @ w.T

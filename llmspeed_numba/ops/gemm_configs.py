@@ -233,7 +233,7 @@ GEMV_MAX_M = 1
 SMALL_M_WGMMA_MAX = 256
 #: The least K a split of a wgmma tile takes (``split_count``).
 SPLIT_MIN_K_WGMMA = 3072
-SMALL_M_WGMMA_CANDIDATES = ("wg_64x128x64_s4", "wg_64x128x64_s6", "wg_64x256x64_s3",
+SMALL_M_WGMMA_CANDIDATES = ("wg_64x128x64_s8", "wg_64x64x64_s8", "wg_64x128x64_s6",
                             "wg_64x256x64_s4")
 
 #: The simulator's tiles (a few emulated warps).
@@ -320,13 +320,17 @@ def gemv_fits(p, cfg):
 
 
 def _few_rows_wgmma(M, N, K):
-    """Hopper's tile for 16 < M <= ``SMALL_M_WGMMA_MAX`` (batched decode), from the sweep of
-    every tile and split at M 16-256 (benchmarks/NOTES.md, "GEMM for few rows"): 64-row tiles
-    of six stages up to M = 64 (deep prefetch: one block an SM streams B), 128-row ones above
-    when they give about a wave of tiles (or a long K to split), the decode tile at M <= 32
-    unless N is large (it reads B once per 16 rows)."""
+    """Hopper's tile for 16 < M <= ``SMALL_M_WGMMA_MAX`` (batched decode), from the sweeps of
+    every tile and split at M 16-256 (benchmarks/NOTES.md, "GEMM for few rows" and "Narrow and
+    warp-specialised few-row tiles"): 64-row tiles of eight stages (deep prefetch: one block an
+    SM streams B), 64 columns wide while 128-column tiles would fill under half the GPU (twice
+    the blocks streaming), 128-row ones from M = 65 when they give about a wave of tiles (or a
+    long K to split), the decode tile at M <= 32 unless N is large (it reads B once per 16
+    rows)."""
     if M <= 32:
-        return CONFIGS["tc_16x128x64_w1x4_s4" if N <= 8192 else "wg_64x128x64_s6"]
+        return CONFIGS["tc_16x128x64_w1x4_s4" if N <= 8192 else "wg_64x128x64_s8"]
+    if _cdiv(M, 64) * _cdiv(N, 128) <= sm_count() // 2:
+        return CONFIGS["wg_64x64x64_s8"]
     if M > 64:
         for name in ("wg_128x256x64_s4", "wg_128x128x64_s5"):
             cfg = CONFIGS[name]
@@ -334,7 +338,7 @@ def _few_rows_wgmma(M, N, K):
                 return cfg
         if K >= 2 * SPLIT_MIN_K_WGMMA:
             return CONFIGS["wg_128x128x64_s5"]
-    return CONFIGS["wg_64x128x64_s6"]
+    return CONFIGS["wg_64x128x64_s8"]
 
 
 def split_count(cfg, M, N, K):
