@@ -109,6 +109,8 @@ class GemmConfig:
         if self.min_blocks is not None and (not isinstance(self.min_blocks, int) or
                                             not 0 <= self.min_blocks <= 32):
             bad(f"min_blocks must be None or an int in [0, 32], got {self.min_blocks!r}")
+        if self.producer and not self.wgmma:
+            bad("producer (warp specialisation) is a form of the wgmma kernel only")
         if self.gemv:
             if self.backend != "tensor_core" or self.wgmma or self.block_m not in (1, 2, 4) or \
                     not 1 <= self.block_n <= 16 or self.warps_n not in (1, 2, 4, 8, 16) or \
@@ -122,8 +124,6 @@ class GemmConfig:
                     "256, block_k 64 and stages >= 3")
             if not wgmma_supported():
                 bad("wgmma needs an sm_90 GPU (Hopper)")
-        if self.producer and not self.wgmma:
-            bad("producer (warp specialisation) is a form of the wgmma kernel only")
         elif self.backend == "tensor_core":
             if not all(pow2(x) for x in (self.block_m, self.block_n, self.block_k,
                                          self.warps_m, self.warps_n)):
@@ -334,7 +334,7 @@ def _few_rows_wgmma(M, N, K):
     if M > 64:
         for name in ("wg_128x256x64_s4", "wg_128x128x64_s5"):
             cfg = CONFIGS[name]
-            if _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n) >= 0.75 * sm_count():
+            if _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n) >= 0.7 * sm_count():
                 return cfg
         if K >= 2 * SPLIT_MIN_K_WGMMA:
             return CONFIGS["wg_128x128x64_s5"]
