@@ -104,6 +104,52 @@ def test_bulk_copies_complete_on_one_phase(rng):
     np.testing.assert_array_equal(out, expected)
 
 
+# ---- cp.async announced on an mbarrier by the copies' own arrival (.noinc) -----------------
+
+NOINC_ROUNDS = 3
+
+
+@cuda.jit
+def _noinc_kernel(src, out):
+    """Warp 0 copies (cp.async, 16 bytes a lane) a 128-word tile a round into one of two
+    buffers and announces it with ``cp_async_mbarrier_arrive_noinc`` (barrier count 32: one
+    arrival a lane, made when its copies land; the lane does not wait). Warp 1 waits for the
+    round's phase, fences the async proxy as a wgmma consumer would, reads the tile reversed
+    and releases the buffer on a second barrier, which warp 0 waits for before reusing it."""
+    tid = cuda.threadIdx.x
+    buf = cuda.shared.array(256, np.uint32, alignment=16)
+    bars = cuda.shared.array(4, np.uint64)   # full[0..1], empty[0..1]
+    if tid == 0:
+        for s in range(2):
+            ptx.mbarrier_init(bars, s, 32)
+            ptx.mbarrier_init(bars, 2 + s, 32)
+        ptx.fence_mbarrier_init()
+    cuda.syncthreads()
+    for r in range(NOINC_ROUNDS):
+        s = r % 2
+        if tid < 32:
+            ptx.mbarrier_wait_parity(bars, 2 + s, ((r // 2) & 1) ^ 1)
+            ptx.cp_async_16(buf, s * 128 + 4 * tid, src, r * 128 + 4 * tid, 16)
+            ptx.cp_async_mbarrier_arrive_noinc(bars, s)
+        else:
+            c = tid - 32
+            ptx.mbarrier_wait_parity(bars, s, (r // 2) & 1)
+            ptx.fence_proxy_async()
+            for j in range(4):
+                out[r * 128 + 4 * c + j] = buf[s * 128 + 127 - (4 * c + j)]
+            ptx.mbarrier_arrive(bars, 2 + s)
+    if tid < 32:
+        ptx.cp_async_commit()
+        ptx.cp_async_wait(0)
+
+
+def test_cp_async_announced_by_noinc_arrival(rng):
+    src = rng.integers(0, 2**32, NOINC_ROUNDS * 128, dtype=np.uint32)
+    out = np.full_like(src, POISON)
+    _noinc_kernel[1, 64](src, out)
+    np.testing.assert_array_equal(out, src.reshape(NOINC_ROUNDS, 128)[:, ::-1].ravel())
+
+
 # ---- named barriers and elect.sync --------------------------------------------------------
 
 @cuda.jit

@@ -225,16 +225,14 @@ def producer_mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
     so each side runs at its own pace instead of meeting at a block barrier every K tile.
 
     The producer copies K tile kt into stage ``kt % stages`` once the consumers released it
-    (``empty``; a fresh barrier passes the first round), keeps ``stages - 1`` tiles in flight
-    and announces each on ``full`` when its copies landed (its own ``cp.async`` wait, then the
-    proxy fence that makes them visible to wgmma). The consumers wait for ``full``, issue the
-    tile's wgmma group, wait for the previous group and release its stage. Deadlock-free with
-    ``stages - 1`` in flight: the producer's wait for tile kt's stage needs tile
-    ``kt - stages + 1`` announced, which it was after tile ``kt - 1`` was issued."""
+    (``empty``; a fresh barrier passes the first round) and announces it on ``full`` with
+    ``cp.async.mbarrier.arrive.noinc``: the hardware arrives when the thread's copies land, so
+    the producer never waits for its own copies and keeps up to ``stages - 1`` tiles in flight
+    (the plain loop: ``stages - 2``). The consumers wait for ``full``, fence the async proxy
+    (the copies are generic-proxy writes, wgmma reads through the async proxy), issue the
+    tile's wgmma group, wait for the previous group and release its stage."""
     consumer_threads = threads_for(block_m)
     regs = block_n // 2
-    depth = stages - 1             # tiles in flight in the producer
-    pending = depth - 1            # cp.async groups left running when a tile is announced
     a_group = 64 * 64              # as ``mainloop``
     load_edge = stage_loader(block_m, block_n, BLOCK_K, stages, PRODUCER_THREADS, a_k_inner,
                              b_k_inner, True, True, False, panels=True)
@@ -259,22 +257,18 @@ def producer_mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
                 ptx.mbarrier_wait_parity(bars, stages + s, ((kt // stages) & 1) ^ 1)
                 load_any(tiles, s, kt, k_full, k_begin, k_end, a, b, m0, n0, M, N, lda, ldb,
                          tid)
-                ptx.cp_async_commit()
-                if kt >= pending:
-                    ptx.cp_async_wait(pending)
-                    ptx.fence_proxy_async()
-                    ptx.mbarrier_arrive(bars, (kt - pending) % stages)
-            ptx.cp_async_wait(0)
-            ptx.fence_proxy_async()
-            for kt in range(max(0, k_tiles - pending), k_tiles):
-                ptx.mbarrier_arrive(bars, kt % stages)
+                ptx.cp_async_mbarrier_arrive_noinc(bars, s)
+            ptx.cp_async_commit()
+            ptx.cp_async_wait(0)   # every copy landed before the tiles are reused
         else:
             a_row0 = np.int32(((tid - PRODUCER_THREADS) >> 7) * a_group)
             ptx.mbarrier_wait_parity(bars, 0, 0)
+            ptx.fence_proxy_async()
             mma_tile(tiles, 0, a_row0, acc, True)
             for kt in range(1, k_tiles):
                 s = kt % stages
                 ptx.mbarrier_wait_parity(bars, s, (kt // stages) & 1)
+                ptx.fence_proxy_async()
                 mma_tile(tiles, s, a_row0, acc, False)
                 ptx.wgmma_wait(acc, regs, 1)   # tile kt - 1's group is done: release it
                 ptx.mbarrier_arrive(bars, stages + (kt - 1) % stages)

@@ -599,10 +599,13 @@ for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
          "bfloat16", "bfloat16", {"act": "silu_and_mul", "split_finish": True}),
 ):
     _wg = CONFIGS[_cfg].wgmma
+    _producer = CONFIGS[_cfg].producer   # stages announced by the copies' own mbarrier arrival
     compile_check.register(
         _name, _compile_target(CONFIGS[_cfg], _a_k, _b_k, _in, _out, **_extra),
-        ptx_must_have=_WGMMA_PTX if _wg else _TC_PTX,
-        sass_must_have=_WGMMA_SASS if _wg else _TC_SASS)
+        ptx_must_have=(_WGMMA_PTX if _wg else _TC_PTX) + (
+            ("cp.async.mbarrier.arrive.noinc",) if _producer else ()),
+        sass_must_have=(_WGMMA_SASS if _wg else _TC_SASS) + (
+            ("ARRIVES.LDGSTSBAR",) if _producer else ()))
 # the few-row CUDA-core kernel: 16-byte loads of both operands, no local memory
 for _name, _cfg, _in, _out, _extra in (
         ("gemm_gemv_bf16_1x4", "gemv_1x4_w4_u2", "bfloat16", "bfloat16", {}),

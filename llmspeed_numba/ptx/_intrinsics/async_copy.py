@@ -14,7 +14,7 @@ __all__ = [
     "cp_async_16", "cp_async_16_l2", "cp_async_commit", "cp_async_wait",
     "mbarrier_init", "fence_mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx",
     "mbarrier_expect_tx", "mbarrier_try_wait_parity", "mbarrier_wait_parity", "mbarrier_try_wait",
-    "cp_async_bulk_g2s",
+    "cp_async_mbarrier_arrive_noinc", "cp_async_bulk_g2s",
 ]
 
 
@@ -184,6 +184,24 @@ def mbarrier_arrive(typingctx, bar, offset):
                     side_effect=True)
 
     return types.uint64(bar, offset), codegen
+
+
+@intrinsic
+def cp_async_mbarrier_arrive_noinc(typingctx, bar, offset):
+    """``cp.async.mbarrier.arrive.noinc.shared::cta.b64``: the barrier receives one arrival
+    when every ``cp.async`` this thread issued before it has landed; the thread does not wait.
+    ``.noinc``: the arrival is one of the ``count`` the barrier was initialised with (a
+    producer thread announcing its copies of a stage, one arrival a thread). The copies are the
+    generic proxy's writes: a consumer that reads them with wgmma fences the async proxy
+    (``fence_proxy_async``) after its wait."""
+    _check_mbarrier(bar, offset, "cp_async_mbarrier_arrive_noinc")
+
+    def codegen(context, builder, signature, args):
+        _asm(builder, ir.VoidType(), [_I32],
+             "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", "r,~{memory}",
+             [_mbarrier_address(context, builder, signature, args)], side_effect=True)
+
+    return types.void(bar, offset), codegen
 
 
 @_literal_first_intrinsic

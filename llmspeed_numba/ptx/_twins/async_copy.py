@@ -125,6 +125,11 @@ def mbarrier_arrive(bar, offset):
     return np.uint64(_mbarrier_update(bar, offset, 1, 0, "mbarrier_arrive"))
 
 
+def cp_async_mbarrier_arrive_noinc(bar, offset):
+    # this thread's cp.async copies were made when issued: its arrival is due at once
+    _mbarrier_update(bar, offset, 1, 0, "cp_async_mbarrier_arrive_noinc")
+
+
 def mbarrier_arrive_expect_tx(bar, offset, nbytes):
     n = _check_bytes(nbytes, "mbarrier_arrive_expect_tx")
     return np.uint64(_mbarrier_update(bar, offset, 1, n, "mbarrier_arrive_expect_tx"))
