@@ -117,6 +117,24 @@ def time_gpu(fn, warmup=3, rep=20, flush_l2=True, hide_host=True):
     return {"median": statistics.median(times), "p20": q(0.2), "p80": q(0.8)}
 
 
+def back_to_back_ms(fn, calls=200, rounds=5):
+    """GPU ms a call of ``fn`` (e.g. a CUDA graph's ``replay``) issued ``calls`` times back to
+    back, no flush or sleep between (a steady stream of steps), for each of ``rounds``."""
+    import torch
+
+    times = []
+    for _ in range(rounds):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return times
+
+
 def graphed(fn):
     """A CUDA graph replaying one call of ``fn`` (after warm-ups, so workspaces and library
     handles exist before capture), or None if ``fn`` cannot be captured (time it eagerly)."""

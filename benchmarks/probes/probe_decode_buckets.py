@@ -7,11 +7,16 @@ of batched decode, issue 20) in one run. Timed with CUDA events over 100 back-to
     python benchmarks/probes/probe_decode_buckets.py [LABEL] [--buckets 1,16,64,128,256]
 """
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 
-from llmspeed_numba.engine import LLM
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+from _harness import back_to_back_ms  # noqa: E402
+
+from llmspeed_numba.engine import LLM  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("label", nargs="?", default="")
@@ -32,14 +37,6 @@ for bucket in buckets:
     staged.pad(bucket)
     graph.inputs.copy()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(100):
-            graph.graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 100)
+    times = back_to_back_ms(graph.graph.replay, calls=100)
     line.append(f"b{bucket} {statistics.median(times):.3f} ms")
 print(f"{args.label}: decode step " + ", ".join(line), flush=True)

@@ -7,13 +7,17 @@ Timed with CUDA events over 200 back-to-back replays, 5 rounds; one variant a pr
 
     python benchmarks/probes/probe_decode_graph_order.py all|reverse|single
 """
+import os
 import statistics
 import sys
 
 import torch
 
-from llmspeed_numba.engine import LLM
-from llmspeed_numba.engine.runner import ModelRunner
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+from _harness import back_to_back_ms  # noqa: E402
+
+from llmspeed_numba.engine import LLM  # noqa: E402
+from llmspeed_numba.engine.runner import ModelRunner  # noqa: E402
 
 variant = sys.argv[1]
 SHAPE = (1, 64)
@@ -31,15 +35,7 @@ staged.token_ids[0], staged.positions[0] = 1, 699
 staged.pad(1)
 graph.inputs.copy()
 torch.cuda.synchronize()
-times = []
-for _ in range(5):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(200):
-        graph.graph.replay()
-    end.record()
-    end.synchronize()
-    times.append(start.elapsed_time(end) / 200)
+times = back_to_back_ms(graph.graph.replay)
 print(f"{variant}: {len(llm.runner.graphs)} graphs; replay of {SHAPE} "
       f"{statistics.median(times):.4f} ms (rounds {', '.join(f'{t:.4f}' for t in times)})",
       flush=True)
