@@ -43,7 +43,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _harness import Results, copy_bandwidth, plot_csv, time_gpu  # noqa: E402
+from _harness import Results, back_to_back_ms, copy_bandwidth, plot_csv, time_gpu  # noqa: E402
 
 from llmspeed_numba._overrides import overrides  # noqa: E402
 from llmspeed_numba.ops import paged_decode as pd  # noqa: E402
@@ -255,14 +255,7 @@ def host_and_back_to_back(fn, calls=30):
         fn()
     host = (time.perf_counter() - t0) / calls * 1e6
     torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return host, start.elapsed_time(end) / calls * 1e3
+    return host, back_to_back_ms(fn, calls, rounds=1)[0] * 1e3
 
 
 def quick_variants(plan):
