@@ -27,7 +27,9 @@ ptxas serialises every wgmma (warning C7515) if any other instruction defines th
 on a path into the final wait. Edges as in ``_gemm_tensor_core``: rows / columns past M, N and
 K elements past the split's end are zero-filled by cp.async's ``src_bytes``; interior blocks
 run a K loop with unpredicated copies. Both operands must allow 16-byte copies (aligned
-pointers and leading strides): the caller runs ``_gemm_tensor_core`` otherwise.
+pointers and leading strides): the caller runs ``_gemm_tensor_core`` otherwise. The
+warp-specialised form (``producer``: a copying warpgroup before the MMA warpgroups, stages
+handed over through mbarriers) replaces the loop with ``producer_mainloop``.
 
 Epilogue: as ``_gemm_tensor_core``, through an fp32 tile in shared memory (``tile_epilogue``);
 a gated activation pairs each thread's gate and up accumulators while staging it
@@ -45,6 +47,8 @@ from ._gemm_tensor_core import either_loader, stage_loader
 
 BLOCK_K = 64          # one 128-byte swizzle row of b16 per tile row along K
 PRODUCER_THREADS = 128   # the copying warpgroup of the warp-specialised form
+#: warpgroup g's 64 rows of A: 64 rows of 64 (K-major) or panel g (M-major), 4096 elements
+A_GROUP = 64 * 64
 _ALIGN_BYTES = 1024   # the 128-byte swizzle repeats every 8 rows of 128 bytes
 
 
@@ -106,22 +110,18 @@ def aligned_tiles(smem):
 def mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
     """Device function ``(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles,
     tid, acc)`` (``bars`` unused): the pipeline of the module note over K tiles ``k_begin ..
-    k_end`` of the block tile at (m0, n0), leaving the block tile in ``acc`` (``block_n / 2`` fp32 a thread), every
-    wgmma group retired, every copy landed and the block past a barrier, so ``tiles`` may be
-    reused. Operands and ``tiles`` are ``uint16`` arrays and K, lda, ldb count 16-bit units
-    (``BLOCK_K`` a tile). ``mma(acc, desc_a, desc_b, scale_d)`` issues one wgmma of 32 bytes
-    along K (k16 of b16, k32 of 8-bit data) from the two descriptors."""
+    k_end`` of the block tile at (m0, n0), leaving the block tile in ``acc`` (``block_n / 2``
+    fp32 a thread), every wgmma group retired, every copy landed and the block past a
+    barrier, so ``tiles`` may be reused. Operands and ``tiles`` are ``uint16`` arrays and K,
+    lda, ldb count 16-bit units (``BLOCK_K`` a tile). ``mma(acc, desc_a, desc_b, scale_d)``
+    issues one wgmma of 32 bytes along K (k16 of b16, k32 of 8-bit data) from the two
+    descriptors."""
     threads = threads_for(block_m)
     regs = block_n // 2
     lead = stages - 2          # K tiles in flight ahead of the one multiplied
     tile_pending = lead - 1    # cp.async groups that may still run when a tile is needed
-    # warpgroup g's 64 rows of A: 64 rows of 64 (K-major) or panel g (M-major), 4096 elements
-    a_group = 64 * 64
-    load_edge = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
-                             True, True, False, panels=True)
-    load_full = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
-                             True, True, True, panels=True)
-    load_any = either_loader(BLOCK_K, load_full, load_edge)
+    load_full, load_edge, load_any = _loaders(block_m, block_n, stages, threads, a_k_inner,
+                                              b_k_inner)
     mma_tile = tile_mma(block_m, block_n, stages, a_k_inner, b_k_inner, mma)
 
     def tile_step(full):
@@ -150,7 +150,7 @@ def mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
 
     @cuda.jit(device=True, inline="always")
     def run(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc):
-        a_row0 = np.int32((tid >> 7) * a_group)
+        a_row0 = np.int32((tid >> 7) * A_GROUP)
         interior = m0 + block_m <= M and n0 + block_n <= N
         k_full = (k_end - k_begin) // BLOCK_K if interior else 0
 
@@ -188,6 +188,17 @@ def mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
         cuda.syncthreads()
 
     return run
+
+
+def _loaders(block_m, block_n, stages, threads, a_k_inner, b_k_inner):
+    """``(load_full, load_edge, load_any)``: ``threads`` threads' copies of a K tile into a
+    stage (``_gemm_tensor_core.stage_loader`` into 128-byte-swizzled panels: unpredicated for
+    whole tiles of an interior block, predicated at edges, and the one choosing by tile)."""
+    load_edge = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
+                             True, True, False, panels=True)
+    load_full = stage_loader(block_m, block_n, BLOCK_K, stages, threads, a_k_inner, b_k_inner,
+                             True, True, True, panels=True)
+    return load_full, load_edge, either_loader(BLOCK_K, load_full, load_edge)
 
 
 def tile_mma(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
@@ -233,12 +244,7 @@ def producer_mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
     tile's wgmma group, wait for the previous group and release its stage."""
     consumer_threads = threads_for(block_m)
     regs = block_n // 2
-    a_group = 64 * 64              # as ``mainloop``
-    load_edge = stage_loader(block_m, block_n, BLOCK_K, stages, PRODUCER_THREADS, a_k_inner,
-                             b_k_inner, True, True, False, panels=True)
-    load_full = stage_loader(block_m, block_n, BLOCK_K, stages, PRODUCER_THREADS, a_k_inner,
-                             b_k_inner, True, True, True, panels=True)
-    load_any = either_loader(BLOCK_K, load_full, load_edge)
+    _, _, load_any = _loaders(block_m, block_n, stages, PRODUCER_THREADS, a_k_inner, b_k_inner)
     mma_tile = tile_mma(block_m, block_n, stages, a_k_inner, b_k_inner, mma)
 
     @cuda.jit(device=True, inline="always")
@@ -261,7 +267,7 @@ def producer_mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
             ptx.cp_async_commit()
             ptx.cp_async_wait(0)   # every copy landed before the tiles are reused
         else:
-            a_row0 = np.int32(((tid - PRODUCER_THREADS) >> 7) * a_group)
+            a_row0 = np.int32(((tid - PRODUCER_THREADS) >> 7) * A_GROUP)
             ptx.mbarrier_wait_parity(bars, 0, 0)
             ptx.fence_proxy_async()
             mma_tile(tiles, 0, a_row0, acc, True)

@@ -345,8 +345,8 @@ def split_count(cfg, M, N, K):
     """K splits of ``cfg`` for this shape: ``cfg.split_k``, or enough blocks for two waves of
     the GPU, bounded so each split keeps at least two K tiles and the fp32 workspace traffic
     (written and read once) stays below the traffic of B. wgmma tiles for few rows (one block
-    an SM: their shared memory) aim at one wave, with at least ``SPLIT_MIN_K_WGMMA`` of K a split (a split
-    costs its partial tile's round trip through L2 at the end)."""
+    an SM: their shared memory) aim at one wave, with at least ``SPLIT_MIN_K_WGMMA`` of K a
+    split (a split costs its partial tile's round trip through L2 at the end)."""
     if cfg.gemv:
         return 1  # its warps split K inside the block
     if cfg.split_k is not None:
