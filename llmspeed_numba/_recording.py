@@ -8,7 +8,16 @@ and turns a finished record into a plan. Nothing here imports the rest of the pa
 import threading
 import weakref
 
-_state = threading.local()
+
+class _State(threading.local):
+    """Per thread: the active ``Recorder`` and ``_replay``'s pending miss (class defaults: a
+    replay reads ``recorder`` as a plain attribute, never missing)."""
+
+    recorder = None
+    pending = None
+
+
+_state = _State()
 _ALL = weakref.WeakSet()     # every _replay.OpCalls, for clear()
 _ON_CLEAR = []               # other repeated-call caches' reset functions, for clear()
 

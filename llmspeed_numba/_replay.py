@@ -11,7 +11,11 @@ fresh allocations, or the stream's workspace) each pointer parameter points into
 offset. A later call of the same signature checks what depends on its new addresses (the
 recorded overlaps) and on its data (checks an op registered with ``recheck``), then allocates,
 patches the pointers into the recorded parameter blocks and launches: about the cost of the
-driver call itself.
+driver call itself. Both halves are generated Python (compiled once per code shape): per op and
+argument pattern, straight-line code reading the key (``OpCalls._specialise``), compared with
+the op's last key found before it is hashed (``_Plans.last``: an op called once a layer
+repeats its previous call's signature); per plan, its checks, stream, allocations,
+workspaces, launches and result (``Plan._compile``).
 
 A call is replayed only if its checked path told the recorder everything: a path that reads
 device data on the host, autotunes, launches outside ``Kernel`` or hands a kernel memory the
@@ -31,11 +35,11 @@ Usage in an op (the checked body moved to ``_op``):
 """
 
 import os
-from operator import itemgetter
+from functools import lru_cache
 
 from . import _workspace
-from ._arrays import (Buffer, current_stream_reader, device_address, replay_key, stream_handle,
-                      torch_tensor_type)
+from ._arrays import (_REPLAY_KEYS, Buffer, current_stream_reader, device_address, replay_key,
+                      stream_handle, torch_tensor_type)
 from ._env import SIMULATOR
 from ._launch import PreparedLaunch
 from ._recording import _ALL, Recorder, _state
@@ -52,6 +56,10 @@ MISS = object()
 #: Plans kept per op: a workload cycles through a few signatures; a caller whose options change
 #: every call (a fresh float each time) must not grow memory without bound.
 MAX_PLANS = 256
+
+#: Argument patterns per op with generated key code (``OpCalls._specialise``); a call of another
+#: pattern takes the generic loop.
+MAX_PATTERNS = 4
 
 _TORCH = []                  # [torch.Tensor, torch.empty] once torch is seen
 _TORCH_TENSOR = [None]       # torch.Tensor once seen: the hot loop's one-step type test
@@ -70,12 +78,50 @@ def _torch():
     return _TORCH
 
 
+# The key: one flat tuple, per array argument a torch tensor's ``shape, stride(), dtype,
+# get_device(), ptr & 31`` (``replay_key``'s fields, read inline), ``None`` for None, ``class,
+# value`` for a Python number, another array's ``replay_key`` part (one tuple); then the options,
+# their types and whether a stream was given. An argument's first entry tells its kind (a
+# torch.Size, None, a class, a tuple that is not of ints), so the layout is unambiguous. Flat:
+# no tuple per array to build, hash and compare.
+_WIDTH = {"torch": 5, None: 1, "number": 2, "other": 1}
+
+
+def _kind(x, torch_type):
+    """An argument's kind in the key: "torch", None, "number" or "other"."""
+    if torch_type is not None and type(x) is torch_type:
+        return "torch"
+    if x is None:
+        return None
+    return "number" if type(x) in _SCALARS else "other"
+
+
+class _Plans(dict):
+    """An op's plans by key, and ``last``: the (key, plan) a replay found last (a replay of
+    the same signature compares keys without hashing); cleared with them."""
+
+    __slots__ = ("last",)
+
+    def __init__(self):
+        super().__init__()
+        self.last = (None, None)
+
+    def clear(self):
+        self.last = (None, None)
+        super().clear()
+
+
 class OpCalls:
-    """The recorded plans of one op, keyed by call signature (see the module docstring)."""
+    """The recorded plans of one op, keyed by call signature (see the module docstring).
+
+    ``replay`` is the generic key loop; once a call of an argument pattern (each argument's kind
+    and class) is recorded, the instance's ``replay`` is generated code for that pattern, falling
+    back to the previously specialised patterns and then to the generic loop."""
 
     def __init__(self, name):
         self.name = name
-        self.plans = {}
+        self.plans = _Plans()  # cleared in place, never replaced: generated replays hold it
+        self._patterns = []  # (pattern, option count), the most recently recorded first
         _ALL.add(self)
 
     def replay(self, arrays, options, stream):
@@ -83,70 +129,67 @@ class OpCalls:
         (not recorded yet, not replayable, or a check needs the checked path). ``arrays``: the
         op's array arguments (None for absent ones; a Python number where the op takes an array
         or a number); ``options``: its other arguments that shape the work, hashable."""
-        if not ENABLED or getattr(_state, "recorder", None) is not None:
+        if not ENABLED or _state.recorder is not None:
             return MISS
         torch_type = _TORCH_TENSOR[0]
-        # one key part per array: a torch tensor's is ``replay_key``'s, read inline (this loop
-        # is most of a replay's Python); the pointers go to ``ptrs``
-        parts = []
+        key = []
         ptrs = []
-        part, ptr = parts.append, ptrs.append  # bound once: this loop runs per array per call
         for x in arrays:
             cls = type(x)
             if cls is torch_type:
                 p = x.data_ptr()
-                part((x.shape, x.stride(), x.dtype, x.get_device(), p & 31))
-                ptr(p)
+                key += (x.shape, x.stride(), x.dtype, x.get_device(), p & 31)
+                ptrs.append(p)
             elif x is None:
-                part(None)
-                ptr(0)
+                key.append(None)
+                ptrs.append(0)
             elif cls in _SCALARS:  # a parameter given as an array or a number
-                part((cls, x))
-                ptr(0)
+                key += (cls, x)
+                ptrs.append(0)
             else:
                 if torch_type is None and cls.__module__.startswith("torch"):
-                    _torch()  # first torch call of the process: the fast test above from now on
+                    torch_type = _torch()[0]  # first torch call of the process
+                    if cls is torch_type:
+                        p = x.data_ptr()
+                        key += (x.shape, x.stride(), x.dtype, x.get_device(), p & 31)
+                        ptrs.append(p)
+                        continue
                 found = replay_key(x)
                 if found is None:  # CuPy, foreign, host: the checked path
                     _state.pending = None
                     return MISS
-                part(found[0])
-                ptr(found[1])
+                key.append(found[0])
+                ptrs.append(found[1])
+        key = (*key, *options, *map(type, options), stream is None)
         try:
-            key = (*parts, *options, *map(type, options), stream is None)
             plan = self.plans.get(key)
         except TypeError:  # an unhashable option: never recorded
             _state.pending = None
             return MISS
-        if plan is not None and plan.aliases:
-            # recorded with one object in two argument positions (out=x): that plan reads and
-            # writes through the first; a call with distinct objects has its own plan
-            for i, j in plan.aliases:
-                if arrays[i] is not arrays[j]:
-                    key = (key, _aliases(arrays))
-                    plan = self.plans.get(key)
-                    break
         if plan is None:
-            _state.pending = (self, key, arrays, ptrs, stream)
+            _state.pending = (self, key, arrays, ptrs, stream, len(options))
             return MISS
-        if plan.plain:  # the common plan, inline: launches on torch's stream, out= returned
-            handle = _CURRENT_STREAM[0](parts[plan.torch_stream][3])
-            for launch in plan.launches:
-                launch(ptrs, handle)
-            return plan.result_of(arrays)
-        result = plan.run(arrays, ptrs, parts, stream)
-        if result is MISS:
-            _state.pending = None
-        return result
+        return plan(arrays, ptrs, key, stream)
+
+    def _unaliased(self, arrays, ptrs, key, stream):
+        """A call whose plan was recorded with one object in two argument positions (out=x),
+        made with distinct objects: that plan reads and writes through the first; this call
+        has its own plan."""
+        aliased = (key, _aliases(arrays))
+        plan = self.plans.get(aliased)
+        if plan is None:
+            _state.pending = (self, aliased, arrays, ptrs, stream, None)
+            return MISS
+        return plan(arrays, ptrs, key, stream)
 
     def record(self, fn, *args):
         """Run the checked path ``fn(*args)``; if the preceding ``replay`` on this thread missed
         with a signature, record the call's plan under it."""
-        pending = getattr(_state, "pending", None)
+        pending = _state.pending
         _state.pending = None
         if pending is None or pending[0] is not self:
             return fn(*args)
-        _, key, arrays, ptrs, stream = pending
+        _, key, arrays, ptrs, stream, n_options = pending
         rec = Recorder()
         _state.recorder = rec
         try:
@@ -154,12 +197,115 @@ class OpCalls:
         finally:
             _state.recorder = None
         if rec.reason is None and rec.launches:
-            plan = Plan.build(self.name, rec, arrays, ptrs, stream, result)
+            plan = Plan.build(self, rec, arrays, ptrs, stream, result)
             if plan is not None:
                 if len(self.plans) >= MAX_PLANS:
                     self.plans.clear()
-                self.plans[key] = plan
+                self.plans[key] = plan.run
+                if n_options is not None:
+                    self._specialise(arrays, n_options)
         return result
+
+    def _specialise(self, arrays, n_options):
+        """Make ``self.replay`` generated code for this call's argument pattern (kept with up to
+        ``MAX_PATTERNS - 1`` earlier ones): the generic loop's key, read without the loop."""
+        torch_type = _TORCH_TENSOR[0]
+        pattern = (tuple((_kind(x, torch_type), None if x is None else type(x)) for x in arrays),
+                   n_options)
+        if self._patterns and self._patterns[0] == pattern:
+            return
+        if pattern in self._patterns:
+            self._patterns.remove(pattern)
+        self._patterns.insert(0, pattern)
+        del self._patterns[MAX_PATTERNS:]
+        replay = OpCalls.replay.__get__(self)
+        for kinds, count in reversed(self._patterns):
+            source, classes = _replay_source(kinds, count)
+            replay = _factory(source)(self, self.plans, replay, torch_type, *classes)
+        self.replay = replay
+
+
+def _replay_source(kinds, n_options):
+    """Source of ``make(calls, plans, generic, T, *classes)`` returning a ``replay`` for one
+    argument pattern (``kinds``: ``(kind, class)`` per argument), and those classes."""
+    classes, guard, reads, key, ptrs = [], [], [], [], []
+    for i, (kind, cls) in enumerate(kinds):
+        x = f"x{i}"
+        if kind == "torch":
+            guard.append(f"type({x}) is not T")
+            reads.append(f"p{i} = {x}.data_ptr()")
+            key.append(f"{x}.shape, {x}.stride(), {x}.dtype, {x}.get_device(), p{i} & 31")
+            ptrs.append(f"p{i}")
+        elif kind is None:
+            guard.append(f"{x} is not None")
+            key.append("None")
+            ptrs.append("0")
+        else:
+            c = f"C{len(classes)}"
+            classes.append(cls)
+            guard.append(f"type({x}) is not {c}")
+            if kind == "number":
+                key.append(f"{c}, {x}")
+                ptrs.append("0")
+            else:  # ``replay_key``'s cache read inline, else the function
+                reads += [f"e = _REPLAY_KEYS.get(id({x}))",
+                          f"if e is not None and e[0]() is {x}:",
+                          f"    f{i} = e[1]",
+                          "else:",
+                          f"    f{i} = replay_key({x})",
+                          f"    if f{i} is None:",
+                          "        _state.pending = None",
+                          "        return MISS"]
+                key.append(f"f{i}[0]")
+                ptrs.append(f"f{i}[1]")
+    opts = [f"o{j}" for j in range(n_options)]
+    key += opts + [f"type({o})" for o in opts] + ["stream is None"]
+    indent = "\n" + " " * 8
+    source = f"""
+def make(calls, plans, generic, T, {"".join(f"C{j}, " for j in range(len(classes)))}):
+    def replay(arrays, options, stream):
+        if not ENABLED or _state.recorder is not None:
+            return MISS
+        try:
+            [{", ".join(f"x{i}" for i in range(len(kinds)))}] = arrays
+            [{", ".join(opts)}] = options
+        except (TypeError, ValueError):
+            return generic(arrays, options, stream)
+        if {" or ".join(guard) or "False"}:
+            return generic(arrays, options, stream)
+        {indent.join(reads) or "pass"}
+        key = ({", ".join(key)},)
+        ptrs = [{", ".join(ptrs)}]
+        last = plans.last
+        try:
+            same = key == last[0]
+        except Exception:  # an option whose == gives no bool (an array): the lookup decides
+            same = False
+        if same:
+            return last[1](arrays, ptrs, key, stream)
+        try:
+            plan = plans.get(key)
+        except TypeError:  # an unhashable option: never recorded
+            _state.pending = None
+            return MISS
+        if plan is None:
+            _state.pending = (calls, key, arrays, ptrs, stream, {n_options})
+            return MISS
+        plans.last = (key, plan)
+        return plan(arrays, ptrs, key, stream)
+    return replay
+"""
+    return source, classes
+
+
+@lru_cache(maxsize=512)
+def _factory(source):
+    """The ``make`` function of generated ``source`` (compiled once per distinct source: plans
+    of one op share their code shape, their values come as arguments). Its functions' globals
+    are this module's, read when they run."""
+    namespace: dict = {}
+    exec(compile(source, "<_replay generated>", "exec"), globals(), namespace)  # noqa: S102
+    return namespace["make"]
 
 
 def _aliases(arrays):
@@ -200,30 +346,32 @@ def _stream_source(arrays, stream):
     return None if others else ("torch", first)
 
 
-def _stream_of(source, parts, stream):
-    """The stream handle of a call by its plan's ``_stream_source``; ``parts``: the call's key
-    parts (a torch tensor's holds its device index)."""
-    kind, i = source
-    if kind == "torch":
-        return _CURRENT_STREAM[0](parts[i][3])
-    if kind == "given":
-        return stream if type(stream) is int else stream_handle(stream)
-    return 0
+def _capture_reader():
+    """``() -> bool``: whether torch's current stream on the current device is capturing a
+    CUDA graph: the C accessor behind ``torch.cuda.is_current_stream_capturing`` (one call less
+    a replay), the public function where torch has no CUDA."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    if raw is None or not torch.cuda.is_available():
+        return torch.cuda.is_current_stream_capturing
+    return raw
 
 
 class Plan:
-    """One signature's recorded work: allocations, workspaces, launches, result.
+    """One signature's recorded work: allocations, workspaces, launches, result; ``run``, the
+    generated function ``run(arrays, ptrs, key, stream)`` that replays it.
 
     ``launches`` are ``PreparedLaunch.bind`` functions of the pointer sources ``bases``: the
     call's arrays' pointers (``0 .. n-1``), then the fresh allocations', then the workspaces'.
     """
 
     __slots__ = ("name", "allocs", "workspaces", "own_specs", "own_device", "launches", "result",
-                 "result_of", "overlaps", "rechecks", "stream_source", "torch_stream", "aliases",
-                 "workspace_memo", "plain")
+                 "overlaps", "rechecks", "stream_source", "torch_stream", "aliases",
+                 "workspace_memo", "run")
 
     @classmethod
-    def build(cls, name, rec, arrays, ptrs, stream, result):
+    def build(cls, calls, rec, arrays, ptrs, stream, result):
         def find(obj, pool):
             for i, candidate in enumerate(pool):
                 if candidate is obj:
@@ -256,7 +404,7 @@ class Plan:
             return (i, buf.ptr - bases[i])
 
         self = cls()
-        self.name = name
+        self.name = calls.name
         self.aliases = _aliases(arrays)
         self.launches = []
         self.stream_source = _stream_source(arrays, stream)
@@ -264,8 +412,12 @@ class Plan:
             return None
         kind, first = self.stream_source
         self.torch_stream = first if kind == "torch" else None
-        handle = (_CURRENT_STREAM[0](arrays[first].get_device()) if kind == "torch"
-                  else _stream_of(self.stream_source, None, stream))
+        if kind == "torch":
+            handle = _CURRENT_STREAM[0](arrays[first].get_device())
+        elif kind == "given":
+            handle = stream if type(stream) is int else stream_handle(stream)
+        else:
+            handle = 0
         for kernel, grid, block, args, launch_stream, shared in rec.launches:
             if launch_stream != handle:
                 return None  # launched somewhere a replay would not
@@ -287,7 +439,7 @@ class Plan:
                                if own and kind == "torch")
         self.own_device = next((w[0] for w in self.workspaces if w[-1] and w[4] == "torch"),
                                None)
-        self.workspace_memo = None
+        self.workspace_memo = [(None, None, None)]  # [(generation, stream, addresses)]
         # the result: None, one array, or a tuple of arrays / None
         def place(obj):
             if obj is None:
@@ -309,8 +461,6 @@ class Plan:
             if placed is None:
                 return None
             self.result = ("one", placed)
-        # a result made of the call's arrays and None (out=, in place): ``result_of(arrays)``
-        self.result_of = _result_of(self.result)
         self.overlaps = []
         for a, b, a_bytes, b_bytes in rec.overlaps:
             i, j = find(a, arrays), find(b, arrays)
@@ -323,100 +473,114 @@ class Plan:
             idx = tuple(find(o, arrays) for o in objs)
             if any(i is None for i in idx):
                 return None
-            rechecks.append((fn, idx[0] if len(idx) == 1 else idx))
+            rechecks.append((fn, idx))
         self.rechecks = tuple(rechecks)
-        # what ``run`` does reduced to launches on torch's current stream, returning an argument
-        self.plain = (self.torch_stream is not None and self.result_of is not None
-                      and not (self.overlaps or self.rechecks or self.allocs or self.workspaces))
+        self.run = self._compile(calls, arrays)
         return self
 
-    def run(self, arrays, ptrs, parts, stream):
-        if self.overlaps:
-            for i, j, ei, ej in self.overlaps:
-                a, b = ptrs[i], ptrs[j]
-                if a < b + ej and b < a + ei and ei and ej:
-                    return MISS  # the checked path raises
-        if self.rechecks:
-            for fn, idx in self.rechecks:
-                if type(idx) is int:  # one array, the usual case
-                    fn(arrays[idx])
-                else:
-                    fn(*[arrays[i] for i in idx])
-        if self.torch_stream is not None:
-            handle = _CURRENT_STREAM[0](parts[self.torch_stream][3])
-        else:
-            handle = _stream_of(self.stream_source, parts, stream)
-        made = None
-        if self.allocs or self.workspaces:
-            bases = list(ptrs)
-            if self.allocs:
-                made = []
-                for kind, shape, dtype, device in self.allocs:
-                    obj = _allocate(kind, shape, dtype, device)
-                    made.append(obj)
-                    bases.append(device_address(obj))
-            if self.workspaces:
-                bases += self._workspace_pointers(handle)
-        else:
-            bases = ptrs
-        for launch in self.launches:
-            launch(bases, handle)
-        if self.result_of is not None:
-            return self.result_of(arrays)
-        kind, placed = self.result
-        if kind == "one":
-            return _placed(placed, arrays, made)
-        return tuple(_placed(p, arrays, made) for p in placed)
+    def _compile(self, calls, arrays):
+        """``run(arrays, ptrs, key, stream)``: this plan's replay as straight-line code, its
+        values (launches, sizes, allocation specs) passed in as arguments."""
+        values = []
 
-    def _workspace_pointers(self, handle):
-        """The workspaces' addresses on stream ``handle``: looked up again only when another
-        stream is used or some workspace was made or replaced since the last lookup; under
-        graph capture, ``own_in_graph`` ones are the captured call's own (made now)."""
-        workspaces = self.workspaces
-        if self.own_specs and capturing(self.own_device, handle):
-            own = iter(own_in_graph_pointers(self.own_device, handle, self.own_specs))
-            return [next(own) if own_in_graph and kind == "torch"
-                    else workspace_pointer(kind, device, handle, name, size, dtype)
-                    for device, name, size, dtype, kind, own_in_graph in workspaces]
-        memo = self.workspace_memo
-        if memo is not None and memo[0] == _workspace.GENERATION[0] and memo[1] == handle:
-            return memo[2]
+        def value(v):
+            values.append(v)
+            return f"v{len(values) - 1}"
+
+        lines = []
+        if self.aliases:
+            same = " or ".join(f"arrays[{i}] is not arrays[{j}]" for i, j in self.aliases)
+            lines += [f"if {same}:",
+                      f"    return {value(calls._unaliased)}(arrays, ptrs, key, stream)"]
+        for i, j, ei, ej in self.overlaps:
+            if ei and ej:  # an empty array overlaps nothing
+                lines += [f"if ptrs[{i}] < ptrs[{j}] + {value(ej)} and "
+                          f"ptrs[{j}] < ptrs[{i}] + {value(ei)}:",
+                          "    _state.pending = None",
+                          "    return MISS  # the checked path raises"]
+        for fn, idx in self.rechecks:
+            lines.append(f"{value(fn)}({', '.join(f'arrays[{i}]' for i in idx)})")
+        kind, first = self.stream_source
+        if kind == "torch":
+            offset = sum(_WIDTH[_kind(x, _TORCH_TENSOR[0])] for x in arrays[:first])
+            lines.append(f"handle = _CURRENT_STREAM[0](key[{offset + 3}])")  # its get_device()
+        elif kind == "given":
+            lines.append("handle = stream if type(stream) is int else stream_handle(stream)")
+        else:
+            lines.append("handle = 0")
+        extra = []
+        for k, (akind, shape, dtype, device) in enumerate(self.allocs):
+            if akind == "torch":
+                lines.append(f"m{k} = _TORCH[1]({value(shape)}, dtype={value(dtype)}, "
+                             f"device={value(device)})")
+                extra.append(f"m{k}.data_ptr()")
+            else:
+                lines.append(f"m{k} = _allocate({value(akind)}, {value(shape)}, "
+                             f"{value(dtype)}, {value(device)})")
+                extra.append(f"device_address(m{k})")
+        bases = "ptrs"
+        if extra:
+            bases += f" + [{', '.join(extra)}]"
+        if self.workspaces:
+            lines.append(f"memo = {value(self.workspace_memo)}[0]")
+            test = "if"
+            if self.own_specs:
+                if kind == "torch" and _same_device(self.own_device,
+                                                    arrays[first].get_device()):
+                    # ``handle`` is torch's current stream there: ``capturing``'s first test
+                    capture = f"{value(_capture_reader())}()"
+                else:
+                    capture = f"capturing({value(self.own_device)}, handle)"
+                lines += [f"if {capture}:", "    ws = plan.captured_pointers(handle)"]
+                test = "elif"
+            lines += [f"{test} memo[0] == _workspace.GENERATION[0] and memo[1] == handle:",
+                      "    ws = memo[2]",
+                      "else:",
+                      "    ws = plan.workspace_lookup(handle)"]
+            bases += " + ws"
+        if bases != "ptrs":
+            lines.append(f"bases = {bases}")
+            bases = "bases"
+        for launch in self.launches:
+            lines.append(f"{value(launch)}({bases}, handle)")
+
+        def placed(p):
+            return {"arg": lambda: f"arrays[{p[1]}]", "alloc": lambda: f"m{p[1]}",
+                    "none": lambda: "None"}[p[0]]()
+
+        rkind, where = self.result
+        if rkind == "one":
+            lines.append(f"return {placed(where)}")
+        else:
+            lines.append(f"return ({''.join(placed(p) + ', ' for p in where)})")
+        source = (f"\ndef make(plan, {''.join(f'v{k}, ' for k in range(len(values)))}):\n"
+                  "    def run(arrays, ptrs, key, stream):\n"
+                  + "".join(f"        {line}\n" for line in lines)
+                  + "    return run\n")
+        return _factory(source)(self, *values)
+
+    def workspace_lookup(self, handle):
+        """The shared workspaces' addresses on stream ``handle``, kept for later replays while
+        no shared workspace is made or replaced (``_workspace.GENERATION``)."""
         found = [workspace_pointer(kind, device, handle, name, size, dtype, own_in_graph)
-                 for device, name, size, dtype, kind, own_in_graph in workspaces]
+                 for device, name, size, dtype, kind, own_in_graph in self.workspaces]
         # a lookup may have made a workspace (a new stream): read the generation after it
-        self.workspace_memo = (_workspace.GENERATION[0], handle, found)
+        self.workspace_memo[0] = (_workspace.GENERATION[0], handle, found)
         return found
 
-
-def _args_of(idx):
-    """``arrays -> tuple(arrays[i] for i in idx)``."""
-    if not idx:
-        return lambda arrays: ()
-    if len(idx) == 1:
-        i = idx[0]
-        return lambda arrays: (arrays[i],)
-    return itemgetter(*idx)
+    def captured_pointers(self, handle):
+        """The workspaces' addresses under graph capture: ``own_in_graph`` ones are the captured
+        call's own (made now)."""
+        own = iter(own_in_graph_pointers(self.own_device, handle, self.own_specs))
+        return [next(own) if own_in_graph and kind == "torch"
+                else workspace_pointer(kind, device, handle, name, size, dtype)
+                for device, name, size, dtype, kind, own_in_graph in self.workspaces]
 
 
-def _result_of(result):
-    """``arrays -> result`` for a plan's ``result`` made only of the call's arrays and None,
-    else None (it holds fresh allocations: ``Plan.run`` places them)."""
-    kind, placed = result
-    if any(p[0] == "alloc" for p in (placed if kind == "tuple" else (placed,))):
-        return None
-    if kind == "one":
-        return itemgetter(placed[1]) if placed[0] == "arg" else (lambda arrays: None)
-    if all(p[0] == "arg" for p in placed):
-        return _args_of(tuple(p[1] for p in placed))
-    return lambda arrays: tuple(None if p[0] == "none" else arrays[p[1]] for p in placed)
-
-
-def _placed(p, arrays, made):
-    if p[0] == "arg":
-        return arrays[p[1]]
-    if p[0] == "alloc":
-        return made[p[1]]
-    return None
+def _same_device(index, device):
+    """Whether a workspace's device ``index`` (``torch.device.index``) is the device whose
+    ``get_device()`` is ``device`` (a CPU tensor's: None and -1)."""
+    return index == device or (index is None and device == -1)
 
 
 def _torch_dtype(name):

@@ -8,17 +8,24 @@ visible to it, so results are not checked; timing only), each in a fresh process
 caches off. If ``nofence`` is much faster, the fence drains the pipeline, and a loop whose copying
 threads never fence (the producer form of ``_gemm_wgmma``) is the way out; both forms are timed.
 
-    python benchmarks/probes/probe_gemm_fence.py fence|nofence
+    python benchmarks/probes/probe_gemm_fence.py fence|nofence [compile|time]
+
+With ``FENCE_CACHE_ROOT`` set, each variant keeps its caches under ``$FENCE_CACHE_ROOT/<variant>``
+so that ``compile`` (every tile once, untimed; variants in parallel) and ``time`` (alone on the
+GPU) can run as two processes.
 """
 import os
 import sys
 import tempfile
 
 VARIANT = sys.argv[1]
-assert VARIANT in ("fence", "nofence"), VARIANT
-# no machine code from earlier processes: the variant must be compiled from this source
-os.environ["LLMSPEED_NUMBA_CACHE"] = tempfile.mkdtemp()
-os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp()
+STAGE = sys.argv[2] if len(sys.argv) > 2 else "all"
+assert VARIANT in ("fence", "nofence") and STAGE in ("all", "compile", "time"), sys.argv
+# machine code of this variant only: the two compile the same kernel source to different code
+ROOT = os.environ.get("FENCE_CACHE_ROOT")
+for var, sub in (("LLMSPEED_NUMBA_CACHE", "library"), ("NUMBA_CACHE_DIR", "numba")):
+    os.environ[var] = os.path.join(ROOT, VARIANT, sub) if ROOT else tempfile.mkdtemp()
+    os.makedirs(os.environ[var], exist_ok=True)
 
 import torch  # noqa: E402
 
@@ -34,6 +41,15 @@ if VARIANT == "nofence":
 SHAPES = ((64, 4096, 4096), (128, 4096, 4096), (64, 14336, 4096), (256, 4096, 4096))
 TILES = ("wg_64x64x64_s8_k1", "wg_64x64x64_s8_p_k1", "wg_64x128x64_s8_k1",
          "wg_64x128x64_s8_p_k1", "wg_128x128x64_s5_k1", "wg_128x128x64_s5_p_k1")
+if STAGE == "compile":
+    M, N, K = SHAPES[0]
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    for tile in TILES:
+        gemm(x, w.T, config=tile)
+    torch.cuda.synchronize()
+    print(f"{VARIANT}: {len(TILES)} tiles compiled")
+    sys.exit(0)
 for M, N, K in SHAPES:
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02

@@ -234,7 +234,7 @@ SMALL_M_WGMMA_MAX = 256
 #: The least K a split of a wgmma tile takes (``split_count``).
 SPLIT_MIN_K_WGMMA = 3072
 SMALL_M_WGMMA_CANDIDATES = ("wg_64x128x64_s8", "wg_64x64x64_s8", "wg_64x128x64_s6",
-                            "wg_64x256x64_s4")
+                            "wg_64x256x64_s4", "wg_64x256x64_s4_p", "wg_64x128x64_s8_p")
 
 #: The simulator's tiles (a few emulated warps).
 SIM_TC = CONFIGS["tc_16x16x16_w1x1_s2"]
@@ -326,16 +326,21 @@ def _few_rows_wgmma(M, N, K):
     SM streams B), 64 columns wide while 128-column tiles would fill under half the GPU (twice
     the blocks streaming), 128-row ones from M = 65 when they give about a wave of tiles (or a
     long K to split), the decode tile at M <= 32 unless N is large (it reads B once per 16
-    rows)."""
+    rows). The warp-specialised form where it won: 64 x 256 for 64 rows and a wave of such
+    tiles, 64 x 128 beyond 128 rows (in place of 128-row tiles with split K)."""
     if M <= 32:
         return CONFIGS["tc_16x128x64_w1x4_s4" if N <= 8192 else "wg_64x128x64_s8"]
     if _cdiv(M, 64) * _cdiv(N, 128) <= sm_count() // 2:
         return CONFIGS["wg_64x64x64_s8"]
+    if M <= 64 and _cdiv(N, 256) >= 0.75 * sm_count():
+        return CONFIGS["wg_64x256x64_s4_p"]
     if M > 64:
         for name in ("wg_128x256x64_s4", "wg_128x128x64_s5"):
             cfg = CONFIGS[name]
             if _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n) >= 0.7 * sm_count():
                 return cfg
+        if M > 128:
+            return CONFIGS["wg_64x128x64_s8_p"]
         if K >= 2 * SPLIT_MIN_K_WGMMA:
             return CONFIGS["wg_128x128x64_s5"]
     return CONFIGS["wg_64x128x64_s8"]
