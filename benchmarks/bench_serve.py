@@ -55,7 +55,7 @@ def _row(results, name, case, ours, base_name, base, note=""):
                 base_name, b, "tok/s", ours, base, note=note)
 
 
-def bench(name, results, concurrency, hf_decode_tokens):
+def bench(name, results, concurrency, hf_decode_tokens, compare_sync=False):
     config = preset_config(name)
     hf_b1 = _hf_tokens_per_s(config, 1, hf_decode_tokens)
     hf_batch = _hf_tokens_per_s(config, HF_BATCH, OUTPUT)
@@ -69,24 +69,33 @@ def bench(name, results, concurrency, hf_decode_tokens):
     # kernel ready and captured every decode graph
     for n in [1] + list(concurrency):
         run(llm, num_requests=n, prompt_len=PROMPT, output_len=4, random_lengths=False)
-    b1 = run(llm, num_requests=1, prompt_len=PROMPT, output_len=OUTPUT, random_lengths=False)
-    ours_b1 = 1e3 / b1["tpot_median_ms"]
-    _row(results, name, "decode b1", ours_b1, "transformers", hf_b1,
-         note=f"{100 * ours_b1 / limit:.1f}% of the weight-streaming limit {limit:.0f} tok/s "
-              f"({weight_bytes / 1e9:.2f} GB at {copy_gbs:.0f} GB/s); host "
-              f"{100 * b1['decode_host_share']:.1f}% of a decode step")
-    for n in concurrency:
-        stats = run(llm, num_requests=n, prompt_len=PROMPT, output_len=OUTPUT,
-                    random_lengths=False)
-        _row(results, name, f"{n} concurrent", stats["output_tokens_per_s"],
-             f"transformers b{HF_BATCH}", hf_batch,
-             note=f"TTFT median {stats['ttft_median_ms']:.0f} ms p99 {stats['ttft_p99_ms']:.0f}; "
-                  f"TPOT median {stats['tpot_median_ms']:.2f} ms p99 "
-                  f"{stats['tpot_p99_ms']:.2f}; {stats['elapsed_s']:.1f} s; host "
-                  f"{100 * stats['decode_host_share']:.1f}% of a graph-decode step")
+    for overlap in (True, False) if compare_sync else (True,):
+        llm.async_scheduling = overlap
+        kind = "" if overlap else " (sync)"
+        b1 = run(llm, num_requests=1, prompt_len=PROMPT, output_len=OUTPUT,
+                 random_lengths=False)
+        ours_b1 = 1e3 / b1["tpot_median_ms"]
+        _row(results, name, "decode b1" + kind, ours_b1, "transformers", hf_b1,
+             note=f"{100 * ours_b1 / limit:.1f}% of the weight-streaming limit {limit:.0f} "
+                  f"tok/s ({weight_bytes / 1e9:.2f} GB at {copy_gbs:.0f} GB/s); {_host(b1)}")
+        for n in concurrency:
+            stats = run(llm, num_requests=n, prompt_len=PROMPT, output_len=OUTPUT,
+                        random_lengths=False)
+            _row(results, name, f"{n} concurrent" + kind, stats["output_tokens_per_s"],
+                 f"transformers b{HF_BATCH}", hf_batch,
+                 note=f"TTFT median {stats['ttft_median_ms']:.0f} ms p99 "
+                      f"{stats['ttft_p99_ms']:.0f}; TPOT median {stats['tpot_median_ms']:.2f} "
+                      f"ms p99 {stats['tpot_p99_ms']:.2f}; {stats['elapsed_s']:.1f} s; "
+                      f"{_host(stats)}")
     llm.llama.release()
     del llm
     torch.cuda.empty_cache()
+
+
+def _host(stats):
+    idle = stats["decode_gpu_idle_share"]
+    return (f"GPU idle {'-' if idle is None else f'{100 * idle:.1f}%'} and host busy "
+            f"{100 * stats['decode_host_share']:.1f}% of a graph-decode step")
 
 
 def _weights_of(llm):
@@ -108,11 +117,13 @@ def main(argv=None):
     parser.add_argument("--concurrency", default="16,64,256")
     parser.add_argument("--hf-decode-tokens", type=int, default=64,
                         help="tokens of transformers' batch-1 generation (default: %(default)s)")
+    parser.add_argument("--compare-sync", action="store_true",
+                        help="also time every case with async scheduling off (rows '(sync)')")
     args = parser.parse_args(argv)
     results = _harness.Results("serve")
     for name in args.models.split(","):
         bench(name, results, [int(c) for c in args.concurrency.split(",")],
-              args.hf_decode_tokens)
+              args.hf_decode_tokens, args.compare_sync)
     _harness.plot_csv(results.path)
     return 0
 

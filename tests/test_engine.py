@@ -161,7 +161,9 @@ def test_gpu_engine_sampling_is_reproducible_and_streams():
     first = [o.token_ids for o in llm.generate(prompts, params)]
     stats = llm.decode_stats  # decode-only steps replayed from graphs, and the host's share
     assert stats.steps > 0 and 0 <= stats.host_share < 1, stats
-    print("host share of a graph-decode step:", stats.host_share)
+    assert stats.idle_steps > 0 and 0 <= stats.gpu_idle_share < 1, stats  # timing marks
+    print("host share of a graph-decode step:", stats.host_share, "GPU idle share:",
+          stats.gpu_idle_share)
     again = [o.token_ids for o in llm.generate(prompts[::-1], params[::-1])][::-1]
     assert first == again  # a request's tokens do not depend on its batch
     other = [o.token_ids for o in llm.generate(
@@ -180,6 +182,10 @@ def test_decode_stats_host_share():
     stats.add(0.010, 0.009)
     stats.add(0.030, 0.027)
     assert stats.steps == 2 and abs(stats.host_share - 0.1) < 1e-12
+    assert stats.gpu_idle_share is None  # no idle time measured
+    stats.add(0.020, 0.020, idle=0.0006)
+    # idle time per measured step over the mean step: 0.0006 / 0.020
+    assert stats.idle_steps == 1 and abs(stats.gpu_idle_share - 0.03) < 1e-12
 
 
 @pytest.mark.gpu

@@ -11,6 +11,7 @@ the GPU), with its inputs written in place or arriving as other arrays (a tensor
 worker's), samples the same tokens as the eager decode."""
 
 import random
+import types
 
 import numpy as np
 import pytest
@@ -251,20 +252,118 @@ def test_graph_decode_through_staged_inputs_samples_the_eager_tokens():
     sampling = [SamplingParams(max_tokens=4, temperature=0.8, seed=1),
                 SamplingParams(max_tokens=2, temperature=1.0, top_k=5, seed=2),
                 SamplingParams(max_tokens=3, top_p=0.9, temperature=0.7, seed=3)]
-    outs = []
+    outs, chained = [], []
     for graphs in (False, "staged", "copied"):
+        # "staged" chains steps (async scheduling: token ids copied on the device); "copied"
+        # runs each step alone, as a tensor-parallel worker does, its inputs as other arrays
         llm = LLM(config, load_format="dummy", max_num_seqs=4, seed=0,
-                  kv_cache_memory=KV_CACHE_MEMORY)
+                  kv_cache_memory=KV_CACHE_MEMORY, async_scheduling=graphs == "staged")
         llm.runner.cuda_graphs = bool(graphs)
-        if graphs == "copied":  # inputs arriving as other arrays (a tensor-parallel worker's)
-            run_decode = llm.runner.run_decode
-            llm.runner.run_decode = lambda *args: run_decode(*_copies(args))
+        launch = llm.runner.launch_decode
+        llm.runner.launch_decode = lambda entries, after=None, rows=None: (
+            chained.append((after is not None, rows is not None)) or launch(entries, after, rows))
+        if graphs == "copied":
+            llm.runner.__class__ = _CopiedInputs
         outs.append([o.token_ids for o in llm.generate(prompts, sampling)])
         if graphs:
             assert {rows for rows, _ in llm.runner.graphs} == {1, 2, 4}
             # captured on a GPU; the simulator has no graphs, so each step ran through the bucket
             assert all((g.graph is None) == SIMULATOR for g in llm.runner.graphs.values())
     assert outs[0] == outs[1] == outs[2] and [len(t) for t in outs[0]] == [4, 2, 3]
+    assert (True, False) in chained and (True, True) in chained  # row for row, and not
+
+
+class _DeviceTokens:
+    """A runner whose "model" draws token ``(31 * fed + 7 * position + seed) % 61`` for each
+    row, so the engine's logic is tested without kernels: ``execute`` from the host's tokens;
+    ``launch_decode`` / ``collect_decode`` as on a GPU, a chained launch taking its token ids
+    from the launch before it (never from the requests, which then hold placeholders)."""
+
+    chains = True
+
+    def __init__(self):
+        self.last_replayed, self.last_wait, self.last_gpu_idle = True, 0.0, None
+        self.chained = 0
+
+    @staticmethod
+    def _draw(fed, positions, entries):
+        return [(31 * t + 7 * p + e.request.sampling_seed) % 61
+                for t, p, e in zip(fed, positions, entries)]
+
+    def execute(self, batch):
+        out = {}
+        for i in batch.sample_indices:
+            e = batch.entries[i]
+            last = e.start_position + e.num_new_tokens - 1
+            fed = e.request.token_slice(last, last + 1)
+            out[e.request.request_id] = self._draw(fed, [last], [e])[0]
+        return out
+
+    def launch_decode(self, entries, after=None, rows=None):
+        fed = [e.request.token_slice(e.start_position, e.start_position + 1)[0]
+               for e in entries]
+        if after is not None:
+            rows = range(len(entries)) if rows is None else rows
+            fed = [after.tokens[r] if r >= 0 else t for r, t in zip(rows, fed)]
+            assert all(e.request.output_token_ids[-1] != -1 or r >= 0
+                       for e, r in zip(entries, rows))
+            self.chained += 1
+        return types.SimpleNamespace(tokens=self._draw(
+            fed, [e.start_position for e in entries], entries))
+
+    def collect_decode(self, launch, following=None):
+        return list(launch.tokens)
+
+
+def test_async_scheduling_gives_the_tokens_of_the_step_by_step_engine():
+    """With ``async_scheduling`` a decode step starts before the previous one's tokens are
+    read (``Scheduler.advance`` placeholders, ``resolve`` after): requests that stop on a
+    token waste a row of the step already started, a request at its length limit ends the
+    chain, a cache too small preempts (the plan changes after ``advance``: the tokens are read
+    first), requests arrive while others decode. Tokens, finish reasons and the pages left
+    equal the step-by-step engine's (the device path: the staged-inputs test above)."""
+    from test_engine import KV_CACHE_MEMORY
+
+    from llmspeed_numba import LLM
+    from llmspeed_numba.models.random_model import preset_config
+
+    config = preset_config("tiny", num_hidden_layers=1, vocab_size=64, max_position_embeddings=64)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(64) for _ in range(rng.randint(1, 20))] for _ in range(9)]
+    sampling = [SamplingParams(max_tokens=rng.randint(1, 30), seed=i,
+                               stop_token_ids=rng.sample(range(61), 2) if i % 3 else None)
+                for i in range(9)]
+    page = 2 * 16 * config.num_key_value_heads * config.head_dim * 2  # one layer, bf16
+    for memory in (KV_CACHE_MEMORY, 6 * page):
+        results = []
+        for overlap in (False, True):
+            llm = LLM(config, load_format="dummy", max_num_seqs=4, seed=0,
+                      kv_cache_memory=memory, async_scheduling=overlap, max_model_len=40)
+            llm.runner = runner = _DeviceTokens()
+            outs = llm.generate(prompts[:5], sampling[:5])
+            for p, sp in zip(prompts[5:], sampling[5:]):  # arrivals while others decode
+                llm.add_request(p, sp)
+                outs += llm.step()
+            while llm.has_unfinished():
+                outs += llm.step()
+            while llm._ahead is not None:  # the step started after the last one finished
+                assert llm.step() == []
+            assert llm.cache.num_free_pages == llm.cache.num_blocks - 1
+            results.append((sorted((o.request_id, o.token_ids, o.finish_reason) for o in outs),
+                            llm.num_preemptions))
+            assert (runner.chained > 0) == overlap
+        assert results[0] == results[1]
+        reasons = {r for _, _, r in results[0][0]}
+        assert reasons == {"stop", "length"}, reasons
+    assert results[0][1] > 0  # the small cache preempted
+
+
+class _CopiedInputs(ModelRunner):
+    """A runner whose decode inputs arrive as other arrays (as a tensor-parallel worker's do;
+    not the plain runner, so it does not chain steps)."""
+
+    def run_decode(self, *args):
+        return super().run_decode(*_copies(args))
 
 
 def _copies(x):

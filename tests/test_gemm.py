@@ -655,6 +655,20 @@ def test_gpu_simt_vector_loads(layout, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(64, 28672, 1024), (256, 4096, 2048), (200, 4096, 1088),
+                                     (256, 4096, 14336)])
+def test_gpu_few_row_producer_tiles_through_the_heuristic(M, N, K, rng):
+    """Few-row shapes for which the heuristic picks the warp-specialised tile on an H200 (64
+    rows by a wave of 64 x 256 tiles; 64 x 128 past 128 rows), with a ragged row tile and K
+    tail, through ``gemm``'s own choice."""
+    from llmspeed_numba.ops.gemm_configs import heuristic, sm_count, wgmma_supported
+
+    if wgmma_supported() and sm_count() == 132:
+        assert heuristic("tensor_core", M, N, K).producer, heuristic("tensor_core", M, N, K)
+    run_and_check(M, N, K, "bfloat16", "NT", None, rng)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 7, 16, 31, 128])
 @pytest.mark.parametrize("layout", ["NN", "NT"])
 def test_gpu_llm_shapes(M, layout, rng):

@@ -332,6 +332,16 @@ def test_gpu_mlp_shapes_bitwise_repeat(M, dtype, rng):
 
 
 @pytest.mark.gpu
+def test_gpu_gated_wide_few_rows_producer_tile(rng):
+    """64 rows by Llama-3-8B's gate / up width (2 x 14336): the heuristic's warp-specialised
+    64 x 256 tile on an H200, with the gated epilogue."""
+    host, (x, b, bias) = gated_operands(rng, 64, 1024, 14336, "bfloat16", "NT", "bfloat16")
+    got = f64(gemm(x, b, bias=bias, activation="silu_and_mul"))
+    check_gated(got, host[0], host[1], host[2], out_dtype="bfloat16", activation="silu_and_mul",
+                bias_gate=host[3], bias_up=host[4], mma=True)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("config", ["wg_128x256x64_s4_k1", "wg_128x128x64_s5_k1",
                                     "tc_128x256x64_w2x4_s3_k1", "tc_64x128x64_w1x4_s4_k1",
                                     "tc_16x128x64_w1x4_s4_k4"])

@@ -4,8 +4,9 @@
 length]``, a fixed seed) are all submitted at once, at most ``max_num_seqs`` running together;
 each runs to its ``max_tokens`` (end-of-sequence ignored). Reported: output tokens/s, total
 tokens/s, time to first token and time per output token (median and p99 over requests), with a
-progress bar while it runs; and the host's share of the decode steps replayed from CUDA graphs
-(the wall time not spent waiting for the GPU's tokens).
+progress bar while it runs; and, of the decode steps replayed from CUDA graphs, the host's share
+(the wall time not spent waiting for the GPU's tokens: with async scheduling it overlaps the GPU)
+and the GPU's idle share (no work queued between two steps: what the host costs throughput).
 """
 
 import sys
@@ -74,14 +75,20 @@ def run(llm, *, num_requests=64, prompt_len=512, output_len=256, seed=0, random_
             np.percentile(tpot, 99)),
         "decode_steps": llm.decode_stats.steps,
         "decode_host_share": llm.decode_stats.host_share,
+        "decode_gpu_idle_share": llm.decode_stats.gpu_idle_share,
     }
 
 
 def report(stats, out=sys.stdout):
+    idle = stats["decode_gpu_idle_share"]
     print(f"{stats['requests']} requests in {stats['elapsed_s']:.2f} s: "
           f"{stats['output_tokens_per_s']:.1f} output tok/s, "
           f"{stats['total_tokens_per_s']:.1f} total tok/s; time to first token median "
           f"{stats['ttft_median_ms']:.1f} ms, p99 {stats['ttft_p99_ms']:.1f} ms; time per output "
           f"token median {stats['tpot_median_ms']:.2f} ms, p99 {stats['tpot_p99_ms']:.2f} ms; "
-          f"host work {100 * stats['decode_host_share']:.1f}% of {stats['decode_steps']} "
-          f"graph-decode steps", file=out)
+          f"of {stats['decode_steps']} graph-decode steps, host work "
+          f"{100 * stats['decode_host_share']:.1f}% and the GPU idle {_share(idle)}", file=out)
+
+
+def _share(value):
+    return "(not measured)" if value is None else f"{100 * value:.1f}%"

@@ -18,7 +18,22 @@ from .. import _env
 from .loading import BLOCK_SIZE, cache_pages, load
 from .runner import BATCH_BUCKETS, ModelRunner
 from .sampling_params import SamplingParams
-from .scheduler import Request, Scheduler
+from .scheduler import Request, RequestStatus, Scheduler
+
+
+def _continues(following, batch):
+    """Whether ``following`` (scheduled after ``batch`` advanced) decodes only requests of
+    ``batch``, so it can take their tokens from ``batch``'s output on the GPU: False, or the
+    row of ``batch`` each of its entries continues (None when row for row)."""
+    entries = following.entries
+    if following.num_decodes != len(entries) or following.preempted or following.finished:
+        return False
+    if len(entries) == len(batch.entries) and all(
+            a.request is b.request for a, b in zip(entries, batch.entries)):
+        return None
+    rows = {id(e.request): i for i, e in enumerate(batch.entries)}
+    source = [rows.get(id(e.request), -1) for e in entries]
+    return False if -1 in source else source
 
 
 @dataclass
@@ -29,16 +44,33 @@ class DecodeStats:
     steps: int = 0
     seconds: float = 0.0
     gpu_wait_seconds: float = 0.0
+    #: GPU idle time before the steps that follow a graph decode step (CUDA timing events
+    #: between the one's token read and the other's input copy), over ``idle_steps`` steps
+    gpu_idle_seconds: float = 0.0
+    idle_steps: int = 0
 
-    def add(self, seconds, wait):
+    def add(self, seconds, wait, idle=None):
         self.steps += 1
         self.seconds += seconds
         self.gpu_wait_seconds += wait
+        if idle is not None:
+            self.idle_steps += 1
+            self.gpu_idle_seconds += idle
 
     @property
     def host_share(self):
-        """Fraction of a decode step's wall time that was host work (0 without steps)."""
+        """Fraction of a decode step's wall time that was host work (0 without steps); with
+        async scheduling that work overlaps the GPU's step before, so see ``gpu_idle_share``."""
         return 1.0 - self.gpu_wait_seconds / self.seconds if self.seconds else 0.0
+
+    @property
+    def gpu_idle_share(self):
+        """Fraction of a decode step's wall time the GPU had no work queued: the host time
+        that costs throughput (None without measured steps)."""
+        if not self.idle_steps:
+            return None
+        mean_step = self.seconds / self.steps
+        return self.gpu_idle_seconds / self.idle_steps / mean_step
 
 
 @dataclass
@@ -81,7 +113,8 @@ class LLM:
 
     def __init__(self, model=None, *, dtype="bfloat16", max_num_seqs=256, max_model_len=None,
                  kv_cache_memory=0.9, load_format="auto", cuda_graphs=True, seed=0,
-                 max_num_batched_tokens=None, quantization=None, tensor_parallel_size=1):
+                 max_num_batched_tokens=None, quantization=None, tensor_parallel_size=1,
+                 async_scheduling=True):
         from ..distributed.sharding import check_size
         from ..models.llama import LlamaModel, check_quantization
         from ..models.model import model_dtype
@@ -158,6 +191,9 @@ class LLM:
         #: requests preempted (pages freed, recomputed later) so far
         self.num_preemptions = 0
         self.decode_stats = DecodeStats()
+        #: start a decode step before the previous one's tokens are read (``step``)
+        self.async_scheduling = bool(async_scheduling)
+        self._ahead = None   # (batch, DecodeLaunch) started and not yet read
         self._ids = itertools.count()
         self._prompts = {}
 
@@ -204,14 +240,64 @@ class LLM:
         return None if entry is None else entry[1]
 
     def step(self):
-        """One engine step; returns the ``RequestOutput`` of each request finished in it."""
+        """One engine step; returns the ``RequestOutput`` of each request finished in it.
+
+        Decode-only steps run from CUDA graphs. With ``async_scheduling``, while no request
+        waits to be admitted, a decode step starts the next one before reading its tokens:
+        ``Scheduler.advance`` moves the requests on with placeholder tokens, the next step is
+        scheduled and launched with its token ids taken from this step's output on the GPU,
+        and only then are this step's tokens read and ``resolve``d (a request that stopped
+        wasted its row of the next step, which the one after leaves out). The host's work then
+        overlaps the GPU's, as vLLM's async scheduling does; the tokens are the same."""
         start = time.perf_counter()
-        batch = self.scheduler.schedule()
-        self.num_preemptions += len(batch.preempted)
-        sampled = self.runner.execute(batch) if batch.entries else {}
-        finished = self.scheduler.update(batch, sampled)
-        if self.runner.last_replayed and batch.num_decodes == len(batch.entries):
-            self.decode_stats.add(time.perf_counter() - start, self.runner.last_wait)
+        runner, scheduler = self.runner, self.scheduler
+        if self._ahead is None:
+            batch = scheduler.schedule()
+            self.num_preemptions += len(batch.preempted)
+            if not (batch.entries and runner.chains and batch.num_decodes == len(batch.entries)):
+                sampled = runner.execute(batch) if batch.entries else {}
+                return self._outputs(scheduler.update(batch, sampled))
+            self._ahead = (batch, runner.launch_decode(batch.entries))
+        batch, launch = self._ahead
+        self._ahead = None
+        if not self._chains(batch):
+            tokens = runner.collect_decode(launch)
+            finished = scheduler.update(batch, tokens)
+            self._count_decode(start)
+            return self._outputs(finished)
+        scheduler.advance(batch)
+        following = scheduler.schedule()
+        self.num_preemptions += len(following.preempted)
+        rows = _continues(following, batch) if following.entries else False
+        if rows is not False:
+            ahead = runner.launch_decode(following.entries, after=launch, rows=rows)
+            finished = scheduler.resolve(batch, runner.collect_decode(launch, ahead))
+            self._ahead = (following, ahead)
+            self._count_decode(start)
+            return self._outputs(finished)
+        # the plan changed (a preemption): this step's tokens first, then the next step
+        finished = scheduler.resolve(batch, runner.collect_decode(launch))
+        self._count_decode(start)
+        sampled = runner.execute(following) if following.entries else {}
+        return self._outputs(finished + scheduler.update(following, sampled))
+
+    def _chains(self, batch):
+        """Whether the next step can start before ``batch``'s tokens are read (``batch``: a
+        launched decode step): nobody waits to be admitted (whose prefill needs the host), and
+        some request of it still runs. One that stops on this token (a stop, or its length)
+        costs a row of the next step; the step after leaves it out."""
+        if not self.async_scheduling or self.scheduler.num_waiting:
+            return False
+        running = RequestStatus.RUNNING
+        return any(e.request.status is running for e in batch.entries)
+
+    def _count_decode(self, start):
+        runner = self.runner
+        if runner.last_replayed:
+            self.decode_stats.add(time.perf_counter() - start, runner.last_wait,
+                                  runner.last_gpu_idle)
+
+    def _outputs(self, finished):
         return [self._output(r) for r in finished]
 
     def _text(self, request):

@@ -75,6 +75,22 @@ def _sampling_row(request):
     return p, seed, blob
 
 
+class DecodeLaunch:
+    """A decode step started by ``ModelRunner.launch_decode``: its graph, its ``n`` real rows,
+    whether the graph was replayed (not run eagerly before its capture), and its two timing
+    marks (None off the GPU and for a graph's first step)."""
+
+    __slots__ = ("graph", "n", "replayed", "marks")
+
+    def __init__(self, graph, n, replayed, marks):
+        self.graph, self.n, self.replayed, self.marks = graph, n, replayed, marks
+
+    def begin_read(self):
+        self.graph.begin_read()
+        if self.marks is not None:
+            self.marks[1].record()
+
+
 class ModelRunner:
     """Executes scheduler batches for ``llama`` over ``cache`` (a ``PagedKVCache`` whose
     allocator the scheduler uses). ``scratch_page``: a page owned by no sequence, where padded
@@ -90,6 +106,19 @@ class ModelRunner:
         #: the last step's decode replayed from a graph, and the seconds the host waited for it
         self.last_replayed = False
         self.last_wait = 0.0
+        #: seconds the GPU had nothing to run between the last read decode step and the graph
+        #: decode step before it (``launch_decode``'s timing marks; None when not measured)
+        self.last_gpu_idle = None
+        self._marks = None          # (start, end) timing events of two launches, in turn
+        self._launches = 0
+        self._last_end = None       # end mark of the last step read, and whether it replayed
+
+    @property
+    def chains(self):
+        """Whether a decode step can start before the previous one's tokens are read
+        (``launch_decode(after=...)``): graphs on, and this process runs every rank's steps
+        (a tensor-parallel runner's workers need each step's tokens from the host)."""
+        return self.cuda_graphs and type(self) is ModelRunner
 
     # ---- host inputs ---------------------------------------------------------------------------
 
@@ -221,6 +250,7 @@ class ModelRunner:
         entries = batch.entries
         decodes, prefills = entries[:batch.num_decodes], entries[batch.num_decodes:]
         self.last_replayed, self.last_wait = False, 0.0
+        self._last_end = None   # the next timing mark's gap would span this step
         sampling = set(batch.sample_indices)
         out = {}
         if decodes:
@@ -247,6 +277,58 @@ class ModelRunner:
         self._stage(entries, seqs, staged)
         return self.run_decode(staged.token_ids, staged.positions, staged.table,
                                staged.seq_lens, staged.params)[:n]
+
+    def launch_decode(self, entries, after=None, rows=None):
+        """Start the decode step of ``entries`` (graphs on: ``chains``) without waiting for
+        it; ``collect_decode`` returns its tokens. ``after``: the ``DecodeLaunch`` of the step
+        before, not yet collected, whose entries are these, row for row: its sampled tokens,
+        still on the GPU, are this step's inputs (the staged ones are placeholders), so the
+        GPU runs the two back to back while the host reads the first. ``rows``: when the
+        entries are not ``after``'s row for row, the row of ``after`` each takes its token
+        from (-1: its own, on the host). Without ``after`` the token read starts at once; with
+        it, when ``after`` is collected."""
+        n = len(entries)
+        seqs = [e.seq_id for e in entries]
+        graph = self._graph(_bucket(n, BATCH_BUCKETS), self._width(self.cache.most_pages(seqs)))
+        staged = graph.staged()
+        self._stage(entries, seqs, staged)
+        if rows is not None:
+            staged.source_rows[:n] = rows
+        replayed = graph.graph is not None
+        marks = None
+        if graph.capture and replayed:
+            if self._marks is None:
+                import torch
+
+                self._marks = [tuple(torch.cuda.Event(enable_timing=True) for _ in range(2))
+                               for _ in range(2)]
+            marks = self._marks[self._launches % 2]
+            self._launches += 1
+            marks[0].record()
+        graph.launch(n, tokens_from=None if after is None else after.graph.tokens,
+                     rows=rows is not None)
+        launch = DecodeLaunch(graph, n, replayed, marks)
+        if after is None:
+            launch.begin_read()
+        return launch
+
+    def collect_decode(self, launch, following=None):
+        """The tokens of ``launch`` (a list; waits for them), then the read of ``following``
+        (the launch made ``after`` it) begun. Sets ``last_replayed``, ``last_wait`` and
+        ``last_gpu_idle``."""
+        tokens = launch.graph.finish_read(launch.n)
+        self.last_replayed, self.last_wait = launch.replayed, launch.graph.last_wait
+        self.last_gpu_idle = None
+        if launch.marks is not None:
+            if self._last_end is not None:  # both marks have passed: the wait covered them
+                self.last_gpu_idle = max(0.0, 1e-3 * self._last_end.elapsed_time(
+                    launch.marks[0]))
+            self._last_end = launch.marks[1]
+        else:
+            self._last_end = None
+        if following is not None:
+            following.begin_read()
+        return tokens
 
     def _stage(self, entries, seqs, staged):
         """Write the decode entries' inputs into rows ``0 .. len(entries)-1`` of ``staged`` (a

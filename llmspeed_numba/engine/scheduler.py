@@ -50,7 +50,10 @@ from typing import Callable, Hashable, NamedTuple
 from ..paged_cache import PageAllocator
 from .sampling_params import SamplingParams
 
-__all__ = ["Batch", "BatchEntry", "Request", "RequestStatus", "Scheduler"]
+__all__ = ["Batch", "BatchEntry", "PENDING", "Request", "RequestStatus", "Scheduler"]
+
+#: The output token a request holds between ``Scheduler.advance`` and ``resolve``.
+PENDING = -1
 
 
 class RequestStatus(enum.Enum):
@@ -286,7 +289,8 @@ class Scheduler:
         self._requests = {}       # unfinished requests by id
         self._arrivals = 0
         self._steps = 0
-        self._pending = None      # the batch awaiting update()
+        self._pending = None      # the batch awaiting update() (or advance())
+        self._unresolved = None   # the batch advance() moved on, awaiting resolve()
 
     # ---- requests ---------------------------------------------------------------------------
     @property
@@ -479,6 +483,8 @@ class Scheduler:
         returns them, with ``batch.finished`` first."""
         if batch is not self._pending:
             raise ValueError("update: expected the batch of the last schedule() call")
+        if self._unresolved is not None:
+            raise RuntimeError("update: resolve() the advanced batch first")
         tokens = self._sampled_by_index(batch, sampled)
         self._pending = None
         finished = list(batch.finished)
@@ -495,6 +501,57 @@ class Scheduler:
             request.output_token_ids.append(token)
             # only a request that may stop is checked in full (which decides, and why)
             if may_stop(request, token):
+                stop = stop_check(request)
+                if stop:
+                    self._retire(request, *stop)
+                    finished.append(request)
+        return finished
+
+    def advance(self, batch: Batch):
+        """``update`` ahead of the tokens, for a batch of decodes only (the engine starts the
+        next step before reading this one's tokens): each running request's position moves on
+        and it gets a ``PENDING`` placeholder token, so ``schedule`` can plan the next step;
+        ``resolve`` then puts the tokens in, checks the stops and retires the finished."""
+        if batch is not self._pending:
+            raise ValueError("advance: expected the batch of the last schedule() call")
+        if self._unresolved is not None:
+            raise RuntimeError("advance: the previous advanced batch has not been resolved")
+        if batch.num_decodes != len(batch.entries):
+            raise ValueError(f"advance: expected a batch of decodes only, got "
+                             f"{len(batch.entries) - batch.num_decodes} prefill entries")
+        self._pending, self._unresolved = None, batch
+        running = RequestStatus.RUNNING
+        for request, _, _, _ in batch.entries:
+            if request.status is running:
+                request.num_computed_tokens += 1
+                request.output_token_ids.append(PENDING)
+
+    def resolve(self, batch: Batch, tokens) -> list:
+        """The sampled ``tokens`` (one per entry, in order) of the batch ``advance`` moved on:
+        they replace the placeholders (also of requests preempted or finished since), the
+        requests still running or waiting again are checked for stops, and the finished ones
+        (``batch.finished`` first) are retired and returned, as ``update`` does."""
+        if batch is not self._unresolved:
+            raise ValueError("resolve: expected the batch of the last advance() call")
+        tokens = list(tokens)
+        if len(tokens) != len(batch.entries):
+            raise ValueError(f"resolve: expected {len(batch.entries)} tokens, got "
+                             f"{len(tokens)}")
+        self._unresolved = None
+        finished = list(batch.finished)
+        live = (RequestStatus.RUNNING, RequestStatus.PREEMPTED)
+        stop_check = self._stop
+        for (request, _, _, _), token in zip(batch.entries, tokens):
+            outputs = request.output_token_ids
+            if not outputs or outputs[-1] != PENDING:  # not running when advanced
+                continue
+            if type(token) is not int or token < 0:
+                if isinstance(token, bool) or not isinstance(token, Integral) or token < 0:
+                    raise ValueError(f"resolve: expected token ids >= 0, got {token!r} for "
+                                     f"request {request.request_id!r}")
+                token = int(token)
+            outputs[-1] = token
+            if request.status in live and stop_check.may_stop(request, token):
                 stop = stop_check(request)
                 if stop:
                     self._retire(request, *stop)

@@ -34,7 +34,8 @@ class StagedInputs:
     elsewhere) and one device buffer of ``device`` laid out alike.
 
     NumPy views of the host buffer, written by the caller: ``token_ids`` (rows,) int64,
-    ``positions`` (rows,) int32, ``table`` (rows, width) int32, ``seq_lens`` (rows,) int32 and,
+    ``positions`` (rows,) int32, ``table`` (rows, width) int32, ``seq_lens`` (rows,) int32,
+    ``source_rows`` (rows,) int64 (``DecodeGraph.launch``'s row map, written only for it) and,
     with ``sampling``, ``params``: one (rows,) array per ``SAMPLING_PARAMS`` entry. ``on_device``:
     the torch views of the device buffer of the same names (the graph's inputs).
 
@@ -56,7 +57,8 @@ class StagedInputs:
         import torch
 
         fields = [("token_ids", (rows,), "int64"), ("positions", (rows,), "int32"),
-                  ("table", (rows, width), "int32"), ("seq_lens", (rows,), "int32")]
+                  ("table", (rows, width), "int32"), ("seq_lens", (rows,), "int32"),
+                  ("source_rows", (rows,), "int64")]
         if sampling:
             fields += [(name, (rows,), dtype) for name, dtype in SAMPLING_PARAMS]
         layout, nbytes = [], 0
@@ -77,6 +79,8 @@ class StagedInputs:
         self.params = tuple(getattr(self, name) for name, _ in SAMPLING_PARAMS) if sampling else ()
         self._event = torch.cuda.Event() if self.pinned else None
         self._in_flight = False
+        #: ``copy`` calls so far (a reader knows whether its wait also covered the last one)
+        self.copies = 0
         self._real_rows = rows  # rows from this one on hold padding
         self.pad(0)
 
@@ -102,6 +106,7 @@ class StagedInputs:
     def copy(self):
         """One asynchronous host-to-device copy of every input (current stream)."""
         self.buffer.copy_(self.host, non_blocking=True)
+        self.copies += 1
         if self._event is not None:
             self._event.record()
             self._in_flight = True
@@ -133,7 +138,9 @@ class DecodeGraph:
                          last_rows=torch.arange(batch, dtype=torch.int64, device=device),
                          block_table=staged["table"], seq_lens=staged["seq_lens"])
         self.graph = None
-        self.next_tokens = None
+        self.next_tokens = None    # the captured graph's output
+        self.tokens = None         # the last launched step's sampled tokens (device)
+        self._read_after_copies = 0
         self._tokens_host = None   # pinned twin of the sampled tokens, and its NumPy view
         self._tokens_np = None
         self._read = torch.cuda.Event() if self.capture else None
@@ -154,11 +161,34 @@ class DecodeGraph:
     def replay(self, n):
         """One decode step on the staged inputs (rows ``0 .. n-1`` real, the rest padded):
         returns the next tokens of the first ``n`` rows (a list)."""
+        self.launch(n)
+        self.begin_read()
+        return self.finish_read(n)
+
+    def launch(self, n, tokens_from=None, rows=False):
+        """Start one decode step on the staged inputs without waiting for it; its sampled
+        tokens are ``self.tokens`` (a device tensor, valid until the next launch). With
+        ``tokens_from`` (a device tensor: the previous step's ``tokens``, not yet read), its
+        first ``n`` values replace the staged token ids of rows ``0 .. n-1`` on the device,
+        after the inputs' copy: the step continues the previous one without the host knowing
+        its tokens. With ``rows``, row ``i`` takes ``tokens_from[source_rows[i]]`` instead
+        (the staged ``source_rows``; -1 keeps the staged token id). A graph's first step runs eagerly (which compiles its kernels and makes the
+        ops' workspaces), then it is captured (capture runs nothing)."""
         self.inputs.copy()
+        if tokens_from is not None:
+            fed = self.inputs.on_device["token_ids"][:n]
+            if not rows:
+                fed.copy_(tokens_from[:n])
+            else:
+                import torch
+
+                source = self.inputs.on_device["source_rows"][:n]
+                fed.copy_(torch.where(source >= 0, tokens_from[source.clamp(min=0)], fed))
         if self.graph is not None:
             self.graph.replay()
-            return self._read_tokens(self.next_tokens, n)
-        tokens = self._read_tokens(self._forward(), n)
+            self.tokens = self.next_tokens
+            return
+        self.tokens = self._forward()
         if self.capture:
             import torch
 
@@ -167,11 +197,11 @@ class DecodeGraph:
             with torch.cuda.graph(graph, pool=self.pool):
                 self.next_tokens = self._forward()
             self.graph, self.pool = graph, graph.pool()
-        return tokens
 
-    def _read_tokens(self, tokens, n):
-        """The first ``n`` of the device tensor ``tokens`` as a list: one copy into a pinned
-        buffer, then a wait on an event recorded after it (the time waited: ``last_wait``)."""
+    def begin_read(self):
+        """Copy the last launch's ``tokens`` into a pinned buffer, then record an event
+        (asynchronous; ``finish_read`` waits)."""
+        tokens = self.tokens
         host = self._tokens_host
         if host is None or host.dtype != tokens.dtype or host.shape != tokens.shape:
             import torch
@@ -182,10 +212,17 @@ class DecodeGraph:
         host.copy_(tokens, non_blocking=True)
         if self._read is not None:
             self._read.record()
+        self._read_after_copies = self.inputs.copies
+
+    def finish_read(self, n):
+        """The first ``n`` tokens of the step ``begin_read`` copied, as a list: a wait on its
+        event (the time waited: ``last_wait``)."""
+        if self._read is not None:
             start = time.perf_counter()
             self._read.synchronize()
             self.last_wait = time.perf_counter() - start
-        self.inputs.copied()  # the tokens were read after the inputs' copy, on the same stream
+        if self._read_after_copies == self.inputs.copies:
+            self.inputs.copied()  # read after the inputs' last copy, on the same stream
         return self._tokens_np[:n].tolist()
 
     def run(self, token_ids, positions, table, seq_lens, params=()):
