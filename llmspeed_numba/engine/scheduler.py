@@ -12,6 +12,10 @@ The engine loop::
         for request in sched.update(batch, sampled):         # finished this step
             report(request)
 
+An engine that starts a decode step before reading the previous one's tokens (async
+scheduling) calls ``advance(batch)`` instead of ``update``, schedules the next step, then
+``resolve(batch, tokens)`` once the tokens are read (placeholders ``PENDING`` in between).
+
 A request's tokens are ``prompt_token_ids + output_token_ids``; ``num_computed_tokens`` of them
 have their K/V in the cache. An entry ``(request, seq_id, num_new_tokens, start_position)`` feeds
 the tokens ``[start_position, start_position + num_new_tokens)`` (``entry.token_ids``) at those
