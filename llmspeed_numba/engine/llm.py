@@ -254,9 +254,13 @@ class LLM:
         if self._ahead is None:
             batch = scheduler.schedule()
             self.num_preemptions += len(batch.preempted)
-            if not (batch.entries and runner.chains and batch.num_decodes == len(batch.entries)):
+            decodes_only = batch.entries and batch.num_decodes == len(batch.entries)
+            if not (decodes_only and runner.chains):
                 sampled = runner.execute(batch) if batch.entries else {}
-                return self._outputs(scheduler.update(batch, sampled))
+                finished = scheduler.update(batch, sampled)
+                if decodes_only:  # a tensor-parallel runner's graph decode
+                    self._count_decode(start)
+                return self._outputs(finished)
             self._ahead = (batch, runner.launch_decode(batch.entries))
         batch, launch = self._ahead
         self._ahead = None
