@@ -111,7 +111,7 @@ class ModelRunner:
         self.last_gpu_idle = None
         self._marks = None          # (start, end) timing events of two launches, in turn
         self._launches = 0
-        self._last_end = None       # end mark of the last step read, and whether it replayed
+        self._last_end = None       # end mark of the last graph decode step read
 
     @property
     def chains(self):

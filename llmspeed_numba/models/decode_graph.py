@@ -172,8 +172,9 @@ class DecodeGraph:
         first ``n`` values replace the staged token ids of rows ``0 .. n-1`` on the device,
         after the inputs' copy: the step continues the previous one without the host knowing
         its tokens. With ``rows``, row ``i`` takes ``tokens_from[source_rows[i]]`` instead
-        (the staged ``source_rows``; -1 keeps the staged token id). A graph's first step runs eagerly (which compiles its kernels and makes the
-        ops' workspaces), then it is captured (capture runs nothing)."""
+        (the staged ``source_rows``; -1 keeps the staged token id). A graph's first step runs
+        eagerly (which compiles its kernels and makes the ops' workspaces), then it is
+        captured (capture runs nothing)."""
         self.inputs.copy()
         if tokens_from is not None:
             fed = self.inputs.on_device["token_ids"][:n]
