@@ -140,8 +140,10 @@ def test_interior_fast_path_simt(layout, rng):
     run_and_check(16, 16, 28, "float32", layout, SIM_SIMT, rng)
 
 
-@pytest.mark.parametrize("config", [SIM_TC + "_k3", SIM_SIMT + "_k2"])
+@pytest.mark.parametrize("config", [SIM_TC + "_k3", SIM_TC + "_k5", SIM_SIMT + "_k2"])
 def test_split_k(config, rng):
+    """9 ragged rows and a 4-column edge tile; five splits: the finishing block's batched sums
+    take two rounds of loads (``_epilogue.SUM_SPLITS`` splits a round)."""
     run_and_check(9, 20, 70, "float16", "NT", config, rng, c=random_array((9, 20), "float32", rng),
                   beta=0.5, bias=random_array((20,), "float16", rng), activation="silu")
 

@@ -9,6 +9,10 @@ each sequence's pages consecutive), ``sdpa_b32_hk8``, ``sdpa_b1_hk8``
 (torch SDPA, contiguous K/V), ``softmax_bf16``, ``argmax_bf16`` (64 x 128256), ``copy_16m``
 (a same-size device-to-device copy). Warm-up calls (compiles, workspaces) run before the
 profiled one.
+
+GEMM cases (bf16, x (M, K) times a Linear weight W (N, K), b = W.T): ``gemm:M:N:K:CONFIG``,
+CONFIG a name of ``gemm_configs.CONFIGS`` (``_kS`` for S splits), ``auto`` (the heuristic) or
+``cublas`` (torch.matmul); several joined with ``+`` are profiled in one run, in order.
 """
 
 import os
@@ -53,6 +57,30 @@ def _vocab_case(op):
     return lambda: y.copy_(x)
 
 
+def _gemm_case(spec):
+    import torch
+
+    from llmspeed_numba import gemm
+
+    _, M, N, K, config = spec.split(":")
+    M, N, K = int(M), int(N), int(K)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    if config == "cublas":
+        return lambda: torch.matmul(x, w.T, out=out)
+    config = None if config == "auto" else config
+    return lambda: gemm(x, w.T, out=out, config=config)
+
+
+def _case(name):
+    if name.startswith("gemm:"):
+        fns = [_gemm_case(spec) for spec in name.split("+")]
+        return lambda: [fn() for fn in fns]
+    return CASES[name]()
+
+
 CASES = {
     "decode_b32_hk8": lambda: _decode_case(32, 8192, 8, False),
     "decode_b32_hk32": lambda: _decode_case(32, 8192, 32, False),
@@ -71,7 +99,7 @@ CASES = {
 def main():
     import torch
 
-    fn = CASES[sys.argv[1]]()
+    fn = _case(sys.argv[1])
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
