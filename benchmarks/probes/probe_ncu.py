@@ -59,15 +59,13 @@ def _vocab_case(op):
 
 def _gemm_case(spec):
     import torch
+    from probe_gemm_small_m import inputs  # the same operands as the sweep's
 
     from llmspeed_numba import gemm
 
     _, M, N, K, config = spec.split(":")
-    M, N, K = int(M), int(N), int(K)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
-    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
-    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    x, w = inputs(int(M), int(N), int(K))
+    out = torch.empty(x.shape[0], w.shape[0], device="cuda", dtype=x.dtype)
     if config == "cublas":
         return lambda: torch.matmul(x, w.T, out=out)
     config = None if config == "auto" else config
