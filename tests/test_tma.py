@@ -55,6 +55,13 @@ def _assert_boxes(got, expected):
                              f"expected {expected[tuple(wrong[0])]}")
 
 
+def _check_random_boxes(case, rng):
+    rows, cols, box_rows, stages, warps, grid = case
+    src = rng.integers(0, 2**16, (rows, cols), dtype=np.uint16)
+    got = _copy_boxes(_device(src), src.shape, box_rows, stages, warps, grid)
+    _assert_boxes(got, _expected_boxes(src, box_rows))
+
+
 # (rows, cols, box_rows, stages, consumer warps, grid)
 SIM_CASES = [
     (37, 152, 16, 2, 2, 2),    # ragged in both dimensions: zero fill; 9 boxes over 2 stages
@@ -71,10 +78,7 @@ GPU_CASES = [
 @pytest.mark.skipif(not SIMULATOR, reason="simulator cases (the GPU ones: test_gpu_tma_boxes)")
 @pytest.mark.parametrize("case", SIM_CASES, ids=str)
 def test_tma_boxes(case, rng):
-    rows, cols, box_rows, stages, warps, grid = case
-    src = rng.integers(0, 2**16, (rows, cols), dtype=np.uint16)
-    got = _copy_boxes(_device(src), src.shape, box_rows, stages, warps, grid)
-    _assert_boxes(got, _expected_boxes(src, box_rows))
+    _check_random_boxes(case, rng)
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="simulator case (the GPU one is test_gpu_tma_strided)")
@@ -107,10 +111,7 @@ def test_tensor_map_input_checks():
 @gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
 def test_gpu_tma_boxes(case, rng):
-    rows, cols, box_rows, stages, warps, grid = case
-    src = rng.integers(0, 2**16, (rows, cols), dtype=np.uint16)
-    got = _copy_boxes(_device(src), src.shape, box_rows, stages, warps, grid)
-    _assert_boxes(got, _expected_boxes(src, box_rows))
+    _check_random_boxes(case, rng)
 
 
 @pytest.mark.gpu

@@ -71,12 +71,7 @@ def staging_kernel_fn(tile, stages, chunks, consumer_warps, maxnreg=None):
         ring = cuda.shared.array(ring_elements, np.uint32, alignment=128)
         bars = cuda.shared.array(barriers, np.uint64)  # full[s] = bars[s], empty: stages + s
         tid = cuda.threadIdx.x
-        if tid == 0:
-            for s in range(stages):
-                ptx.mbarrier_init(bars, s, 1)
-                ptx.mbarrier_init(bars, stages + s, consumer_threads)
-            ptx.fence_mbarrier_init()
-        cuda.syncthreads()
+        init_stage_barriers(bars, stages, consumer_threads, tid)
         tiles = (n + tile - 1) // tile
         first = cuda.blockIdx.x
         step = cuda.gridDim.x
@@ -112,6 +107,19 @@ def staging_kernel_fn(tile, stages, chunks, consumer_warps, maxnreg=None):
                 j += 1
 
     return staging_kernel
+
+
+@cuda.jit(device=True, inline="always")
+def init_stage_barriers(bars, stages, consumer_threads, tid):
+    """Thread 0 makes the ring's barriers (``full[s] = bars[s]``: one producer arrival plus the
+    stage's bytes; ``empty[s] = bars[stages + s]``: every consumer thread), then the block
+    meets, so no thread waits on a barrier before it exists."""
+    if tid == 0:
+        for s in range(stages):
+            ptx.mbarrier_init(bars, s, 1)
+            ptx.mbarrier_init(bars, stages + s, consumer_threads)
+        ptx.fence_mbarrier_init()
+    cuda.syncthreads()
 
 
 def launch_options(consumer_warps, maxnreg):
