@@ -225,6 +225,23 @@ def test_wgmma_producer(M, N, K, layout, split, rng):
                   **extra)
 
 
+@pytest.mark.parametrize("M, N, K, layout, split", [
+    (72, 72, 392, "NT", ""),      # ragged M, N (zero-filled box rows), 7 K tiles over 3 stages
+    (8, 64, 40, "NT", ""),        # one K tile, shorter than the box (K zero-filled)
+    (64, 80, 200, "NT", "_k2"),   # K split: the last split's last tile crosses K
+    (40, 24, 136, "NN", ""),      # b N-major: runs as the cp.async producer form
+])
+def test_wgmma_tma(M, N, K, layout, split, rng):
+    """The producer form with copies by the Tensor Memory Accelerator (tensor maps of a and of
+    b's K-major storage, one box a tile an operand), through its twin: edges, a K split with the
+    fused epilogue, and the fallback of an N-major b."""
+    extra = {} if not split else {"c": random_array((M, N), "float32", rng), "beta": 0.5,
+                                  "bias": random_array((N,), "bfloat16", rng),
+                                  "activation": "silu"}
+    run_and_check(M, N, K, "bfloat16", layout, SIM_WG + "_p_tma" + split, rng,
+                  out_dtype="float32", **extra)
+
+
 def test_wgmma_unaligned_falls_back(rng):
     """N = 17 (b's rows are not 16-byte multiples): no 16-byte copies, so the call runs on the
     mma.sync kernel, still correct."""
