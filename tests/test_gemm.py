@@ -622,6 +622,18 @@ def test_gpu_every_tensor_core_config(config, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", [n for n in GPU_TC if CONFIGS[n].tma])
+def test_gpu_tma_configs(config, rng):
+    """The TMA producer form on the hardware (the driver's tensor maps, box copies into the
+    swizzled stages): edges in M, N and K (K a multiple of 8, as a map's row stride must be),
+    then a K split with the fused epilogue."""
+    run_and_check(257, 200, 328, "bfloat16", "NT", config + "_k1", rng, out_dtype="float32")
+    run_and_check(100, 264, 4104, "bfloat16", "NT", config + "_k3", rng, out_dtype="float32",
+                  c=random_array((100, 264), "float32", rng), beta=0.5,
+                  bias=random_array((264,), "bfloat16", rng), activation="silu")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_gpu_layouts_fused_epilogue(layout, rng):
     M, N, K = 296, 264, 520
