@@ -74,8 +74,10 @@ def _encode(address, rows, cols, row_stride_bytes, item, box_rows, box_cols, swi
               8: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT64}
     swizzles = {0: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
                 128: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
     err, tmap = driver.cuTensorMapEncodeTiled(
-        dtypes[item], 2, address, [cols, rows], [row_stride_bytes], [box_cols, box_rows], [1, 1],
+        dtypes[item], 2, address, [u64(cols), u64(rows)], [u64(row_stride_bytes)],
+        [u32(box_cols), u32(box_rows)], [u32(1), u32(1)],
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzles[swizzle],
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
