@@ -25,12 +25,14 @@ _MAX_BOX = 256   # elements along each box dimension
 _DEVICE_MAPS = {}
 
 
-def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor"):
+def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", make=True):
     """The map (a device buffer of 16 ``uint64``; a numpy array under the simulator) of 2-D
     tensor ``t`` (rows ``t.shape[0]``, unit column stride) with boxes of ``box_rows x box_cols``
     elements. Requirements (the hardware's): the base address and the row stride in bytes
     multiples of 16; box dimensions 1-256, a box row a multiple of 16 bytes, exactly 128 bytes
-    with the 128-byte swizzle. ``ValueError`` naming ``name`` otherwise."""
+    with the 128-byte swizzle. ``ValueError`` naming ``name`` otherwise. ``make=False``: None
+    unless the map is already cached (a new map is a synchronous host-to-device copy, which a
+    CUDA-graph capture refuses)."""
     if t.ndim != 2:
         raise ValueError(f"{name}: expected a 2-D array, got {t.ndim} dimensions")
     rows, cols = t.shape
@@ -57,7 +59,7 @@ def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor"):
     key = (cuda.get_current_device().id, t.ptr, rows, cols, row_stride, item, box_rows,
            box_cols, swizzle)
     buf = _DEVICE_MAPS.get(key)
-    if buf is None:
+    if buf is None and make:
         words = _encode(t.ptr, rows, cols, row_stride * item, item, box_rows, box_cols, swizzle)
         buf = _DEVICE_MAPS[key] = cuda.to_device(words)
     return buf

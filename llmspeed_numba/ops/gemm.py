@@ -42,12 +42,12 @@ from .. import _recording, compile_check
 from .._arrays import STORAGE, Tensor, empty, kernel_buffer, stream_handle
 from .._checks import (bias_vector, choice, non_negative_strides, output, result_dtype,
                        same_dtype, shape, tensor)
-from .._env import cuda
+from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit, sm_count
 from .._replay import MISS, OpCalls
 from .._tensor_map import tensor_map_2d
 from .._typing import ArrayLike, DTypeLike, StreamLike
-from .._workspace import unused, workspace
+from .._workspace import capturing, unused, workspace
 from .. import _tuning_cache
 from . import _gemm_simt, _gemm_tensor_core, _gemm_wgmma, _gemv
 from ._activations_device import ACTIVATIONS, GATED_ACTIVATIONS
@@ -360,7 +360,8 @@ def _run(p, cfg):
         cfg = heuristic(p.backend, p.M, p.N, p.K, gemv=False)
     if cfg.wgmma and not (p.a_vec and p.b_vec):   # wgmma tiles are filled by 16-byte copies
         cfg = heuristic(p.backend, p.M, p.N, p.K, wgmma=False).replace(split_k=cfg.split_k)
-    if cfg.tma and not (p.a_k_inner and p.b_k_inner):   # boxes of 128-byte rows along K
+    maps = _tensor_maps(p, cfg) if cfg.tma and p.a_k_inner and p.b_k_inner else None
+    if cfg.tma and maps is None:   # an operand N- / M-major, or no map inside a capture
         cfg = cfg.replace(tma=False)
     splits = split_count(cfg, p.M, p.N, p.K)
     k_split = _cdiv(_cdiv(p.K, splits), cfg.block_k) * cfg.block_k  # whole K tiles per split
@@ -395,7 +396,7 @@ def _run(p, cfg):
                                  np.int32, own_in_graph="graph")
         extra = (ws, counters)
         if cfg.wgmma:
-            extra += _tensor_maps(p, cfg) if cfg.tma else (unused(p.ta, np.uint64),) * 2
+            extra += maps if cfg.tma else (unused(p.ta, np.uint64),) * 2
     if not partials:
         kernel = _gemm_kernel(cfg, p.a_k_inner, p.b_k_inner, a_vec, b_vec, p.ta.dtype,
                               p.out_dtype, c_dtype, bias_dtype, p.act, split_finish)
@@ -427,14 +428,17 @@ def _run(p, cfg):
 
 def _tensor_maps(p, cfg):
     """The maps of a (M x K) and of b's K-major storage (N x K) with the boxes of ``cfg``'s
-    tiles (``_gemm_wgmma.tma_mainloop``). A map holds the operands' addresses, so a recorded
-    call may not be replayed with others."""
+    tiles (``_gemm_wgmma.tma_mainloop``), or None inside a torch CUDA-graph capture when one is
+    not made yet (the call then runs the cp.async form; an eager call first makes them). A map
+    holds the operands' addresses, so a recorded call may not be replayed with others."""
     _recording.not_replayable("its tensor maps hold the operands' addresses")
     ta, tb = p.ta, p.tb
+    make = SIMULATOR or ta.kind != "torch" or not capturing(ta.obj.device.index, p.stream)
     a_rows = Tensor(ta.obj, ta.kind, ta.ptr, (p.M, p.K), (p.lda, 1), ta.dtype, ta.host)
     b_rows = Tensor(tb.obj, tb.kind, tb.ptr, (p.N, p.K), (p.ldb, 1), tb.dtype, tb.host)
-    return (tensor_map_2d(a_rows, cfg.block_m, cfg.block_k, name="a"),
-            tensor_map_2d(b_rows, cfg.block_n, cfg.block_k, name="b"))
+    maps = (tensor_map_2d(a_rows, cfg.block_m, cfg.block_k, name="a", make=make),
+            tensor_map_2d(b_rows, cfg.block_n, cfg.block_k, name="b", make=make))
+    return None if maps[0] is None or maps[1] is None else maps
 
 
 _CHOICES = {}  # memo of _choose by shape, layout, dtypes and autotune cache state
