@@ -44,6 +44,7 @@ from ._activations_device import GATED_ACTIVATIONS
 from ._epilogue import (block_work, epilogue_tile_ld, gated_fragment, gated_tile_store,
                         staged_store, tile_epilogue)
 from ._gemm_tensor_core import either_loader, stage_loader
+from ._stage_ring import init_stage_barriers
 
 BLOCK_K = 64          # one 128-byte swizzle row of b16 per tile row along K
 PRODUCER_THREADS = 128   # the copying warpgroup of the warp-specialised form
@@ -260,12 +261,7 @@ def producer_mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
     @cuda.jit(device=True, inline="always")
     def run(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc, a_map,
             b_map):
-        if tid == 0:
-            for s in range(stages):
-                ptx.mbarrier_init(bars, s, PRODUCER_THREADS)
-                ptx.mbarrier_init(bars, stages + s, consumer_threads)
-            ptx.fence_mbarrier_init()
-        cuda.syncthreads()
+        init_stage_barriers(bars, stages, PRODUCER_THREADS, consumer_threads, tid)
         if tid < PRODUCER_THREADS:
             interior = m0 + block_m <= M and n0 + block_n <= N
             k_full = (k_end - k_begin) // BLOCK_K if interior else 0
@@ -315,12 +311,7 @@ def tma_mainloop(block_m, block_n, stages, mma):
     @cuda.jit(device=True, inline="always")
     def run(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc, a_map,
             b_map):
-        if tid == 0:
-            for s in range(stages):
-                ptx.mbarrier_init(bars, s, 1)
-                ptx.mbarrier_init(bars, stages + s, consumer_threads)
-            ptx.fence_mbarrier_init()
-        cuda.syncthreads()
+        init_stage_barriers(bars, stages, 1, consumer_threads, tid)
         if tid < PRODUCER_THREADS:
             if tid < 32 and ptx.elect_sync():
                 for kt in range(k_tiles):

@@ -24,7 +24,7 @@ from numba import types
 from .. import compile_check, ptx
 from .._env import cuda
 from .._launch import array1d, jit
-from .bulk_stage import init_stage_barriers
+from ._stage_ring import init_stage_barriers
 
 ELEMENT_BYTES = 2
 BOX_COLS = 128 // ELEMENT_BYTES   # one 128-byte swizzle row
@@ -52,7 +52,7 @@ def staging_kernel_fn(box_rows, stages, consumer_warps):
         ring = cuda.shared.array(ring_elements, np.uint16, alignment=_SWIZZLE_ALIGN)
         bars = cuda.shared.array(barriers, np.uint64)  # full[s] = bars[s], empty: stages + s
         tid = cuda.threadIdx.x
-        init_stage_barriers(bars, stages, consumer_threads, tid)
+        init_stage_barriers(bars, stages, 1, consumer_threads, tid)
         first = cuda.blockIdx.x
         step = cuda.gridDim.x
         if tid < 32:
