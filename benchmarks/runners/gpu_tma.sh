@@ -2,7 +2,8 @@
 # The TMA pieces (branch tma) on the H200 in one device call (logs under $OUT):
 #   1. in parallel: the GPU tests of tests/test_tma.py (the driver's tensor maps, box copies
 #      through an mbarrier ring), the GEMM's TMA configurations and the producer / split ones
-#      beside them, and the replay tests (the wgmma kernels' parameters grew by two maps);
+#      beside them, the replay tests (the wgmma kernels' parameters grew by two maps), the
+#      wgmma FlashAttention's and the staging ring's (their barrier set-up moved to _stage_ring);
 #      and the compiles of the sweep below;
 #   2. alone on the GPU: each TMA tile against its cp.async producer twin and cuBLAS at the
 #      few-row shapes (probe_gemm_small_m.py, rows to $OUT/gemm_small_m.csv).
@@ -16,8 +17,9 @@ P=benchmarks/probes/probe_gemm_small_m.py
 TILES=${TILES:-wg_64x64x64_s8_p,wg_64x64x64_s8_p_tma,wg_64x128x64_s8_p,wg_64x128x64_s8_p_tma,wg_64x256x64_s4_p,wg_64x256x64_s4_p_tma,wg_128x128x64_s5_p,wg_128x128x64_s5_p_tma}
 ARGS="--m ${MS:-16,32,64,128,256} --tiles $TILES --splits ${SPLITS:-1,2} --skip-epilogue"
 timeout ${PHASE1_LIMIT:-330} python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 \
-    tests/test_tma.py tests/test_gemm.py tests/test_replay_gpu.py \
-    -k "tma or producer or split or replay" > "$OUT/test_tma.log" 2>&1 &
+    tests/test_tma.py tests/test_gemm.py tests/test_replay_gpu.py tests/test_flash_attn.py \
+    tests/test_bulk_stage.py -k "tma or producer or split or replay or wgmma or staging" \
+    > "$OUT/test_tma.log" 2>&1 &
 timeout ${PHASE1_LIMIT:-330} python3 $P $ARGS --compile-only --workers 6 > "$OUT/compile.log" 2>&1 &
 wait
 echo "phase 1: $(( $(date +%s) - start )) s"; tail -3 "$OUT/test_tma.log"
