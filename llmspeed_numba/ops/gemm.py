@@ -625,8 +625,6 @@ for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
         # copies by the Tensor Memory Accelerator
         ("gemm_wgmma_bf16_nt_64x128_tma", "wg_64x128x64_s8_p_tma", True, True, "bfloat16",
          "bfloat16", {}),
-        ("gemm_wgmma_bf16_nt_128x128_tma_split", "wg_128x128x64_s5_p_tma", True, True,
-         "bfloat16", "bfloat16", {"split_finish": True}),
 ):
     _cfg_of = CONFIGS[_cfg]
     # the cp.async producer announces stages by the copies' own mbarrier arrival; the TMA one
