@@ -38,7 +38,7 @@ for cfg in ("wg_64x128x64_s8_p_tma_k1", "wg_128x128x64_s5_p_tma_k2"):
     print(cfg, "max err", err)
 PY
   for tool in racecheck memcheck; do
-    timeout 240 compute-sanitizer --tool $tool python3 /tmp/tma_small.py > "$OUT/sanitize_$tool.log" 2>&1
+    timeout ${SAN_LIMIT:-240} compute-sanitizer --tool $tool python3 /tmp/tma_small.py > "$OUT/sanitize_$tool.log" 2>&1
     echo "== $tool"; tail -3 "$OUT/sanitize_$tool.log"
   done
 fi
