@@ -12,7 +12,7 @@ entry tells the twin what the hardware would copy.
 
 import numpy as np
 
-from ._arrays import STORAGE, Tensor
+from ._arrays import STORAGE, Buffer, Tensor, device_address
 from ._env import SIMULATOR, cuda
 
 #: Swizzle spans (bytes) a map can have: 0 (rows stored as they are) or 128 (the layout wgmma's
@@ -26,7 +26,7 @@ _DEVICE_MAPS = {}
 
 
 def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", make=True):
-    """The map (a device buffer of 16 ``uint64``; a numpy array under the simulator) of 2-D
+    """The map (a ``Buffer`` of 16 device ``uint64``; a numpy array under the simulator) of 2-D
     tensor ``t`` (rows ``t.shape[0]``, unit column stride) with boxes of ``box_rows x box_cols``
     elements. Requirements (the hardware's): the base address and the row stride in bytes
     multiples of 16; box dimensions 1-256, a box row a multiple of 16 bytes, exactly 128 bytes
@@ -61,7 +61,9 @@ def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", mak
     buf = _DEVICE_MAPS.get(key)
     if buf is None and make:
         words = _encode(t.ptr, rows, cols, row_stride * item, item, box_rows, box_cols, swizzle)
-        buf = _DEVICE_MAPS[key] = cuda.to_device(words)
+        owner = cuda.to_device(words)
+        # the fast launch path takes a Buffer for an array parameter
+        buf = _DEVICE_MAPS[key] = Buffer(device_address(owner), words.size, words.dtype, owner)
     return buf
 
 

@@ -16,7 +16,7 @@ start=$(date +%s)
 P=benchmarks/probes/probe_gemm_small_m.py
 TILES=${TILES:-wg_64x64x64_s8_p,wg_64x64x64_s8_p_tma,wg_64x128x64_s8_p,wg_64x128x64_s8_p_tma,wg_64x256x64_s4_p,wg_64x256x64_s4_p_tma,wg_128x128x64_s5_p,wg_128x128x64_s5_p_tma}
 ARGS="--m ${MS:-16,32,64,128,256} --tiles $TILES --splits ${SPLITS:-1,2} --skip-epilogue"
-timeout ${PHASE1_LIMIT:-330} python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 \
+timeout -s INT ${PHASE1_LIMIT:-330} python3 -m pytest -q -rf -p no:cacheprovider -m gpu -n 8 \
     tests/test_tma.py tests/test_gemm.py tests/test_replay_gpu.py tests/test_flash_attn.py \
     tests/test_bulk_stage.py -k "tma or producer or split or replay or wgmma or staging" \
     > "$OUT/test_tma.log" 2>&1 &
