@@ -42,6 +42,7 @@ def _copy_boxes(src_device, shape, box_rows, stages, consumer_warps, grid):
     by, bx = tma_stage.box_grid(rows, cols, box_rows)
     boxes = _device(np.full(by * bx * box_rows * tma_stage.BOX_COLS, POISON, np.uint16))
     kernel = tma_stage.staging_kernel(box_rows, stages, consumer_warps)
+    tmap = getattr(tmap, "owner", tmap)   # the GPU's map: a Buffer; the dispatcher takes its array
     kernel[grid, tma_stage.threads_for(consumer_warps)](tmap, boxes, np.int32(bx),
                                                         np.int32(by * bx))
     out = boxes if SIMULATOR else boxes.copy_to_host()
