@@ -78,15 +78,15 @@ def own_in_graph_pointers(device, stream, specs):
 
 def unused(like, dtype):
     """A one-element buffer for a kernel parameter the launch does not read (an absent operand,
-    a scalar given in place of an array): zero, one per (device, dtype), kept for the life of
-    the process."""
+    a scalar given in place of an array): zero, one per device for every dtype (so a call
+    first needing a new dtype inside a CUDA-graph capture, where allocation fails, finds it),
+    kept for the life of the process."""
     if SIMULATOR:
         return np.zeros(1, dtype)
     device = like.obj.device.index if like.kind == "torch" else cuda.get_current_device().id
-    key = (device, np.dtype(dtype).name)
-    buf = _UNUSED.get(key)
+    buf = _UNUSED.get(device)
     if buf is None:
-        buf = _UNUSED[key] = cuda.to_device(np.zeros(1, dtype))
+        buf = _UNUSED[device] = cuda.to_device(np.zeros(2, np.uint64))  # 16 bytes: any dtype
     _recording.note_persistent(buf)
     return Buffer(device_address(buf), 1, np.dtype(dtype), buf)
 

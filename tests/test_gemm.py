@@ -225,6 +225,23 @@ def test_wgmma_producer(M, N, K, layout, split, rng):
                   **extra)
 
 
+@pytest.mark.parametrize("M, N, K, layout, split", [
+    (72, 72, 392, "NT", ""),      # ragged M, N (zero-filled box rows), 7 K tiles over 3 stages
+    (8, 64, 40, "NT", ""),        # one K tile, shorter than the box (K zero-filled)
+    (64, 80, 200, "NT", "_k2"),   # K split: the last split's last tile crosses K
+    (40, 24, 136, "NN", ""),      # b N-major: runs as the cp.async producer form
+])
+def test_wgmma_tma(M, N, K, layout, split, rng):
+    """The producer form with copies by the Tensor Memory Accelerator (tensor maps of a and of
+    b's K-major storage, one box a tile an operand), through its twin: edges, a K split with the
+    fused epilogue, and the fallback of an N-major b."""
+    extra = {} if not split else {"c": random_array((M, N), "float32", rng), "beta": 0.5,
+                                  "bias": random_array((N,), "bfloat16", rng),
+                                  "activation": "silu"}
+    run_and_check(M, N, K, "bfloat16", layout, SIM_WG + "_p_tma" + split, rng,
+                  out_dtype="float32", **extra)
+
+
 def test_wgmma_unaligned_falls_back(rng):
     """N = 17 (b's rows are not 16-byte multiples): no 16-byte copies, so the call runs on the
     mma.sync kernel, still correct."""
@@ -605,6 +622,18 @@ def test_gpu_every_tensor_core_config(config, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", [n for n in GPU_TC if CONFIGS[n].tma])
+def test_gpu_tma_configs(config, rng):
+    """The TMA producer form on the hardware (the driver's tensor maps, box copies into the
+    swizzled stages): edges in M, N and K (K a multiple of 8, as a map's row stride must be),
+    then a K split with the fused epilogue."""
+    run_and_check(257, 200, 328, "bfloat16", "NT", config + "_k1", rng, out_dtype="float32")
+    run_and_check(100, 264, 4104, "bfloat16", "NT", config + "_k3", rng, out_dtype="float32",
+                  c=random_array((100, 264), "float32", rng), beta=0.5,
+                  bias=random_array((264,), "bfloat16", rng), activation="silu")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_gpu_layouts_fused_epilogue(layout, rng):
     M, N, K = 296, 264, 520
@@ -756,6 +785,32 @@ def test_gpu_cuda_graph_capture(rng):
     graph.replay()
     torch.cuda.synchronize()
     check(out, a, b, out_dtype="float16", mma=True)
+
+
+@pytest.mark.gpu
+def test_gpu_tma_in_cuda_graph(rng):
+    """A TMA configuration inside a torch CUDA-graph capture: with its maps made by an eager
+    call first it captures the box copies; for operands never seen outside the capture it runs
+    the cp.async form (no map can be made there). Both replay right."""
+    import torch
+
+    config = "wg_64x128x64_s8_p_tma_k1"
+    a, b, da, db = operands(rng, 72, 392, 1032, "bfloat16", "NT")
+    a2, b2, da2, db2 = operands(rng, 72, 392, 1032, "bfloat16", "NT")
+    out = torch.empty(72, 392, dtype=torch.float32, device="cuda")
+    out2 = torch.empty_like(out)
+    gemm(da, db, out=out, config=config)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemm(da, db, out=out, config=config)
+        gemm(da2, db2, out=out2, config=config)
+    out.fill_(float("nan"))
+    out2.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(out, a, b, out_dtype="float32", mma=True)
+    check(out2, a2, b2, out_dtype="float32", mma=True)
 
 
 @pytest.mark.gpu

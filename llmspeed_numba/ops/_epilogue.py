@@ -470,9 +470,9 @@ def split_tile_finish(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bi
     n_sums = 4 * SUM_VECS
 
     @cuda.jit(device=True, inline="always")
-    def add_whole_rows(tile, tid, m0, n0, N, mn, splits, ws, rows):
-        """The tile's first ``rows`` rows, whole (``block_n`` columns) with 16-byte workspace
-        rows: the batched sums of ``SUM_VECS``."""
+    def add_rows(tile, tid, m0, n0, N, mn, splits, ws, rows, cols):
+        """The tile's first ``rows`` rows and ``cols`` columns (a multiple of 4) with 16-byte
+        workspace rows: the batched sums of ``SUM_VECS`` 4-column groups."""
         groups_left = rows * groups
         parts = cuda.local.array(n_parts, np.float32)
         sums = cuda.local.array(n_sums, np.float32)
@@ -483,9 +483,10 @@ def split_tile_finish(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bi
                 for j in range(SUM_VECS):
                     gi = tid + (rnd * SUM_VECS + j) * threads
                     r = gi // groups
-                    src = (m0 + r) * N + n0 + (gi - r * groups) * 4
+                    col = (gi - r * groups) * 4
+                    src = (m0 + r) * N + n0 + col
                     for u in range(SUM_SPLITS):
-                        if gi < groups_left and z0 + u < splits:
+                        if gi < groups_left and col < cols and z0 + u < splits:
                             w0, w1, w2, w3 = ptx.load_u32x4(ws, (z0 + u) * mn + src)
                             e = 4 * (j * SUM_SPLITS + u)
                             parts[e] = ptx.f32_from_bits(w0)
@@ -500,9 +501,10 @@ def split_tile_finish(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bi
                                 sums[4 * j + q] += parts[e + q]
             for j in range(SUM_VECS):
                 gi = tid + (rnd * SUM_VECS + j) * threads
-                if gi < groups_left:
-                    r = gi // groups
-                    t = r * tile_ld + (gi - r * groups) * 4
+                r = gi // groups
+                col = (gi - r * groups) * 4
+                if gi < groups_left and col < cols:
+                    t = r * tile_ld + col
                     for q in range(4):
                         tile[t + q] = sums[4 * j + q]
 
@@ -518,8 +520,8 @@ def split_tile_finish(block_m, block_n, tile_ld, threads, out_dtype, c_dtype, bi
             return
         rows = min(block_m, M - m0)
         cols = min(block_n, N - n0)
-        if ws_vec != 0 and cols == block_n:
-            add_whole_rows(tile, tid, m0, n0, N, mn, splits, ws, rows)
+        if ws_vec != 0:   # N a multiple of 4, so is cols
+            add_rows(tile, tid, m0, n0, N, mn, splits, ws, rows, cols)
         else:
             for gi in range(tid, rows * groups, threads):
                 r = gi // groups

@@ -53,6 +53,7 @@ from ._attention_common import (NEG_INF, block_is_full, clamped_range, finish_ro
                                 key_bounds, rescale_factor, row_key_range, scaled_max,
                                 varlen_sequence)
 from ._gemm_tensor_core import tile_loader
+from ._stage_ring import init_stage_barriers
 
 PANEL = 64            # b16 elements in one 128-byte swizzle row
 MAX, SUM, SCALED, ALPHA = 0, 1, 2, 3   # rows of a thread's row state (``softmax``)
@@ -421,12 +422,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         row0 = m_block * block_m
         if row0 >= seqlen_q:
             return
-        if tid == 0:
-            for s in range(stages):
-                ptx.mbarrier_init(bars, s, 128)
-                ptx.mbarrier_init(bars, stages + s, consumer_threads)
-            ptx.fence_mbarrier_init()
-        cuda.syncthreads()
+        init_stage_barriers(bars, stages, 128, consumer_threads, tid)
         offset = seqlen_k - seqlen_q
         head_k = head // group
         lo, hi = key_bounds(row0, min(row0 + block_m, seqlen_q), offset, seqlen_k,

@@ -94,7 +94,8 @@ def make_kernel(block_m, block_n, stages, group_m, out_dtype, bias_dtype, act):
         tid = np.int32(cuda.threadIdx.x)
         m0, n0, _, k_begin, k_end, k_tiles = work(tiles_m, tiles_n, K2, K2)
         acc = cuda.local.array(regs, np.float32)
-        run(tiles, None, a16, b16, m0, n0, M, N, ld, ld, k_begin, k_end, k_tiles, tid, acc)
+        run(tiles, None, a16, b16, m0, n0, M, N, ld, ld, k_begin, k_end, k_tiles, tid, acc,
+            None, None)
         tile = cuda.shared.array(0, np.float32)
         stage_scaled(tile, acc, tid, m0, n0, M, N, row_scale, col_scale)
         cuda.syncthreads()

@@ -44,6 +44,7 @@ from ._activations_device import GATED_ACTIVATIONS
 from ._epilogue import (block_work, epilogue_tile_ld, gated_fragment, gated_tile_store,
                         staged_store, tile_epilogue)
 from ._gemm_tensor_core import either_loader, stage_loader
+from ._stage_ring import init_stage_barriers
 
 BLOCK_K = 64          # one 128-byte swizzle row of b16 per tile row along K
 PRODUCER_THREADS = 128   # the copying warpgroup of the warp-specialised form
@@ -53,11 +54,13 @@ _ALIGN_BYTES = 1024   # the 128-byte swizzle repeats every 8 rows of 128 bytes
 
 
 def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16, out_dtype,
-                c_dtype, bias_dtype, act, split_finish=False, producer=False):
-    """The kernel function (not yet jitted) for one configuration; same parameters and launch
-    as ``_gemm_tensor_core.make_kernel`` with ``threads_for(block_m, producer)`` threads and
+                c_dtype, bias_dtype, act, split_finish=False, producer=False, tma=False):
+    """The kernel function (not yet jitted) for one configuration; the parameters and launch of
+    ``_gemm_tensor_core.make_kernel`` plus the tensor maps of a and b (``tma_mainloop``; other
+    forms ignore them), with ``threads_for(block_m, producer)`` threads and
     ``shared_bytes(...)`` of dynamic shared memory. ``producer``: the warp-specialised pipeline
-    (``producer_mainloop``)."""
+    (``producer_mainloop``); ``tma``: its copies by the Tensor Memory Accelerator (both
+    operands K-major)."""
     threads = threads_for(block_m, producer)
     regs = block_n // 2
     work = block_work(block_m, block_n, BLOCK_K, group_m)
@@ -69,8 +72,13 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
     def mma(acc, da, db, scale_d):
         ptx.wgmma_m64k16(acc, da, db, scale_d, block_n, is_bf16, trans_a, trans_b)
 
-    run = (producer_mainloop if producer else mainloop)(block_m, block_n, stages, a_k_inner,
-                                                        b_k_inner, mma)
+    if tma:
+        if not (a_k_inner and b_k_inner):
+            raise ValueError("tma: both operands must be K-major")
+        run = tma_mainloop(block_m, block_n, stages, mma)
+    else:
+        run = (producer_mainloop if producer else mainloop)(block_m, block_n, stages,
+                                                            a_k_inner, b_k_inner, mma)
     n_bars = 2 * stages if producer else 1
     first_consumer = PRODUCER_THREADS if producer else 0
     stage_acc, store_tile = staged_store(
@@ -78,13 +86,15 @@ def make_kernel(block_m, block_n, stages, group_m, a_k_inner, b_k_inner, is_bf16
         block_m, block_n, threads, out_dtype, c_dtype, bias_dtype, act)
 
     def gemm_wgmma_kernel(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, out_z, sc_m, sc_n,
-                          alpha, beta, k_split, tiles_m, tiles_n, out_vec, ws, counters):
+                          alpha, beta, k_split, tiles_m, tiles_n, out_vec, ws, counters, a_map,
+                          b_map):
         tiles = aligned_tiles(cuda.shared.array(0, np.uint16))
         tid = np.int32(cuda.threadIdx.x)
         m0, n0, z, k_begin, k_end, k_tiles = work(tiles_m, tiles_n, K, k_split)
         acc = cuda.local.array(regs, np.float32)
         bars = cuda.shared.array(n_bars, np.uint64)
-        run(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc)
+        run(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc, a_map,
+            b_map)
 
         # epilogue through shared memory (the pipeline's buffers, once every group is done);
         # the accumulators are the consumers', the stores every thread's
@@ -109,7 +119,7 @@ def aligned_tiles(smem):
 
 def mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
     """Device function ``(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles,
-    tid, acc)`` (``bars`` unused): the pipeline of the module note over K tiles ``k_begin ..
+    tid, acc, a_map, b_map)`` (``bars`` and the tensor maps unused): the pipeline of the module note over K tiles ``k_begin ..
     k_end`` of the block tile at (m0, n0), leaving the block tile in ``acc`` (``block_n / 2``
     fp32 a thread), every wgmma group retired, every copy landed and the block past a
     barrier, so ``tiles`` may be reused. Operands and ``tiles`` are ``uint16`` arrays and K,
@@ -149,7 +159,8 @@ def mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
     step_edge = tile_step(False)
 
     @cuda.jit(device=True, inline="always")
-    def run(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc):
+    def run(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc, a_map,
+            b_map):
         a_row0 = np.int32((tid >> 7) * A_GROUP)
         interior = m0 + block_m <= M and n0 + block_n <= N
         k_full = (k_end - k_begin) // BLOCK_K if interior else 0
@@ -248,13 +259,9 @@ def producer_mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
     mma_tile = tile_mma(block_m, block_n, stages, a_k_inner, b_k_inner, mma)
 
     @cuda.jit(device=True, inline="always")
-    def run(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc):
-        if tid == 0:
-            for s in range(stages):
-                ptx.mbarrier_init(bars, s, PRODUCER_THREADS)
-                ptx.mbarrier_init(bars, stages + s, consumer_threads)
-            ptx.fence_mbarrier_init()
-        cuda.syncthreads()
+    def run(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc, a_map,
+            b_map):
+        init_stage_barriers(bars, stages, PRODUCER_THREADS, consumer_threads, tid)
         if tid < PRODUCER_THREADS:
             interior = m0 + block_m <= M and n0 + block_n <= N
             k_full = (k_end - k_begin) // BLOCK_K if interior else 0
@@ -275,6 +282,53 @@ def producer_mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
                 s = kt % stages
                 ptx.mbarrier_wait_parity(bars, s, (kt // stages) & 1)
                 ptx.fence_proxy_async()
+                mma_tile(tiles, s, a_row0, acc, False)
+                ptx.wgmma_wait(acc, regs, 1)   # tile kt - 1's group is done: release it
+                ptx.mbarrier_arrive(bars, stages + (kt - 1) % stages)
+            ptx.wgmma_wait(acc, regs, 0)
+        cuda.syncthreads()
+
+    return run
+
+
+def tma_mainloop(block_m, block_n, stages, mma):
+    """``producer_mainloop`` with the copies made by the Tensor Memory Accelerator (both
+    operands K-major): per K tile one elected producer thread announces the tile's bytes on
+    ``full`` and issues one box of A (``block_m`` rows of x from the map ``a_map``) and one of B
+    (``block_n`` rows of b's K-major storage from ``b_map``), each 64 K elements of 128 bytes a
+    row in the 128-byte swizzle the descriptors read; rows and K past the operands' ends arrive
+    as zeros (a K split's range is whole tiles, so only the last split's last tile crosses K).
+    The copies are async-proxy writes that complete on ``full``: the consumers need no proxy
+    fence. The operand arrays and M, N, lda, ldb, k_end are the maps' business here."""
+    consumer_threads = threads_for(block_m)
+    regs = block_n // 2
+    a_stage = block_m * BLOCK_K
+    b_stage = block_n * BLOCK_K
+    b_base = stages * a_stage
+    tile_bytes = 2 * (a_stage + b_stage)
+    mma_tile = tile_mma(block_m, block_n, stages, True, True, mma)
+
+    @cuda.jit(device=True, inline="always")
+    def run(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles, tid, acc, a_map,
+            b_map):
+        init_stage_barriers(bars, stages, 1, consumer_threads, tid)
+        if tid < PRODUCER_THREADS:
+            if tid < 32 and ptx.elect_sync():
+                for kt in range(k_tiles):
+                    s = kt % stages
+                    ptx.mbarrier_wait_parity(bars, stages + s, ((kt // stages) & 1) ^ 1)
+                    ptx.mbarrier_arrive_expect_tx(bars, s, tile_bytes)
+                    k = k_begin + kt * BLOCK_K
+                    ptx.cp_async_bulk_tensor_2d_g2s(tiles, s * a_stage, a_map, k, m0, bars, s)
+                    ptx.cp_async_bulk_tensor_2d_g2s(tiles, b_base + s * b_stage, b_map, k, n0,
+                                                    bars, s)
+        else:
+            a_row0 = np.int32(((tid - PRODUCER_THREADS) >> 7) * A_GROUP)
+            ptx.mbarrier_wait_parity(bars, 0, 0)
+            mma_tile(tiles, 0, a_row0, acc, True)
+            for kt in range(1, k_tiles):
+                s = kt % stages
+                ptx.mbarrier_wait_parity(bars, s, (kt // stages) & 1)
                 mma_tile(tiles, s, a_row0, acc, False)
                 ptx.wgmma_wait(acc, regs, 1)   # tile kt - 1's group is done: release it
                 ptx.mbarrier_arrive(bars, stages + (kt - 1) % stages)

@@ -33,6 +33,7 @@ from numba import types
 from .. import compile_check, ptx
 from .._env import cuda
 from .._launch import array1d, jit
+from ._stage_ring import init_stage_barriers
 
 ELEMENT_BYTES = 4   # uint32 elements
 #: (producer, consumer) registers of the warp-specialised variant: 128 x 40 + 256 x 232 = 64512
@@ -71,12 +72,7 @@ def staging_kernel_fn(tile, stages, chunks, consumer_warps, maxnreg=None):
         ring = cuda.shared.array(ring_elements, np.uint32, alignment=128)
         bars = cuda.shared.array(barriers, np.uint64)  # full[s] = bars[s], empty: stages + s
         tid = cuda.threadIdx.x
-        if tid == 0:
-            for s in range(stages):
-                ptx.mbarrier_init(bars, s, 1)
-                ptx.mbarrier_init(bars, stages + s, consumer_threads)
-            ptx.fence_mbarrier_init()
-        cuda.syncthreads()
+        init_stage_barriers(bars, stages, 1, consumer_threads, tid)
         tiles = (n + tile - 1) // tile
         first = cuda.blockIdx.x
         step = cuda.gridDim.x

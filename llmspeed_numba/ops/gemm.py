@@ -39,14 +39,15 @@ import numpy as np
 from numba import types
 
 from .. import _recording, compile_check
-from .._arrays import STORAGE, empty, kernel_buffer, stream_handle
+from .._arrays import STORAGE, Tensor, empty, kernel_buffer, stream_handle
 from .._checks import (bias_vector, choice, non_negative_strides, output, result_dtype,
                        same_dtype, shape, tensor)
-from .._env import cuda
+from .._env import SIMULATOR, cuda
 from .._launch import Kernel, array1d, jit, sm_count
 from .._replay import MISS, OpCalls
+from .._tensor_map import tensor_map_2d
 from .._typing import ArrayLike, DTypeLike, StreamLike
-from .._workspace import unused, workspace
+from .._workspace import capturing, unused, workspace
 from .. import _tuning_cache
 from . import _gemm_simt, _gemm_tensor_core, _gemm_wgmma, _gemv
 from ._activations_device import ACTIVATIONS, GATED_ACTIVATIONS
@@ -72,15 +73,18 @@ def _storage(dtype):
     return array1d(STORAGE[dtype])
 
 
-def _signature(backend, in_dtype, out_dtype, c_dtype, bias_dtype):
+def _signature(backend, in_dtype, out_dtype, c_dtype, bias_dtype, wgmma=False):
     """Kernel parameters (``_gemm_tensor_core.make_kernel``); the Tensor Core kernels also take
-    the split-K workspace and tickets (``_epilogue.split_tile_finish``)."""
+    the split-K workspace and tickets (``_epilogue.split_tile_finish``), the wgmma kernel then
+    the tensor maps of a and b (``_gemm_wgmma.tma_mainloop``)."""
     i32, i64, f32 = types.int32, types.int64, types.float32
     params = (_storage(in_dtype), _storage(in_dtype), _storage(out_dtype),
               _storage(c_dtype or out_dtype), _storage(bias_dtype or out_dtype),
               i32, i32, i32, i64, i64, i64, i64, i64, i64, i64, f32, f32, i32, i32, i32, i32)
     if backend == "tensor_core":
         params += (array1d(np.float32), array1d(np.int32))
+    if wgmma:
+        params += (array1d(np.uint64), array1d(np.uint64))
     return params
 
 
@@ -113,7 +117,7 @@ def _kernel_fn(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_d
         return _gemm_wgmma.make_kernel(
             cfg.block_m, cfg.block_n, cfg.stages, cfg.group_m, a_k_inner, b_k_inner,
             in_dtype == "bfloat16", out_dtype, c_dtype, bias_dtype, act,
-            split_finish, cfg.producer), options
+            split_finish, cfg.producer, cfg.tma), options
     if cfg.backend == "tensor_core":
         return _gemm_tensor_core.make_kernel(
             cfg.block_m, cfg.block_n, cfg.block_k, cfg.warps_m, cfg.warps_n, cfg.stages,
@@ -131,7 +135,7 @@ def _gemm_kernel(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c
     fn, options = _kernel_fn(cfg.replace(split_k=None), a_k_inner, b_k_inner, a_vec, b_vec,
                              in_dtype, out_dtype, c_dtype, bias_dtype, act, split_finish)
     return Kernel(jit(fn, **options),
-                  _signature(cfg.backend, in_dtype, out_dtype, c_dtype, bias_dtype),
+                  _signature(cfg.backend, in_dtype, out_dtype, c_dtype, bias_dtype, cfg.wgmma),
                   f"gemm_{cfg.backend}")
 
 
@@ -356,6 +360,9 @@ def _run(p, cfg):
         cfg = heuristic(p.backend, p.M, p.N, p.K, gemv=False)
     if cfg.wgmma and not (p.a_vec and p.b_vec):   # wgmma tiles are filled by 16-byte copies
         cfg = heuristic(p.backend, p.M, p.N, p.K, wgmma=False).replace(split_k=cfg.split_k)
+    maps = _tensor_maps(p, cfg) if cfg.tma and p.a_k_inner and p.b_k_inner else None
+    if cfg.tma and maps is None:   # an operand N- / M-major, or no map inside a capture
+        cfg = cfg.replace(tma=False)
     splits = split_count(cfg, p.M, p.N, p.K)
     k_split = _cdiv(_cdiv(p.K, splits), cfg.block_k) * cfg.block_k  # whole K tiles per split
     splits = _cdiv(p.K, k_split)
@@ -388,6 +395,8 @@ def _run(p, cfg):
             counters = workspace(p.ta, p.stream, "gemm_split_tickets", tiles_m * tiles_n,
                                  np.int32, own_in_graph="graph")
         extra = (ws, counters)
+        if cfg.wgmma:
+            extra += maps if cfg.tma else (unused(p.ta, np.uint64),) * 2
     if not partials:
         kernel = _gemm_kernel(cfg, p.a_k_inner, p.b_k_inner, a_vec, b_vec, p.ta.dtype,
                               p.out_dtype, c_dtype, bias_dtype, p.act, split_finish)
@@ -415,6 +424,21 @@ def _run(p, cfg):
            p.stream, cfg.shared_bytes())
     if partials:
         _launch_reduce(p, out_buf, splits)
+
+
+def _tensor_maps(p, cfg):
+    """The maps of a (M x K) and of b's K-major storage (N x K) with the boxes of ``cfg``'s
+    tiles (``_gemm_wgmma.tma_mainloop``), or None inside a torch CUDA-graph capture when one is
+    not made yet (the call then runs the cp.async form; an eager call first makes them). A map
+    holds the operands' addresses, so a recorded call may not be replayed with others."""
+    _recording.not_replayable("its tensor maps hold the operands' addresses")
+    ta, tb = p.ta, p.tb
+    make = SIMULATOR or ta.kind != "torch" or not capturing(ta.obj.device.index, p.stream)
+    a_rows = Tensor(ta.obj, ta.kind, ta.ptr, (p.M, p.K), (p.lda, 1), ta.dtype, ta.host)
+    b_rows = Tensor(tb.obj, tb.kind, tb.ptr, (p.N, p.K), (p.ldb, 1), tb.dtype, tb.host)
+    maps = (tensor_map_2d(a_rows, cfg.block_m, cfg.block_k, name="a", make=make),
+            tensor_map_2d(b_rows, cfg.block_n, cfg.block_k, name="b", make=make))
+    return None if maps[0] is None or maps[1] is None else maps
 
 
 _CHOICES = {}  # memo of _choose by shape, layout, dtypes and autotune cache state
@@ -538,7 +562,8 @@ def _compile_target(cfg, a_k_inner, b_k_inner, in_dtype, out_dtype, c_dtype=None
     def build():
         fn, options = _kernel_fn(cfg, a_k_inner, b_k_inner, vec, vec, in_dtype, out_dtype,
                                  c_dtype, bias_dtype, act, split_finish)
-        return fn, _signature(cfg.backend, in_dtype, out_dtype, c_dtype, bias_dtype), options
+        return fn, _signature(cfg.backend, in_dtype, out_dtype, c_dtype, bias_dtype,
+                              cfg.wgmma), options
 
     return build
 
@@ -597,15 +622,24 @@ for _name, _cfg, _a_k, _b_k, _in, _out, _extra in (
          "float16", "float16", {"bias_dtype": "float16", "act": "silu", "split_finish": True}),
         ("gemm_wgmma_bf16_nt_64x256_silu_and_mul_split", "wg_64x256x64_s4", True, True,
          "bfloat16", "bfloat16", {"act": "silu_and_mul", "split_finish": True}),
+        # copies by the Tensor Memory Accelerator
+        ("gemm_wgmma_bf16_nt_64x128_tma", "wg_64x128x64_s8_p_tma", True, True, "bfloat16",
+         "bfloat16", {}),
 ):
-    _wg = CONFIGS[_cfg].wgmma
-    _producer = CONFIGS[_cfg].producer   # stages announced by the copies' own mbarrier arrival
+    _cfg_of = CONFIGS[_cfg]
+    # the cp.async producer announces stages by the copies' own mbarrier arrival; the TMA one
+    # issues box copies (no cp.async at all)
+    _noinc = _cfg_of.producer and not _cfg_of.tma
+    _ptx = (_WGMMA_PTX if _cfg_of.wgmma else _TC_PTX) + (
+        ("cp.async.mbarrier.arrive.noinc",) if _noinc else ())
+    _sass = (_WGMMA_SASS if _cfg_of.wgmma else _TC_SASS) + (
+        ("ARRIVES.LDGSTSBAR",) if _noinc else ())
+    if _cfg_of.tma:
+        _ptx = ("wgmma.mma_async.sync.aligned", "cp.async.bulk.tensor.2d")
+        _sass = ("HGMMA", "UTMALDG")
     compile_check.register(
-        _name, _compile_target(CONFIGS[_cfg], _a_k, _b_k, _in, _out, **_extra),
-        ptx_must_have=(_WGMMA_PTX if _wg else _TC_PTX) + (
-            ("cp.async.mbarrier.arrive.noinc",) if _producer else ()),
-        sass_must_have=(_WGMMA_SASS if _wg else _TC_SASS) + (
-            ("ARRIVES.LDGSTSBAR",) if _producer else ()))
+        _name, _compile_target(_cfg_of, _a_k, _b_k, _in, _out, **_extra),
+        ptx_must_have=_ptx, sass_must_have=_sass)
 # the few-row CUDA-core kernel: 16-byte loads of both operands, no local memory
 for _name, _cfg, _in, _out, _extra in (
         ("gemm_gemv_bf16_1x4", "gemv_1x4_w4_u2", "bfloat16", "bfloat16", {}),

@@ -31,7 +31,9 @@ class GemmConfig:
     ``block_m / 64`` warpgroups, ``block_k`` 64, warp fields unused; it needs both operands
     16-byte aligned and otherwise runs as the ``mma.sync`` kernel of ``LARGE_CONFIG``;
     ``producer``: its warp-specialised form (a copying warpgroup besides, mbarrier hand-over;
-    name suffix ``_p``).
+    name suffix ``_p``); ``tma``: the producer's copies made by the Tensor Memory Accelerator,
+    one box a tile an operand (name suffix ``_tma``; both operands K-major, else the kernel
+    runs as the ``tma=False`` twin).
     ``gemv``: the few-row CUDA-core kernel (``_gemv``, fp16 / bf16) for M <= ``block_m``:
     ``block_n`` output columns a block of ``warps_n`` warps, ``stages`` chunk steps a loop
     iteration; it needs both operands K-major and 16-byte aligned and K a multiple of 8, and
@@ -52,6 +54,7 @@ class GemmConfig:
     wgmma: bool = False
     gemv: bool = False
     producer: bool = False
+    tma: bool = False
 
     @property
     def name(self):
@@ -59,7 +62,8 @@ class GemmConfig:
         if self.gemv:
             body = f"gemv_{self.block_m}x{self.block_n}_w{self.warps_n}_u{self.stages}"
         elif self.wgmma:
-            body = f"wg_{tile}_s{self.stages}" + ("_p" if self.producer else "")
+            body = f"wg_{tile}_s{self.stages}" + ("_p" if self.producer else "") + (
+                "_tma" if self.tma else "")
         elif self.backend == "tensor_core":
             body = f"tc_{tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}"
         else:
@@ -111,6 +115,9 @@ class GemmConfig:
             bad(f"min_blocks must be None or an int in [0, 32], got {self.min_blocks!r}")
         if self.producer and not self.wgmma:
             bad("producer (warp specialisation) is a form of the wgmma kernel only")
+        if self.tma and not self.producer:
+            bad("tma (copies by the Tensor Memory Accelerator) is a form of the producer kernel "
+                "only")
         if self.gemv:
             if self.backend != "tensor_core" or self.wgmma or self.block_m not in (1, 2, 4) or \
                     not 1 <= self.block_n <= 16 or self.warps_n not in (1, 2, 4, 8, 16) or \
@@ -193,6 +200,11 @@ CONFIGS = {c.name: c for c in (
     GemmConfig("tensor_core", 64, 64, 64, stages=8, wgmma=True, producer=True),
     GemmConfig("tensor_core", 128, 64, 64, stages=6, wgmma=True, producer=True),
     GemmConfig("tensor_core", 128, 128, 64, stages=5, wgmma=True, producer=True),
+    # the same, copies by the Tensor Memory Accelerator (not yet timed: benchmarks/NOTES.md)
+    GemmConfig("tensor_core", 64, 64, 64, stages=8, wgmma=True, producer=True, tma=True),
+    GemmConfig("tensor_core", 64, 128, 64, stages=8, wgmma=True, producer=True, tma=True),
+    GemmConfig("tensor_core", 64, 256, 64, stages=4, wgmma=True, producer=True, tma=True),
+    GemmConfig("tensor_core", 128, 128, 64, stages=5, wgmma=True, producer=True, tma=True),
     # SIMT: 8 x 8 per thread, 256 threads, two blocks per SM (128 registers); BK = 16 halves
     # the barriers per FMA
     GemmConfig("simt", 128, 128, 8, thread_m=8, thread_n=8),
@@ -204,6 +216,7 @@ CONFIGS = {c.name: c for c in (
     GemmConfig("tensor_core", 16, 16, 32, 1, 1, 2),   # two k16 steps per K tile
     GemmConfig("tensor_core", 64, 64, 64, stages=3, wgmma=True),
     GemmConfig("tensor_core", 64, 64, 64, stages=3, wgmma=True, producer=True),
+    GemmConfig("tensor_core", 64, 64, 64, stages=3, wgmma=True, producer=True, tma=True),
     GemmConfig("simt", 16, 16, 8, thread_m=2, thread_n=2),
 )}
 

@@ -14,7 +14,7 @@ __all__ = [
     "cp_async_16", "cp_async_16_l2", "cp_async_commit", "cp_async_wait",
     "mbarrier_init", "fence_mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx",
     "mbarrier_expect_tx", "mbarrier_try_wait_parity", "mbarrier_wait_parity", "mbarrier_try_wait",
-    "cp_async_mbarrier_arrive_noinc", "cp_async_bulk_g2s",
+    "cp_async_mbarrier_arrive_noinc", "cp_async_bulk_g2s", "cp_async_bulk_tensor_2d_g2s",
 ]
 
 
@@ -344,3 +344,43 @@ def cp_async_bulk_g2s(typingctx, smem, smem_offset, gmem, gmem_offset, nbytes, b
 
     return (types.void(smem, smem_offset, gmem, gmem_offset, nbytes, bar, bar_offset),
             _unless(problem, codegen))
+
+
+@intrinsic
+def cp_async_bulk_tensor_2d_g2s(typingctx, smem, smem_offset, tensor_map, x, y, bar, bar_offset):
+    """``cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes``: the
+    Tensor Memory Accelerator copies the box at element column ``x``, row ``y`` of the 2-D
+    tensor that ``tensor_map`` describes (a 128-byte map in global memory, made by
+    ``_tensor_map.tensor_map_2d``; its box shape and swizzle are in the map) to
+    ``smem[smem_offset:]`` in the background, elements outside the tensor as zeros; on arrival
+    the box's bytes (all of them, filled ones too) count against the transaction count of the
+    mbarrier ``bar[bar_offset]``'s current phase (announce them first with
+    ``mbarrier_arrive_expect_tx``). One thread issues it for the whole box.
+
+    The shared destination must be 128-byte aligned, 1024-byte aligned for the 128-byte swizzle
+    (whose pattern follows address bits 7-9). ``x``, ``y``: int32 coordinates, may be negative
+    or past the end (those elements are zero-filled)."""
+    name = "cp_async_bulk_tensor_2d_g2s"
+    _check_memory_operand(smem, smem_offset, f"{name} smem")
+    _check_mbarrier(bar, bar_offset, name)
+    if not isinstance(tensor_map, types.Array):
+        raise TypingError(f"{name}: tensor_map must be the device array holding the map, got "
+                          f"{tensor_map}")
+    for what, value in (("x", x), ("y", y)):
+        if not isinstance(value, types.Integer):
+            raise TypingError(f"{name}: {what} must be an integer, got {value}")
+
+    def codegen(context, builder, signature, args):
+        dst = _element_pointer(context, builder, signature.args[0], args[0], signature.args[1],
+                               args[1])
+        array = context.make_array(signature.args[2])(context, builder, args[2])
+        coords = [context.cast(builder, args[i], signature.args[i], types.int32) for i in (3, 4)]
+        _asm(builder, ir.VoidType(), [_I32, _I64, _I32, _I32, _I32],
+             "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+             "[$0], [$1, {$2, $3}], [$4];", "r,l,r,r,r,~{memory}",
+             [_shared_address(builder, dst), builder.ptrtoint(array.data, _I64)] + coords
+             + [_mbarrier_address(context, builder, signature, args, first=5)],
+             side_effect=True)
+        return context.get_dummy_value()
+
+    return types.void(smem, smem_offset, tensor_map, x, y, bar, bar_offset), codegen

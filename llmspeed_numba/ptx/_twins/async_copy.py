@@ -207,3 +207,59 @@ def cp_async_bulk_g2s(smem, smem_offset, gmem, gmem_offset, nbytes, bar, bar_off
     dst = _byte_view(smem, smem_offset, n, name, "smem")
     dst[:] = _byte_view(gmem, gmem_offset, n, name, "gmem")
     _mbarrier_update(bar, bar_offset, 0, -n, name)
+
+
+# ---- the Tensor Memory Accelerator: the twin of a tensor map is an entry of this table, whose
+# key the map's buffer holds (``_tensor_map.tensor_map_2d`` under the simulator) ------------
+
+class TwinTensorMap:
+    """What a 2-D tensor map encodes: the tensor (a flat numpy view of its storage), its rows,
+    columns and row stride (elements), the box (rows, columns) and the swizzle span in bytes (0:
+    none, 128: the 16-byte chunks of each 128-byte row XOR-ed with address bits 7-9)."""
+
+    def __init__(self, flat, rows, cols, row_stride, box_rows, box_cols, swizzle):
+        self.flat, self.rows, self.cols, self.row_stride = flat, rows, cols, row_stride
+        self.box_rows, self.box_cols, self.swizzle = box_rows, box_cols, swizzle
+
+
+TWIN_TENSOR_MAPS = {}
+_TWIN_KEYS = iter(range(1, 1 << 62))
+
+
+def register_tensor_map(entry):
+    """A new key for ``entry`` (the twin's side of ``tensor_map_2d``)."""
+    key = next(_TWIN_KEYS)
+    TWIN_TENSOR_MAPS[key] = entry
+    return key
+
+
+def cp_async_bulk_tensor_2d_g2s(smem, smem_offset, tensor_map, x, y, bar, bar_offset):
+    name = "cp_async_bulk_tensor_2d_g2s"
+    entry = TWIN_TENSOR_MAPS.get(int(np.asarray(tensor_map).reshape(-1).view(np.uint64)[0]))
+    if entry is None:
+        raise ValueError(f"{name}: tensor_map is not a map made by tensor_map_2d")
+    x, y = int(x), int(y)
+    item = entry.flat.dtype.itemsize
+    row_bytes = entry.box_cols * item
+    nbytes = entry.box_rows * row_bytes
+    align = 1024 if entry.swizzle else 128
+    start = int(smem_offset) * np.asarray(getattr(smem, "_ary", smem)).dtype.itemsize
+    if start % align:
+        raise ValueError(f"{name}: the shared destination must be {align}-byte aligned, byte "
+                         f"offset {start}")
+    dst = _byte_view(smem, smem_offset, nbytes, name, "smem")
+    box = np.zeros((entry.box_rows, entry.box_cols), entry.flat.dtype)
+    r0, r1 = max(y, 0), min(y + entry.box_rows, entry.rows)
+    c0, c1 = max(x, 0), min(x + entry.box_cols, entry.cols)
+    for r in range(r0, r1):
+        if c0 < c1:
+            base = r * entry.row_stride
+            box[r - y, c0 - x:c1 - x] = entry.flat[base + c0:base + c1]
+    raw = box.reshape(-1).view(np.uint8)
+    if entry.swizzle:
+        address = start + np.arange(nbytes)
+        chunk_moved = address ^ (((address >> 7) & 7) << 4)
+        dst[chunk_moved - start] = raw
+    else:
+        dst[:] = raw
+    _mbarrier_update(bar, bar_offset, 0, -nbytes, name)

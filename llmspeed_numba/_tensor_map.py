@@ -1,0 +1,106 @@
+"""Tensor maps for Hopper's Tensor Memory Accelerator (TMA): the 128-byte descriptor of a 2-D
+tensor in global memory and of the box that ``ptx.cp_async_bulk_tensor_2d_g2s`` copies from it.
+
+On a GPU the descriptor is the driver's (``cuTensorMapEncodeTiled`` through cuda-bindings), kept
+in a 128-byte device buffer: PTX reads a tensor map from global memory as well as from a kernel
+parameter, so kernels take it as an ordinary array argument (numba has no ``__grid_constant__``
+parameters). A map describes an address, shape, strides and box, not an owner, so buffers are
+cached by those: a later tensor at the same address with the same layout reuses its map. Under
+the simulator the buffer holds a key to the twin's table (``ptx._twins.async_copy``), whose
+entry tells the twin what the hardware would copy.
+"""
+
+import numpy as np
+
+from ._arrays import STORAGE, Buffer, Tensor, device_address
+from ._env import SIMULATOR, cuda
+
+#: Swizzle spans (bytes) a map can have: 0 (rows stored as they are) or 128 (the layout wgmma's
+#: 128-byte-swizzle descriptors read: each 128-byte row's 16-byte chunks XOR-ed with the row
+#: within its 1024 bytes).
+SWIZZLES = (0, 128)
+MAP_BYTES = 128
+_MAX_BOX = 256   # elements along each box dimension
+
+_DEVICE_MAPS = {}
+
+
+def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", make=True):
+    """The map (a ``Buffer`` of 16 device ``uint64``; a numpy array under the simulator) of 2-D
+    tensor ``t`` (rows ``t.shape[0]``, unit column stride) with boxes of ``box_rows x box_cols``
+    elements. Requirements (the hardware's): the base address and the row stride in bytes
+    multiples of 16; box dimensions 1-256, a box row a multiple of 16 bytes, exactly 128 bytes
+    with the 128-byte swizzle. ``ValueError`` naming ``name`` otherwise. ``make=False``: None
+    unless the map is already cached (a new map is a synchronous host-to-device copy, which a
+    CUDA-graph capture refuses)."""
+    if t.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D array, got {t.ndim} dimensions")
+    rows, cols = t.shape
+    item = STORAGE[t.dtype].itemsize
+    if rows < 1 or cols < 1:
+        raise ValueError(f"{name}: expected a non-empty array, got shape {t.shape}")
+    if cols > 1 and t.strides[1] != 1:
+        raise ValueError(f"{name}: expected unit column stride, got strides {t.strides}")
+    row_stride = t.strides[0] if rows > 1 else cols
+    if (row_stride * item) % 16 or t.ptr % 16:
+        raise ValueError(f"{name}: the address and the row stride must be multiples of 16 "
+                         f"bytes, got address {t.ptr:#x} and {row_stride * item} bytes a row")
+    if swizzle not in SWIZZLES:
+        raise ValueError(f"swizzle: expected one of {SWIZZLES}, got {swizzle}")
+    if not (1 <= box_rows <= _MAX_BOX and 1 <= box_cols <= _MAX_BOX):
+        raise ValueError(f"box: expected 1-{_MAX_BOX} elements along each dimension, got "
+                         f"({box_rows}, {box_cols})")
+    row_bytes = box_cols * item
+    if row_bytes % 16 or (swizzle and row_bytes != swizzle):
+        raise ValueError(f"box: a row must be a multiple of 16 bytes (exactly {swizzle} with "
+                         f"the {swizzle}-byte swizzle), got {row_bytes} bytes")
+    if SIMULATOR:
+        return _twin_map(t, rows, cols, row_stride, box_rows, box_cols, swizzle)
+    key = (cuda.get_current_device().id, t.ptr, rows, cols, row_stride, item, box_rows,
+           box_cols, swizzle)
+    buf = _DEVICE_MAPS.get(key)
+    if buf is None and make:
+        words = _encode(t.ptr, rows, cols, row_stride * item, item, box_rows, box_cols, swizzle)
+        owner = cuda.to_device(words)
+        # the fast launch path takes a Buffer for an array parameter
+        buf = _DEVICE_MAPS[key] = Buffer(device_address(owner), words.size, words.dtype, owner)
+    return buf
+
+
+def _encode(address, rows, cols, row_stride_bytes, item, box_rows, box_cols, swizzle):
+    """The driver's encoding, as 16 host ``uint64`` words. The element type only sizes the
+    elements (a copy moves bits): unsigned integers of the storage width."""
+    from cuda.bindings import driver
+
+    dtypes = {1: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8,
+              2: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16,
+              4: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT32,
+              8: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT64}
+    swizzles = {0: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+                128: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    err, tmap = driver.cuTensorMapEncodeTiled(
+        dtypes[item], 2, address, [u64(cols), u64(rows)], [u64(row_stride_bytes)],
+        [u32(box_cols), u32(box_rows)], [u32(1), u32(1)],
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzles[swizzle],
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise ValueError(f"cuTensorMapEncodeTiled refused the map: {err!r} (address "
+                         f"{address:#x}, {rows} x {cols}, row stride {row_stride_bytes} B, box "
+                         f"{box_rows} x {box_cols}, swizzle {swizzle})")
+    return np.array([int(w) for w in tmap.opaque], dtype=np.uint64)
+
+
+def _twin_map(t, rows, cols, row_stride, box_rows, box_cols, swizzle):
+    from .ptx._twins.async_copy import TwinTensorMap, register_tensor_map
+
+    if t.host is None:
+        raise TypeError("simulator arrays must be numpy-backed")
+    flat = np.lib.stride_tricks.as_strided(
+        t.host.view(STORAGE[t.dtype]), shape=((rows - 1) * row_stride + cols,),
+        strides=(STORAGE[t.dtype].itemsize,))
+    words = np.zeros(MAP_BYTES // 8, np.uint64)
+    words[0] = register_tensor_map(
+        TwinTensorMap(flat, rows, cols, row_stride, box_rows, box_cols, swizzle))
+    return words
