@@ -665,3 +665,8 @@ compile_check.register(
     "gemm_simt_f32_nn", _compile_target(CONFIGS[SIMT_CONFIG], True, False, "float32", "float32"),
     sass_must_have=("FFMA", "LDS.128", "LDG.E.128"), allowed_local_bytes=8,
     why="2-blocks/SM register cap: 0.91x cuBLAS as measured with 13.0's 4 B spill")
+# the heuristic's SIMT tile up to 512 x 512 outputs (a fraction of the large tile's compile time)
+compile_check.register(
+    "gemm_simt_f32_nn_64x64", _compile_target(CONFIGS["simt_64x64x8_t4x4"], True, False,
+                                              "float32", "float32"),
+    sass_must_have=("FFMA", "LDS.128", "LDG.E.128"))
