@@ -200,7 +200,8 @@ CONFIGS = {c.name: c for c in (
     GemmConfig("tensor_core", 64, 64, 64, stages=8, wgmma=True, producer=True),
     GemmConfig("tensor_core", 128, 64, 64, stages=6, wgmma=True, producer=True),
     GemmConfig("tensor_core", 128, 128, 64, stages=5, wgmma=True, producer=True),
-    # the same, copies by the Tensor Memory Accelerator (not yet timed: benchmarks/NOTES.md)
+    # the same, copies by the Tensor Memory Accelerator (opt-in; timed in benchmarks/NOTES.md,
+    # session 24)
     GemmConfig("tensor_core", 64, 64, 64, stages=8, wgmma=True, producer=True, tma=True),
     GemmConfig("tensor_core", 64, 128, 64, stages=8, wgmma=True, producer=True, tma=True),
     GemmConfig("tensor_core", 64, 256, 64, stages=4, wgmma=True, producer=True, tma=True),
