@@ -225,6 +225,66 @@ def test_conversions(seed):
     np.testing.assert_array_equal(quads[:, 2:4].ravel(), bf16_back)
 
 
+@cuda.jit
+def _code_to_half_kernel(a, b, sel, permuted, diff_f16, diff_bf16):
+    i = cuda.grid(1)
+    if i < a.size:
+        permuted[i] = ptx.prmt(a[i], b[i], sel[i])
+        diff_f16[i] = ptx.sub_f16x2(a[i], b[i])
+        diff_bf16[i] = ptx.sub_bf16x2(a[i], b[i])
+
+
+def _prmt_reference(a, b, sel):
+    source = np.stack([a, b], axis=1).view(np.uint8).reshape(-1, 8)   # a's bytes 0-3, b's 4-7
+    out = np.zeros((a.size, 4), np.uint8)
+    for i in range(4):
+        nibble = (sel >> np.uint32(4 * i)) & np.uint32(0xF)
+        byte = source[np.arange(a.size), nibble & 7]
+        out[:, i] = np.where(nibble & 8, np.where(byte & 0x80, 0xFF, 0), byte)
+    return out.view(np.uint32).ravel()
+
+
+def test_prmt_and_packed_sub(rng):
+    """prmt in both modes (byte select, sign replicate) on random words and selectors; the packed
+    f16 / bf16 subtraction against NumPy's correctly rounded difference, on the code conversion's
+    values (a 4-bit code beside the magic's exponent byte, minus magic + zero point: exact) and on
+    finite random halves."""
+    n = 256
+    a = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    half = n // 2   # first half: the conversion's operands
+    codes = rng.integers(0, 16, (half, 2)).astype(np.uint32)
+    zero = rng.integers(0, 16, (half, 1)).astype(np.uint32)
+    magic_f16, magic_bf16 = 0x6400, 0x4300
+    a[:half // 2] = ((magic_f16 | codes[:half // 2]) * [1, 1 << 16]).sum(1)
+    b[:half // 2] = ((magic_f16 | zero[:half // 2]) * 0x10001).ravel()
+    a[half // 2:half] = ((magic_bf16 | codes[half // 2:]) * [1, 1 << 16]).sum(1)
+    b[half // 2:half] = ((magic_bf16 | zero[half // 2:]) * 0x10001).ravel()
+    finite = rng.standard_normal((n - half, 2)).astype(np.float32)
+    a[half:] = finite.astype(np.float16).view(np.uint32).ravel()
+    b[half:] = (finite[:, ::-1] * 0.3).astype(np.float16).view(np.uint32).ravel()
+    sel = rng.integers(0, 2**16, n).astype(np.uint32)
+    sel[:4] = [0x7250, 0x7351, 0x3210, 0x8888]
+    outs = [np.zeros(n, np.uint32) for _ in range(3)]
+    _code_to_half_kernel[2, 128](a, b, sel, *outs)
+    permuted, diff_f16, diff_bf16 = outs
+    np.testing.assert_array_equal(permuted, _prmt_reference(a, b, sel))
+
+    def rounded_diff(dtype):
+        x = a.view(dtype).astype(np.float64) - b.view(dtype).astype(np.float64)
+        return x.astype(dtype).view(np.uint32)
+
+    f16_rows = np.r_[0:half // 2, half:n]
+    np.testing.assert_array_equal(diff_f16[f16_rows], rounded_diff(np.float16)[f16_rows])
+    exact = codes[:half // 2].astype(np.float64) - zero[:half // 2]
+    np.testing.assert_array_equal(diff_f16[:half // 2].view(np.float16).reshape(-1, 2), exact)
+    bf16_rows = np.r_[half // 2:half]
+    np.testing.assert_array_equal(diff_bf16[bf16_rows], rounded_diff(BF16)[bf16_rows])
+    exact = codes[half // 2:].astype(np.float64) - zero[half // 2:]
+    np.testing.assert_array_equal(diff_bf16[half // 2:half].view(BF16).reshape(-1, 2)
+                                  .astype(np.float64), exact)
+
+
 # ---- math and warp collectives -------------------------------------------------------------
 
 @cuda.jit

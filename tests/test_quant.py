@@ -1,12 +1,13 @@
 """quantize_weight / QuantizedWeight / quant_gemm: dequantize() against the original weight within
 each format's rounding bound, GGUF blocks bit for bit against the ``gguf`` package, GPTQ's packing,
-quant_gemm against float64 ``x @ qw.dequantize().T`` (both paths: the decode kernel, planned up
-to M = 4 / 2 and forced up to 16, and the Tensor Core kernel, forced at small M under the
-simulator), and every documented error.
+quant_gemm against float64 ``x @ qw.dequantize().T`` (every path: the streaming kernel of 4-bit
+weights at M <= 16, the decode kernel, planned up to M = 4 / 2 and forced up to 16, and the Tensor
+Core kernel, forced at small M under the simulator), and every documented error.
 
 Tolerances are derived (``testing.derived_check``): the plain model sums in float32 with the
-dequantized weight as the path uses it (exact on the decode kernel; rounded to x's dtype on the
-Tensor Core kernel, with its accumulator model on a GPU). Under the simulator shapes are one or
+dequantized weight as the path uses it (exact on the decode and streaming kernels; rounded to x's
+dtype on the Tensor Core kernel), with the Tensor Core accumulator model on a GPU for the
+streaming and Tensor Core kernels. Under the simulator shapes are one or
 two blocks of the 16 x 16 simulator tile; the GPU suite (``-m gpu``) adds the issue's sizes.
 """
 
@@ -21,7 +22,8 @@ import llmspeed_numba as lsn
 from llmspeed_numba import SIMULATOR
 from llmspeed_numba._arrays import numpy_dtype, to_host
 from llmspeed_numba._overrides import overrides
-from llmspeed_numba.ops.quant_gemm import DECODE_MAX_M, decode_plan, on_decode_kernel, tc_plan
+from llmspeed_numba.ops.quant_gemm import (DECODE_MAX_M, decode_plan, on_decode_kernel,
+                                           on_stream_kernel, stream_plan, tc_plan)
 from llmspeed_numba.ops.quant_weight import pack_codes, unpack_codes
 from llmspeed_numba.reference.gemm import gemm_plain, gemm_reference
 from llmspeed_numba.testing import derived_check, f64, poison, random_array, to_device
@@ -49,8 +51,12 @@ def weight(rng, N, K, dtype, scale=0.05):
     return random_array((N, K), dtype, rng, scale=scale)
 
 
-def check(got, x, qw, *, out_dtype, bias=None, activation=None, tensor_core=False):
-    """quant_gemm's result against float64 ``x @ qw.dequantize().T`` (+ bias, activation)."""
+def check(got, x, qw, *, out_dtype, bias=None, activation=None, tensor_core=False, mma=None):
+    """quant_gemm's result against float64 ``x @ qw.dequantize().T`` (+ bias, activation).
+    ``tensor_core``: the weight rounded to x's dtype; ``mma``: Tensor Core accumulation
+    (default: with ``tensor_core``, on a GPU)."""
+    if mma is None:
+        mma = tensor_core and not SIMULATOR
     w = qw.dequantize()
     bias_h = None if bias is None else np.asarray(bias)
     reference = gemm_reference(np.asarray(x, np.float64), w.astype(np.float64).T,
@@ -58,7 +64,7 @@ def check(got, x, qw, *, out_dtype, bias=None, activation=None, tensor_core=Fals
                                activation=activation)
     w_plain = w.astype(np.asarray(x).dtype) if tensor_core else w
     plain = gemm_plain(x, np.asarray(w_plain, np.float32).T, bias=bias_h, activation=activation,
-                       out_dtype=numpy_dtype(out_dtype), mma=tensor_core and not SIMULATOR)
+                       out_dtype=numpy_dtype(out_dtype), mma=mma)
     derived_check(f64(got), reference, np.asarray(plain, np.float64))
 
 
@@ -68,8 +74,9 @@ def run(rng, qw, M, x_dtype, *, out_dtype=None, bias_dtype=None, activation=None
     poisoned ``out``, checked (``tensor_core``: the path's arithmetic the check assumes;
     default: the path planned for M under the active overrides)."""
     N, K = qw.shape
+    stream = on_stream_kernel(qw, M)
     if tensor_core is None:
-        tensor_core = not on_decode_kernel(qw, M)
+        tensor_core = not stream and not on_decode_kernel(qw, M)
     x_full = random_array((M, K + x_pad), x_dtype, rng)
     x = x_full[:, :K]
     bias = None if bias_dtype is None else random_array((N,), bias_dtype, rng)
@@ -79,7 +86,8 @@ def run(rng, qw, M, x_dtype, *, out_dtype=None, bias_dtype=None, activation=None
     got = lsn.quant_gemm(dx, qw, bias=None if bias is None else device(bias),
                          activation=activation, out=out)
     assert got is out
-    check(got, x, qw, out_dtype=out_dtype, bias=bias, activation=activation, tensor_core=tensor_core)
+    check(got, x, qw, out_dtype=out_dtype, bias=bias, activation=activation,
+          tensor_core=tensor_core and not stream, mma=(tensor_core or stream) and not SIMULATOR)
 
 
 def rounding_bound(qw, w):
@@ -303,7 +311,8 @@ def test_quant_gemm(data):
     qw = lsn.quantize_weight(device(weight(rng, N, K, dtype)), fmt, group_size=group,
                              symmetric=symmetric)
     decode_max_m = 0 if forced_tc else DECODE_MAX_M
-    with overrides(quant_gemm={"splits": splits, "decode_max_m": decode_max_m}):
+    with overrides(quant_gemm={"splits": splits, "decode_max_m": decode_max_m,
+                               "stream_max_m": 0 if forced_tc else None}):
         run(rng, qw, M, dtype, out_dtype=out_dtype, bias_dtype=bias_dtype,
             activation=activation, tensor_core=M > decode_max_m, x_pad=8)
 
@@ -325,18 +334,22 @@ def test_quant_gemm_k_not_a_whole_chunk(fmt, K, rng):
     run(rng, qw, 2, "bfloat16")
 
 
-@pytest.mark.parametrize("tensor_core", [False, True])
-def test_quant_gemm_gptq_strided_out(tensor_core, rng):
+@pytest.mark.parametrize("path", ["stream", "decode", "tensor_core"])
+def test_quant_gemm_gptq_strided_out(path, rng):
     """A GPTQ weight (zero points per group) into a column slice of a larger output (element-wise
-    stores), on either kernel: only the slice is written."""
+    stores), on each kernel: only the slice is written."""
+    tensor_core = path == "tensor_core"
     qweight, scales, qzeros, _ = gptq_tensors(rng, 16, 128, 64)
     qw = lsn.QuantizedWeight.from_gptq(device(qweight), device(scales), device(qzeros),
                                        group_size=64, kind="torch")
     x = random_array((2, 128), "float16", rng)
     big = poison(_empty((2, 40), "float32"))
-    with overrides(quant_gemm={"decode_max_m": 0 if tensor_core else DECODE_MAX_M}):
+    with overrides(quant_gemm={"decode_max_m": 0 if tensor_core else DECODE_MAX_M,
+                               "stream_max_m": None if path == "stream" else 0}):
+        assert on_stream_kernel(qw, 2) == (path == "stream")
         got = lsn.quant_gemm(device(x), qw, out=big[:, 8:24])
-    check(got, x, qw, out_dtype="float32", tensor_core=tensor_core)
+    check(got, x, qw, out_dtype="float32", tensor_core=tensor_core,
+          mma=path != "decode" and not SIMULATOR)
     rest = f64(big)[:, np.r_[0:8, 24:40]]
     assert np.isnan(rest).all(), "quant_gemm wrote outside out"
 
@@ -361,11 +374,78 @@ def test_decode_plan_splits_k_for_few_column_blocks():
         assert splits16 <= splits   # partial sums capped against the codes' bytes
 
 
+# ---- quant_gemm: the streaming kernel (4-bit, N a multiple of 16, M <= 16) -----------------
+
+@given(st.data())
+def test_quant_gemm_stream(data):
+    """The streaming kernel on every 4-bit form (symmetric, zero points, one group a row), K
+    split or not (a short last split, stages cut short by K), M on one or two 8-token fragments,
+    the epilogue's options; under the simulator its blocks are one consumer warp (16 columns)
+    and a 2-stage ring."""
+    group = data.draw(st.sampled_from((32, 64, 128, -1)), "group_size")
+    chunks = data.draw(st.integers(1, 40), "chunks")
+    K = 32 * chunks if group == -1 else max(group, 32 * chunks // group * group)
+    N = 16 * data.draw(st.integers(1, 4 if SIMULATOR else 40), "N / 16")
+    M = data.draw(st.integers(1, 16), "M")
+    dtype = data.draw(st.sampled_from(X_DTYPES), "dtype")
+    out_dtype = data.draw(st.sampled_from((None, "float32")), "out_dtype")
+    bias_dtype = data.draw(st.sampled_from((None, "float32", dtype)), "bias_dtype")
+    activation = data.draw(st.sampled_from((None, "silu", "relu")), "activation")
+    symmetric = data.draw(st.booleans(), "symmetric")
+    splits = data.draw(st.sampled_from((None, 1, 2, 3)), "splits")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), "seed"))
+    qw = lsn.quantize_weight(device(weight(rng, N, K, dtype)), "int4", group_size=group,
+                             symmetric=symmetric)
+    with overrides(quant_gemm={"splits": splits}):
+        assert on_stream_kernel(qw, M)
+        run(rng, qw, M, dtype, out_dtype=out_dtype, bias_dtype=bias_dtype,
+            activation=activation, x_pad=8)
+
+
+@pytest.mark.parametrize("name,x_dtype,M", [("Q4_0", "float16", 3), ("Q4_1", "bfloat16", 9),
+                                            ("Q4_1", "float16", 1)])
+def test_quant_gemm_stream_gguf(name, x_dtype, M, rng):
+    """GGUF 4-bit blocks on the streaming kernel (Q4_1: the minimum times each scale unit's sum
+    of x), K split in three."""
+    N, K = 32, 32 * 24
+    qw = lsn.QuantizedWeight.from_gguf(gguf_blocks(rng, N, K, GT[name]), name, (N, K),
+                                       kind="torch")
+    with overrides(quant_gemm={"splits": 3}):
+        assert on_stream_kernel(qw, M)
+        run(rng, qw, M, x_dtype, out_dtype="float32", bias_dtype="float32")
+
+
+def test_quant_gemm_stream_replays_with_tickets_left_zero(rng):
+    """Two calls of a split launch: the last block of each column range resets its ticket."""
+    qw = lsn.quantize_weight(device(weight(rng, 32, 512, "bfloat16")), "int4", group_size=64)
+    for _ in range(2):
+        with overrides(quant_gemm={"splits": 2}):
+            run(rng, qw, 5, "bfloat16", activation="silu")
+
+
+def test_stream_plan():
+    """The split of K: whole stages, enough blocks for the SMs, x's staged bytes bounded, and
+    only 4-bit weights with N a multiple of 16 (others take the decode / Tensor Core kernels)."""
+    from llmspeed_numba.ops import _quant_stream as qs
+    from llmspeed_numba.ops.quant_gemm import STREAM_X_BYTES
+
+    qw = lsn.quantize_weight(np.ones((4096, 4096), np.float16), "int4")
+    with overrides(device={"sm_count": 132}, quant_gemm={"stream_warps": 4}):
+        for M in (1, 16):
+            m_block, group_chunks, splits, kspan = stream_plan(qw, M)
+            assert group_chunks == 4 and kspan % qs.STAGE_CHUNKS == 0
+            assert splits * kspan >= 4096 // 32 and splits > 1
+            assert m_block * kspan * 32 * 2 <= STREAM_X_BYTES
+    assert not on_stream_kernel(lsn.quantize_weight(np.ones((24, 128), np.float16), "int4"), 1)
+    assert not on_stream_kernel(lsn.quantize_weight(np.ones((32, 128), np.float16), "int8"), 1)
+    assert not on_stream_kernel(qw, 17)
+
+
 # ---- quant_gemm: the Tensor Core kernel (M > DECODE_MAX_M; forced at small M) ---------------
 
 def _tensor_core(**knobs):
     """The Tensor Core kernel at every M (under the simulator: its 16 x 16 x 32 tile)."""
-    return overrides(quant_gemm={"decode_max_m": 0, **knobs})
+    return overrides(quant_gemm={"decode_max_m": 0, "stream_max_m": 0, **knobs})
 
 
 @pytest.mark.parametrize("fmt,dtype,group,symmetric", [

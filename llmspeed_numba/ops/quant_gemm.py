@@ -47,9 +47,10 @@ from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
 from .._workspace import workspace
 from . import _quant_kernels as qk
-from . import _fp8_gemm, _quant_tc
+from . import _fp8_gemm, _quant_stream, _quant_tc
 from ._activations_device import ACTIVATIONS
 from ._epilogue import vector_width
+from .gemm_configs import wgmma_supported
 from .gemm import _address, _vector_ok, launch_splitk_reduce, splitk_partials
 from .quant_weight import QuantizedWeight
 
@@ -74,12 +75,57 @@ TC_TILES = ((32, (32, 128, 64, 1, 4, 4, 8)),
             (None, (128, 128, 64, 2, 4, 3, 8)))
 #: The simulator's tile: one warp, two n8 fragments, one int4 / two int8 chunks a stage.
 SIM_TC_TILE = (16, 16, 32, 1, 1, 2, 8)
-#: ``splits``: None (planned) or a forced split count (both kernels); ``block_n``: decode block
+#: Largest M on the streaming kernel (``_quant_stream``: 4-bit weights, N a multiple of 16,
+#: Hopper): its accumulators are one or two 8-token fragments.
+STREAM_MAX_M = 16
+#: Consumer warps of a streaming block (16 output columns each), ring stages, and the blocks an
+#: SM the split of K aims at (untuned: no GPU run yet).
+STREAM_WARPS = 4
+STREAM_STAGES = 4
+STREAM_BLOCKS_PER_SM = 3
+#: Most shared memory a streaming block's staged x may take (bytes): a larger K range is split.
+STREAM_X_BYTES = 64 * 1024
+#: ``splits``: None (planned) or a forced split count (every kernel); ``block_n``: decode block
 #: width; ``decode_max_m``: None (``DECODE_PLANNED_MAX_M``) or the largest M on the decode
-#: kernel (tests force either path with it); ``tc_tile``: None (``TC_TILES`` by M) or a forced Tensor Core tile.
+#: kernel (tests force either path with it); ``tc_tile``: None (``TC_TILES`` by M) or a forced
+#: Tensor Core tile; ``stream_max_m``: None (``STREAM_MAX_M``) or the largest M on the
+#: streaming kernel (0: never).
 TUNING = Knobs("quant_gemm", decode_max_m=None, block_n=32 if SIMULATOR else BLOCK_N,
                splits=None, blocks_per_sm=BLOCKS_PER_SM,
-               tc_tile=SIM_TC_TILE if SIMULATOR else None)
+               tc_tile=SIM_TC_TILE if SIMULATOR else None, stream_max_m=None,
+               stream_warps=1 if SIMULATOR else STREAM_WARPS,
+               stream_stages=2 if SIMULATOR else STREAM_STAGES,
+               stream_blocks_per_sm=STREAM_BLOCKS_PER_SM)
+
+
+def on_stream_kernel(qw, M):
+    """Whether M rows of x against ``qw`` run on the streaming kernel."""
+    max_m = STREAM_MAX_M if TUNING.stream_max_m is None else TUNING.stream_max_m
+    return (M <= min(max_m, STREAM_MAX_M) and qw.bits == 4 and qw.N % 16 == 0
+            and (qw.groups == 1 or qw.group_size in (32, 64, 128)) and wgmma_supported())
+
+
+def stream_plan(qw, M):
+    """(m_block, group_chunks, splits, kspan) of the streaming kernel: K split for about
+    ``stream_blocks_per_sm`` blocks an SM, by whole stages, x's staged bytes and the partial
+    sums' traffic bounded."""
+    m_block = _m_block(M)
+    block_n = 16 * TUNING.stream_warps
+    S = _quant_stream.STAGE_CHUNKS
+    chunks = _cdiv(qw.K_padded, _quant_stream.CHUNK_K)
+    stages_total = _cdiv(chunks, S)
+    if TUNING.splits is not None:
+        splits = TUNING.splits
+    else:
+        want = _cdiv(TUNING.stream_blocks_per_sm * sm_count(), _cdiv(qw.N, block_n))
+        # partial sums (8 bytes an output, written and read) at most a quarter of the codes'
+        cap = max(1, qw.K_padded // (64 * M))
+        x_stages = STREAM_X_BYTES // (m_block * S * _quant_stream.CHUNK_K * 2)
+        splits = max(min(want, cap), _cdiv(stages_total, max(1, x_stages)))
+    splits = max(1, min(splits, stages_total))
+    kspan = _cdiv(stages_total, splits) * S
+    group_chunks = 0 if qw.groups == 1 else qw.group_size // _quant_stream.CHUNK_K
+    return m_block, group_chunks, _cdiv(chunks, kspan), kspan
 
 
 def on_decode_kernel(qw, M):
@@ -184,6 +230,32 @@ def tc_plan(qw, M):
     splits = max(1, min(splits, k_tiles))
     k_split = _cdiv(k_tiles, splits) * block_k
     return tile, _cdiv(kp, k_split), k_split
+
+
+def _stream(tx, qw, tbias, to, out_dtype, activation, stream):
+    M, K = tx.shape
+    N = qw.N
+    m_block, group_chunks, splits, kspan = stream_plan(qw, M)
+    warps, stages = TUNING.stream_warps, TUNING.stream_stages
+    partial = splits > 1
+    kernel = _quant_stream.stream_kernel(warps, stages, m_block, group_chunks, qw.mode,
+                                         qw.zero_point, qw.scale_dtype, tx.dtype, out_dtype,
+                                         tbias.dtype if tbias is not None else None,
+                                         activation, partial)
+    codes, scales, aux = _buffers(qw)
+    out_buf = kernel_buffer(to)
+    bias_buf = kernel_buffer(tbias) if tbias is not None else out_buf
+    col_blocks = _cdiv(N, 16 * warps)
+    counters = workspace(tx, stream, "quant_gemm_tickets", col_blocks, np.int32,
+                         own_in_graph="graph")
+    work = splitk_partials(tx, stream, splits * M * N) if partial else counters
+    x_sm = tx.strides[0] if M > 1 else K
+    so_m, so_n = to.strides
+    kernel((col_blocks, splits), 32 * (warps + 1),
+           (kernel_buffer(tx), codes, scales, aux, out_buf, bias_buf, work, counters, M, N, K,
+            x_sm, kspan, so_m, so_n), stream,
+           _quant_stream.shared_bytes(warps, stages, m_block, kspan, group_chunks, qw.mode,
+                                      qw.scale_dtype))
 
 
 def _tensor_core(tx, qw, tbias, to, out_dtype, activation, stream):
@@ -297,7 +369,9 @@ def _quant_gemm_checked(x, qw, bias, activation, out, out_dtype, stream):
         return out
     if qw.k_perm is not None:
         tx = _gather_columns(tx, qw, handle)
-    if on_decode_kernel(qw, M):
+    if on_stream_kernel(qw, M):
+        _stream(tx, qw, tbias, to, out_dtype, activation, handle)
+    elif on_decode_kernel(qw, M):
         _decode(tx, qw, tbias, to, out_dtype, activation, handle)
     else:
         _tensor_core(tx, qw, tbias, to, out_dtype, activation, handle)
@@ -328,6 +402,29 @@ def _register():
                                                                                       mb)
 
         compile_check.register(name, build, sass_must_have=("LDG.E.128", "LDS.128"))
+    stream_variants = {
+        # name: (m_block, group chunks, mode, zero point, scale dtype, x dtype, out dtype, bias,
+        #        act, partial)
+        "quant_stream_int4_g128_bf16_m1": (1, 4, "const", 8, "bfloat16", "bfloat16", "bfloat16",
+                                           None, None, False),
+        "quant_stream_int4_g128_f16_m16_splitk": (16, 4, "const", 8, "float16", "float16",
+                                                  "float16", "float16", "silu", True),
+        "quant_stream_int4_awq_bf16_m4": (4, 4, "zeros", None, "bfloat16", "bfloat16",
+                                          "bfloat16", None, None, True),
+        "quant_stream_q4_1_f16_m1": (1, 1, "affine", None, "float16", "float16", "float16", None,
+                                     None, True),
+    }
+    for name, (mb, gc, mode, zp, sd, xd, od, bd, act, partial) in stream_variants.items():
+        def build_stream(mb=mb, gc=gc, mode=mode, zp=zp, sd=sd, xd=xd, od=od, bd=bd, act=act,
+                         partial=partial):
+            return (_quant_stream.kernel_fn(STREAM_WARPS, STREAM_STAGES, mb, gc, mode, zp, sd, xd,
+                                            od, bd, act, partial),
+                    _quant_stream.signature(mode, sd, xd, od, bd))
+
+        compile_check.register(name, build_stream,
+                               ptx_must_have=("mma.sync.aligned.m16n8k16",
+                                              "cp.async.bulk.shared::cluster.global"),
+                               sass_must_have=("HMMA", "UBLKCP", "LDS.128"))
     tc_variants = {
         # name: (bits, tile, mode, zero point, scale dtype, x dtype, out dtype, bias, act,
         #        one group)

@@ -1,5 +1,7 @@
 """Conversions: f32 to and from f16 / bf16 bits (scalar, and two packed in a uint32), f32 pairs
-to FP8 E4M3 codes, and the bit casts between float32 and its uint32 bits."""
+to FP8 E4M3 codes, the bit casts between float32 and its uint32 bits, and the byte permute and packed subtraction
+of an integer-code-to-half conversion (a code OR-ed into a half's mantissa, minus the
+magic number and zero point: exact)."""
 
 from llvmlite import ir
 from numba import types
@@ -10,7 +12,7 @@ from .common import _F32, _I16, _I32, _asm, _tuple
 __all__ = [
     "pack_f16x2", "pack_bf16x2", "unpack_f16x2", "unpack_bf16x2",
     "f16_to_f32", "bf16_to_f32", "f32_to_f16", "f32_to_bf16",
-    "f32_bits", "f32_from_bits", "pack_e4m3x2",
+    "f32_bits", "f32_from_bits", "pack_e4m3x2", "sub_f16x2", "sub_bf16x2", "prmt",
 ]
 
 
@@ -141,3 +143,41 @@ def pack_e4m3x2(typingctx, lo, hi):
                     "=h,f,f", [hi_v, lo_v])
 
     return types.uint16(lo, hi), codegen
+
+
+# --------------------------------------------------------------------------------------------
+# Packed half subtraction: two f16 / bf16 lanes at once (sub.bf16x2 needs sm_90)
+# --------------------------------------------------------------------------------------------
+
+def _make_sub(kind):
+    text = f"sub.rn.{kind}x2 $0, $1, $2;"
+
+    @intrinsic
+    def sub(typingctx, a, b):
+        def codegen(context, builder, signature, args):
+            a_v = context.cast(builder, args[0], signature.args[0], types.uint32)
+            b_v = context.cast(builder, args[1], signature.args[1], types.uint32)
+            return _asm(builder, _I32, [_I32, _I32], text, "=r,r,r", [a_v, b_v])
+
+        return types.uint32(a, b), codegen
+
+    return sub
+
+
+sub_f16x2 = _make_sub("f16")
+sub_bf16x2 = _make_sub("bf16")
+
+
+# --------------------------------------------------------------------------------------------
+# Byte permute: a code's byte beside a half's exponent byte in one instruction
+# --------------------------------------------------------------------------------------------
+
+@intrinsic
+def prmt(typingctx, a, b, selector):
+    """``prmt.b32`` (default mode): result byte i is byte ``selector >> 4i & 7`` of the 8 bytes
+    (a's 0-3, b's 4-7), or, with bit ``4i + 3`` set, that byte's sign bit replicated."""
+    def codegen(context, builder, signature, args):
+        vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, signature.args)]
+        return _asm(builder, _I32, [_I32] * 3, "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", vals)
+
+    return types.uint32(a, b, selector), codegen

@@ -57,3 +57,36 @@ def f32_from_bits(bits):
 def pack_e4m3x2(lo, hi):
     codes = encode_e4m3(np.array([lo, hi], np.float32))
     return np.uint16(int(codes[0]) | (int(codes[1]) << 8))
+
+
+# ---- packed half subtraction ---------------------------------------------------------------
+
+def _sub_x2(a, b, to_f32, to_bits):
+    a_lo, a_hi = _unpack(a, to_f32)
+    b_lo, b_hi = _unpack(b, to_f32)
+    # the exact difference (float64) through float32, then rounded: one rounding, as sub.rn
+    # does, whenever the difference fits float32's 24 bits (the code conversions' always do)
+    return np.uint32(to_bits(np.float32(a_lo - b_lo)) | (to_bits(np.float32(a_hi - b_hi)) << 16))
+
+
+def sub_f16x2(a, b):
+    return _sub_x2(a, b, _f16_bits_to_f32, _f32_to_f16_bits)
+
+
+def sub_bf16x2(a, b):
+    return _sub_x2(a, b, _bf16_bits_to_f32, _f32_to_bf16_bits)
+
+
+# ---- byte permute --------------------------------------------------------------------------
+
+def prmt(a, b, selector):
+    source = int(a) & 0xFFFFFFFF | (int(b) & 0xFFFFFFFF) << 32
+    sel = int(selector)
+    out = 0
+    for i in range(4):
+        nibble = sel >> (4 * i) & 0xF
+        byte = source >> (8 * (nibble & 7)) & 0xFF
+        if nibble & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * i)
+    return np.uint32(out)

@@ -1,0 +1,104 @@
+"""The streaming 4-bit kernel of ``quant_gemm`` (``_quant_stream``) against the decode (SIMT) and
+Tensor Core kernels it replaces at M <= 16, and bf16 cuBLAS on the dequantized weight, same run:
+CUDA-graph replay, L2 flushed (``_harness.time_gpu``). Each case's stream result is checked
+against float64 ``x @ w_deq.T``. ``--tune`` also times other ring depths, block widths and
+split targets at two shapes. One line a case (us, and the ratio cuBLAS / ours); CSV rows of
+every timing to ``$OUT/quant_stream.csv`` (or benchmarks/results/).
+
+    python benchmarks/probes/probe_quant_stream.py [--m 1,2,4,8,16] [--tune]
+"""
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+from _harness import graphed, time_gpu  # noqa: E402
+
+import llmspeed_numba as lsn  # noqa: E402
+from llmspeed_numba._overrides import overrides  # noqa: E402
+
+SHAPES = "4096x4096,14336x4096,4096x14336,128256x4096"
+PATHS = {   # name: quant_gemm knobs
+    "stream": {},
+    "decode": {"stream_max_m": 0, "decode_max_m": 16},
+    "tc": {"stream_max_m": 0, "decode_max_m": 0},
+}
+TUNE = [{"stream_stages": s} for s in (3, 6, 8)] + [{"stream_warps": 8}, {"stream_warps": 2}] + [
+    {"stream_blocks_per_sm": b} for b in (2, 4, 6)]
+
+
+def _us(fn):
+    fn()
+    return 1e3 * time_gpu(graphed(fn))["median"]
+
+
+def main(argv=None):
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--m", default="1,2,4,8,16")
+    parser.add_argument("--shapes", default=SHAPES)
+    parser.add_argument("--formats", default="int4g128,int4g32z")
+    parser.add_argument("--tune", action="store_true")
+    args = parser.parse_args(argv)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or open(".gpu/commit").read().strip()
+    out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "..", "results")
+    rows = []
+    for shape in args.shapes.split(","):
+        N, K = map(int, shape.split("x"))
+        torch.manual_seed(N + K)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02
+        for fmt in args.formats.split(","):
+            if fmt != "int4g128" and N * K > 4096 * 14336:
+                continue
+            group, symmetric = (128, True) if fmt == "int4g128" else (32, False)
+            qw = lsn.quantize_weight(w, "int4", group_size=group, symmetric=symmetric,
+                                     kind="torch")
+            w_deq = torch.from_numpy(qw.dequantize()).to("cuda")
+            w_bf16 = w_deq.to(torch.bfloat16)
+            for M in map(int, args.m.split(",")):
+                x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+                out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+                ref = (x.double() @ w_deq.double().T)
+                us = {"cublas": _us(lambda: torch.matmul(x, w_bf16.T, out=out))}
+                err = None
+                for path, knobs in PATHS.items():
+                    with overrides(quant_gemm=knobs):
+                        us[path] = _us(lambda: lsn.quant_gemm(x, qw, out=out))
+                        if path == "stream":
+                            lsn.quant_gemm(x, qw, out=out)
+                            torch.cuda.synchronize()
+                            err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+                if args.tune and M in (1, 16) and shape in ("4096x14336", "14336x4096",
+                                                            "4096x4096"):
+                    for knobs in TUNE:
+                        with overrides(quant_gemm=knobs):
+                            name = "stream " + ",".join(f"{k[7:]}={v}" for k, v in knobs.items())
+                            us[name] = _us(lambda: lsn.quant_gemm(x, qw, out=out))
+                best = min((p for p in us if p != "cublas"), key=us.get)
+                line = " ".join(f"{p} {t:.1f}" for p, t in us.items())
+                print(f"{fmt} {M}x{N}x{K}: {line} | stream {us['cublas'] / us['stream']:.2f}x "
+                      f"cuBLAS, best {best} | stream err {err:.1e}", flush=True)
+                gbs = qw.nbytes() / (us["stream"] * 1e-6) / 1e9
+                for p, t in us.items():
+                    rows.append([commit, fmt, M, N, K, p, f"{t:.2f}",
+                                 f"{us['cublas'] / t:.3f}", f"{gbs:.0f}", f"{err:.2e}"])
+            del qw, w_deq, w_bf16
+    path = os.path.join(out_dir, "quant_stream.csv")
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        writer = csv.writer(f)
+        if new:
+            writer.writerow(["commit", "format", "M", "N", "K", "path", "us", "cublas_over_path",
+                             "stream_weight_GBps", "stream_rel_err"])
+        writer.writerows(rows)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,417 @@
+"""The few-row kernel of ``quant_gemm`` for 4-bit weights: codes streamed by 1-D bulk copies
+through an mbarrier ring, dequantized in registers and summed by ``mma.sync`` (sm_90).
+
+At M <= 16 (decode) every code is read once and used M times: the kernel must keep HBM busy and
+spend few instructions a code. Bulk copies keep a block's next stages in flight without a
+register or an instruction a byte (the producer is one thread); the Tensor Cores do the products,
+so a code costs about a tenth of an instruction of a lane (a LOP3 and half a packed subtraction
+per pair of codes, a share of one LDS.32 and of an HMMA), against about six in the SIMT decode
+kernel (``_quant_kernels``).
+
+Block: ``warps`` consumer warps and one producer warp (the last). The block owns the ``16 *
+warps`` output columns ``n0 ..`` (weight rows) and a range of ``kspan`` chunks of K (split over
+``gridDim.y``; a chunk is 32 k, one 16-byte word quad of a row in ``quant_weight``'s chunk-major
+layout).
+
+- Producer (one thread): ring stage ``j % stages`` holds ``STAGE_CHUNKS`` chunks of the block's
+  rows (one bulk copy a chunk: a chunk's rows are contiguous) and the scales (zero points,
+  minimums) of the stage's scale units (one copy an array and unit: a group's row of ``(groups,
+  N)``); the stage's ``full`` barrier counts the bytes. The first ``stages`` stages are issued
+  before x is staged, so the copies and x's loads overlap.
+- x: every thread stages x[0:m_block, the block's K] once, as fp16 / bf16 bits in shared
+  memory, zeros past M and K, each run of 8 k stored in the order [0, 4, 1, 5, 2, 6, 3, 7]
+  (below), and (affine weights) the sums of x over each scale unit.
+- Consumer warp w: rows n0 + 16w .. + 16 are the A operand of m16n8k16, x the B operand (8
+  tokens a fragment). Lane (g, t) reads word t of rows g and g + 8 of each chunk (two
+  conflict-free LDS.32: 8 codes each, k = 8t .. 8t + 7 of the chunk). A code OR-ed into the
+  mantissa of the half 1024 (fp16) or 128 (bf16) is that half plus the code, exactly; one packed
+  subtraction of (magic + zero point) leaves ``q - z`` in both lanes of a pair, exactly. The
+  pairs a mask yields are nibbles (i, i + 4): the MMA's k slots are a permutation of the chunk's
+  k, the same for every lane of a given t, and x is stored in that permutation, so its B
+  fragment is one LDS.128 (16 bytes of token g's run of 8 k at 8t: the pairs (0, 4), (1, 5) for
+  the first k16 step and (2, 6), (3, 7) for the second).
+- Scales: the MMAs of one scale unit (``min(group, stage)`` chunks, a whole stage for one group
+  a row) sum exact ``(q - z) x`` products in fp32; the unit's sum is then scaled per row in fp32
+  (``acc += s * sum``; affine: ``+ m * sum(x over the unit)``), so no weight is rounded.
+- Split K: fp32 partial sums (splits, M, N) and the last block of a column range sums them and
+  applies the epilogue (one launch, ``_last_block``). Without a split, lanes store their
+  outputs directly (bias, activation, rounding: ``_epilogue``).
+
+Accepted weights: 4-bit codes with N a multiple of 16 (every bulk copy of a row range of the
+scales, zero points and codes is then whole 16-byte units); other weights take
+``_quant_kernels``.
+"""
+
+import functools
+
+import numpy as np
+from numba import types
+
+from .. import ptx
+from .._arrays import STORAGE
+from .._env import cuda
+from .._launch import Kernel, array1d, jit
+from ._epilogue import epilogue
+from ._last_block import last_block
+from ._stage_ring import init_stage_barriers
+
+#: Chunks (32 k each) of a ring stage: 8 chunks of 64 rows are 8 KB of codes.
+STAGE_CHUNKS = 8
+#: k of a chunk (16 bytes of 4-bit codes).
+CHUNK_K = 32
+#: x's staged rows are padded by 64 bytes, so the 8 tokens of a warp's LDS.128 hit distinct banks.
+X_ROW_PAD_WORDS = 16
+_F0 = np.float32(0.0)
+_F1 = np.float32(1.0)
+_NIBBLE_BYTES = np.uint32(0x0F0F0F0F)
+#: PRMT selectors: bytes 0 and 2 (1 and 3) of the first source, each below byte 5 / 7 of the
+#: second (the magic's exponent bytes): two codes as the low bytes of two halves.
+_BYTES_0_2 = np.uint32(0x7250)
+_BYTES_1_3 = np.uint32(0x7351)
+_U4, _U16 = np.uint32(4), np.uint32(16)
+_HALF = np.uint32(0xFFFF)
+
+
+def _magic(x_dtype):
+    """Both halves of a uint32 set to the half whose mantissa's low bits hold a code exactly."""
+    return np.uint32(0x43004300 if x_dtype == "bfloat16" else 0x64006400)
+
+
+def scale_unit(group_chunks):
+    """Chunks summed before one scaling: a whole group when it fits a stage, else a stage
+    (``group_chunks`` 0: one group a row)."""
+    if group_chunks == 0 or group_chunks >= STAGE_CHUNKS:
+        return STAGE_CHUNKS
+    return group_chunks
+
+
+def _itemsize(dtype):
+    return np.dtype(STORAGE[dtype]).itemsize
+
+
+def _aux_itemsize(mode, scale_dtype):
+    if mode == "zeros":
+        return 1
+    return _itemsize(scale_dtype) if mode == "affine" else 0
+
+
+def stage_words(block_n, group_chunks, mode, scale_dtype):
+    """uint32 words of one ring stage: codes, then each unit's scales, then its aux values."""
+    units = STAGE_CHUNKS // scale_unit(group_chunks)
+    per_unit = block_n * (_itemsize(scale_dtype) + _aux_itemsize(mode, scale_dtype))
+    return (STAGE_CHUNKS * block_n * 16 + units * per_unit) // 4
+
+
+def x_row_words(kspan):
+    return kspan * CHUNK_K // 2 + X_ROW_PAD_WORDS
+
+
+def shared_bytes(warps, stages, m_block, kspan, group_chunks, mode, scale_dtype):
+    """Dynamic shared memory of a block: the ring, x, and (affine) x's sums per scale unit."""
+    block_n = 16 * warps
+    words = stages * stage_words(block_n, group_chunks, mode, scale_dtype)
+    words += m_block * x_row_words(kspan)
+    if mode == "affine":
+        words += m_block * (kspan // scale_unit(group_chunks))
+    return 4 * words
+
+
+def _half_loader(dtype):
+    """Device function ``(word, index) -> float32``: element ``index`` (0 / 1) of a uint32
+    holding two ``dtype`` halves, or the word itself as fp32 bits."""
+    if dtype == "float32":
+        @cuda.jit(device=True, inline="always")
+        def load(word, index):
+            return ptx.f32_from_bits(word)
+    elif dtype == "bfloat16":
+        @cuda.jit(device=True, inline="always")
+        def load(word, index):
+            return ptx.f32_from_bits(((word >> np.uint32(16 * index)) & _HALF) << _U16)
+    else:
+        @cuda.jit(device=True, inline="always")
+        def load(word, index):
+            return ptx.f16_to_f32(np.uint16((word >> np.uint32(16 * index)) & _HALF))
+    return load
+
+
+def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtype, x_dtype,
+              out_dtype, bias_dtype, act, partial):
+    """Kernel ``(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m,
+    so_n)``, grid (column blocks, splits), ``32 * (warps + 1)`` threads, ``shared_bytes``
+    of dynamic shared memory (module docstring). ``kspan``: chunks a split, a multiple of
+    ``STAGE_CHUNKS``. ``group_chunks``: chunks a group (1, 2, 4), 0 for one group a row.
+    ``partial``: K split; ``work`` (fp32, splits * M * N) and ``counters`` (int32, a column
+    block each, zero before the launch and left zero) are used only then."""
+    block_n = 16 * warps
+    m_frags = -(-m_block // 8)
+    S = STAGE_CHUNKS
+    unit = scale_unit(group_chunks)
+    units = S // unit
+    ss = _itemsize(scale_dtype)
+    aux_size = _aux_itemsize(mode, scale_dtype)
+    words_per_stage = stage_words(block_n, group_chunks, mode, scale_dtype)
+    codes_words = S * block_n * 4
+    scale_words = units * block_n * ss // 4
+    affine = mode == "affine"
+    per_group_zero = mode == "zeros"
+    has_aux = aux_size > 0
+    threads = 32 * (warps + 1)
+    producer_tid = 32 * warps
+    magic = _magic(x_dtype)
+    bf16 = x_dtype == "bfloat16"
+    mma = ptx.mma_bf16 if bf16 else ptx.mma_f16
+    sub = ptx.sub_bf16x2 if bf16 else ptx.sub_f16x2
+    # (magic + zero point) in both halves; the magic's mantissa is zero, so OR adds the code
+    const_offset = np.uint32(magic | (((zero_point or 0) << 16) | (zero_point or 0)))
+    load_scale = _half_loader(scale_dtype)
+    store_out = epilogue(out_dtype, None, bias_dtype, act)
+    n_acc = 4 * m_frags
+    barriers = 2 * stages
+
+    @cuda.jit(device=True, inline="always")
+    def group_of(chunk):
+        if group_chunks == 0:
+            return 0
+        return chunk // group_chunks
+
+    @cuda.jit(device=True, inline="always")
+    def issue_stage(ring, bars, qw, scales, aux, j, chunk_begin, chunk_end, n0, rows, N):
+        s = j % stages
+        c0 = chunk_begin + j * S
+        chunks = min(S, chunk_end - c0)
+        stage_units = (chunks + unit - 1) // unit
+        nbytes = rows * (16 * chunks + stage_units * (ss + aux_size))
+        ptx.mbarrier_arrive_expect_tx(bars, s, nbytes)
+        base = s * words_per_stage
+        for c in range(S):
+            if c < chunks:
+                ptx.cp_async_bulk_g2s(ring, base + c * block_n * 4, qw, ((c0 + c) * N + n0) * 4,
+                                      rows * 16, bars, s)
+        for u in range(units):
+            if u < stage_units:
+                row0 = group_of(c0 + u * unit) * N + n0
+                ptx.cp_async_bulk_g2s(ring, base + codes_words + u * (block_n * ss // 4),
+                                      scales, row0, rows * ss, bars, s)
+                if has_aux:
+                    ptx.cp_async_bulk_g2s(
+                        ring, base + codes_words + scale_words + u * (block_n * aux_size // 4),
+                        aux, row0, rows * aux_size, bars, s)
+
+    @cuda.jit(device=True, inline="always")
+    def stage_x(ring, x, tid, x_base, x_words, chunk_begin, chunk_end, M, K, x_sm):
+        """x[0:m_block, the block's chunks] in shared memory, each run of 8 k permuted; up to a
+        whole scale unit (zeros past K), since a unit's x sum reads all of it."""
+        chunks = (chunk_end - chunk_begin + unit - 1) // unit * unit
+        runs = chunks * (CHUNK_K // 8)
+        row_runs = x_words // 4     # padded row, in runs (the pad is never read)
+        for i in range(tid, m_block * runs, threads):
+            m = i // runs
+            r = i - m * runs
+            k = chunk_begin * CHUNK_K + 8 * r
+            v = cuda.local.array(8, np.uint32)
+            for e in range(8):
+                bits = np.uint32(0)
+                if m < M and k + e < K:
+                    bits = np.uint32(x[m * x_sm + k + e])
+                v[e] = bits
+            ptx.store_u32x4(ring, x_base + (m * row_runs + r) * 4, v[0] | (v[4] << _U16),
+                            v[1] | (v[5] << _U16), v[2] | (v[6] << _U16),
+                            v[3] | (v[7] << _U16))
+
+    x_value = _half_loader(x_dtype)
+
+    @cuda.jit(device=True, inline="always")
+    def sum_x_units(ring, tid, x_base, x_words, xsum_base, split_units):
+        """Affine weights: the sum of each staged x row over each scale unit, as fp32 bits."""
+        for i in range(tid, m_block * split_units, threads):
+            m = i // split_units
+            u = i - m * split_units
+            total = _F0
+            first = x_base + m * x_words + u * unit * (CHUNK_K // 2)
+            for w in range(unit * CHUNK_K // 2):
+                word = ring[first + w]
+                total += x_value(word, 0) + x_value(word, 1)
+            ring[xsum_base + i] = ptx.f32_bits(total)
+
+    @cuda.jit(device=True, inline="always")
+    def pairs(word, offset):
+        """The word's 8 codes minus the zero point as 4 exact half pairs: nibbles (0, 4),
+        (1, 5), (2, 6), (3, 7). Even and odd nibbles are split into bytes (two masks, a
+        shift), then each pair's two bytes are put beside the magic's exponent bytes (PRMT)."""
+        even = word & _NIBBLE_BYTES
+        odd = (word >> _U4) & _NIBBLE_BYTES
+        p0 = sub(ptx.prmt(even, magic, _BYTES_0_2), offset)
+        p1 = sub(ptx.prmt(odd, magic, _BYTES_0_2), offset)
+        p2 = sub(ptx.prmt(even, magic, _BYTES_1_3), offset)
+        p3 = sub(ptx.prmt(odd, magic, _BYTES_1_3), offset)
+        return p0, p1, p2, p3
+
+    @cuda.jit(device=True, inline="always")
+    def unit_offset(ring, base, u, row):
+        """(magic + zero point) pair of ``row`` for scale unit ``u`` of the stage at ``base``."""
+        if per_group_zero:
+            at = (base + codes_words + scale_words) * 4 + u * block_n + row
+            z = (ring[at >> 2] >> np.uint32(8 * (at & 3))) & np.uint32(0xFF)
+            return magic | (z << _U16) | z
+        return const_offset
+
+    @cuda.jit(device=True, inline="always")
+    def unit_value(ring, first_word, row, size):
+        """Element ``row`` of a (block_n,) array of ``size``-byte values at ``first_word``."""
+        if size == 4:
+            return load_scale(ring[first_word + row], 0)
+        return load_scale(ring[first_word + (row >> 1)], row & 1)
+
+    def quant_stream_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan,
+                            so_m, so_n):
+        ring = cuda.shared.array(0, np.uint32)
+        bars = cuda.shared.array(barriers, np.uint64)  # full[s] = bars[s], empty: stages + s
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        n0 = cuda.blockIdx.x * block_n
+        rows = min(block_n, N - n0)
+        total_chunks = (K + CHUNK_K - 1) // CHUNK_K
+        chunk_begin = cuda.blockIdx.y * kspan
+        chunk_end = min(total_chunks, chunk_begin + kspan)
+        block_stages = (chunk_end - chunk_begin + S - 1) // S
+        x_base = stages * words_per_stage
+        x_words = kspan * (CHUNK_K // 2) + X_ROW_PAD_WORDS   # x_row_words(kspan)
+        xsum_base = x_base + m_block * x_words
+        split_units = kspan // unit
+        init_stage_barriers(bars, stages, 1, warps, tid)
+        if tid == producer_tid:
+            for j in range(min(stages, block_stages)):
+                issue_stage(ring, bars, qw, scales, aux, j, chunk_begin, chunk_end, n0, rows, N)
+        stage_x(ring, x, tid, x_base, x_words, chunk_begin, chunk_end, M, K, x_sm)
+        cuda.syncthreads()
+        if affine:
+            sum_x_units(ring, tid, x_base, x_words, xsum_base, split_units)
+            cuda.syncthreads()
+        acc = cuda.local.array(n_acc, np.float32)
+        for i in range(n_acc):
+            acc[i] = _F0
+        g = lane >> 2
+        t = lane & 3
+        if warp == warps:
+            if tid == producer_tid:
+                for j in range(stages, block_stages):
+                    s = j % stages
+                    ptx.mbarrier_wait_parity(bars, stages + s, ((j // stages) & 1) ^ 1)
+                    issue_stage(ring, bars, qw, scales, aux, j, chunk_begin, chunk_end, n0, rows,
+                                N)
+        else:
+            row = 16 * warp + g
+            tmp0 = cuda.local.array(n_acc, np.float32)
+            tmp1 = cuda.local.array(n_acc, np.float32)
+            for j in range(block_stages):
+                s = j % stages
+                ptx.mbarrier_wait_parity(bars, s, (j // stages) & 1)
+                base = s * words_per_stage
+                # unsigned word indices: no negative-index wrap, constant offsets folded
+                codes_at = np.uint64(base + row * 4 + t)
+                x_at = np.uint64(x_base + j * S * (CHUNK_K // 2) + 4 * t)
+                left = np.int32(chunk_end - chunk_begin - j * S)   # chunks in this stage
+                for u in range(units):
+                    if u * unit >= left:
+                        continue    # past the block's K: no data, no scales in the stage
+                    for i in range(n_acc):
+                        tmp0[i] = _F0
+                        tmp1[i] = _F0
+                    off_lo = unit_offset(ring, base, u, row)
+                    off_hi = unit_offset(ring, base, u, row + 8)
+                    for cc in range(unit):
+                        c = u * unit + cc
+                        if c < left:
+                            at = codes_at + np.uint64(c * block_n * 4)
+                            lo0, lo1, lo2, lo3 = pairs(ring[at], off_lo)
+                            hi0, hi1, hi2, hi3 = pairs(ring[at + np.uint64(32)], off_hi)
+                            for f in range(m_frags):
+                                token = 8 * f + g
+                                x0 = x1 = x2 = x3 = np.uint32(0)
+                                if token < m_block:
+                                    x0, x1, x2, x3 = ptx.load_u32x4(
+                                        ring, x_at + np.uint64(token * x_words
+                                                               + c * (CHUNK_K // 2)))
+                                d = mma(lo0, hi0, lo1, hi1, x0, x1, tmp0[4 * f], tmp0[4 * f + 1],
+                                        tmp0[4 * f + 2], tmp0[4 * f + 3])
+                                tmp0[4 * f] = d[0]
+                                tmp0[4 * f + 1] = d[1]
+                                tmp0[4 * f + 2] = d[2]
+                                tmp0[4 * f + 3] = d[3]
+                                d = mma(lo2, hi2, lo3, hi3, x2, x3, tmp1[4 * f], tmp1[4 * f + 1],
+                                        tmp1[4 * f + 2], tmp1[4 * f + 3])
+                                tmp1[4 * f] = d[0]
+                                tmp1[4 * f + 1] = d[1]
+                                tmp1[4 * f + 2] = d[2]
+                                tmp1[4 * f + 3] = d[3]
+                    scale_first = base + codes_words + u * (block_n * ss // 4)
+                    s_lo = unit_value(ring, scale_first, row, ss)
+                    s_hi = unit_value(ring, scale_first, row + 8, ss)
+                    if affine:
+                        min_first = base + codes_words + scale_words + u * (block_n * ss // 4)
+                        m_lo = unit_value(ring, min_first, row, ss)
+                        m_hi = unit_value(ring, min_first, row + 8, ss)
+                        xu = xsum_base + j * units + u
+                    for f in range(m_frags):
+                        for i in range(4):
+                            sc = s_lo if i < 2 else s_hi
+                            a = acc[4 * f + i] + sc * (tmp0[4 * f + i] + tmp1[4 * f + i])
+                            if affine:
+                                token = 8 * f + 2 * t + (i & 1)
+                                if token < m_block:
+                                    xs = ptx.f32_from_bits(ring[xu + token * split_units])
+                                    a += (m_lo if i < 2 else m_hi) * xs
+                            acc[4 * f + i] = a
+                ptx.syncwarp()
+                if lane == 0:
+                    ptx.mbarrier_arrive(bars, stages + s)
+        if not partial:
+            if warp < warps:
+                for f in range(m_frags):
+                    for i in range(4):
+                        n = n0 + 16 * warp + g + (8 if i >= 2 else 0)
+                        token = 8 * f + 2 * t + (i & 1)
+                        if n < N and token < M:
+                            store_out(acc[4 * f + i], n, out, token * so_m + n * so_n, out, 0,
+                                      bias, _F1, _F0)
+            return
+        # split K: fp32 partial sums (splits, M, N); the column block's last block sums them in
+        # split order (deterministic) and applies the epilogue
+        splits = cuda.gridDim.y
+        if warp < warps:
+            for f in range(m_frags):
+                for i in range(4):
+                    n = n0 + 16 * warp + g + (8 if i >= 2 else 0)
+                    token = 8 * f + 2 * t + (i & 1)
+                    if n < N and token < M:
+                        work[(cuda.blockIdx.y * M + token) * N + n] = acc[4 * f + i]
+        if last_block(counters, cuda.blockIdx.x, 1, splits) == 0:
+            return
+        for i in range(tid, block_n * M, threads):
+            m = i // block_n
+            n = n0 + i - m * block_n
+            if n < N:
+                total = _F0
+                for sp in range(splits):
+                    total += work[(sp * M + m) * N + n]
+                store_out(total, n, out, m * so_m + n * so_n, out, 0, bias, _F1, _F0)
+
+    return quant_stream_kernel
+
+
+def signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
+    i32, i64 = types.int32, types.int64
+    aux = array1d(np.uint8) if mode == "zeros" else array1d(STORAGE[scale_dtype])
+    return (array1d(STORAGE[x_dtype]), array1d(np.uint32), array1d(STORAGE[scale_dtype]), aux,
+            array1d(STORAGE[out_dtype]), array1d(STORAGE[bias_dtype or out_dtype]),
+            array1d(np.float32), array1d(np.int32), i32, i32, i32, i64, i32, i64, i64)
+
+
+@functools.cache
+def stream_kernel(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtype, x_dtype,
+                  out_dtype, bias_dtype, act, partial):
+    fn = kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtype, x_dtype,
+                   out_dtype, bias_dtype, act, partial)
+    return Kernel(jit(fn), signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype),
+                  "quant_stream_kernel")
