@@ -19,6 +19,7 @@ from _harness import graphed, time_gpu  # noqa: E402
 
 import llmspeed_numba as lsn  # noqa: E402
 from llmspeed_numba._overrides import overrides  # noqa: E402
+from llmspeed_numba.ops import quant_gemm as _quant_gemm  # noqa: E402,F401  (its knobs)
 
 SHAPES = "4096x4096,14336x4096,4096x14336,128256x4096"
 PATHS = {   # name: quant_gemm knobs
