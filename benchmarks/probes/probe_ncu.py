@@ -13,6 +13,10 @@ profiled one.
 GEMM cases (bf16, x (M, K) times a Linear weight W (N, K), b = W.T): ``gemm:M:N:K:CONFIG``,
 CONFIG a name of ``gemm_configs.CONFIGS`` (``_kS`` for S splits), ``auto`` (the heuristic) or
 ``cublas`` (torch.matmul); several joined with ``+`` are profiled in one run, in order.
+
+Quantized GEMM cases (bf16 x, an int4 weight of groups of 128): ``quant:M:N:K:PATH``, PATH
+``stream``, ``decode`` or ``tc`` (the kernel forced) or ``cublas`` (bf16 torch.matmul on the
+dequantized weight); several joined with ``+``.
 """
 
 import os
@@ -72,7 +76,34 @@ def _gemm_case(spec):
     return lambda: gemm(x, w.T, out=out, config=config)
 
 
+def _quant_case(spec):
+    import torch
+
+    from llmspeed_numba import quant_gemm, quantize_weight
+    from llmspeed_numba._overrides import overrides
+
+    _, M, N, K, path = spec.split(":")
+    M, N, K = int(M), int(N), int(K)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    qw = quantize_weight(w, "int4", kind="torch")
+    if path == "cublas":
+        return lambda: torch.matmul(x, w.T, out=out)
+    knobs = {"stream": {}, "decode": {"stream_max_m": 0, "decode_max_m": 16},
+             "tc": {"stream_max_m": 0, "decode_max_m": 0}}[path]
+
+    def call():
+        with overrides(quant_gemm=knobs):
+            quant_gemm(x, qw, out=out)
+
+    return call
+
+
 def _case(name):
+    if name.startswith("quant:"):
+        fns = [_quant_case(spec) for spec in name.split("+")]
+        return lambda: [fn() for fn in fns]
     if name.startswith("gemm:"):
         fns = [_gemm_case(spec) for spec in name.split("+")]
         return lambda: [fn() for fn in fns]
