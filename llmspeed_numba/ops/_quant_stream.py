@@ -52,6 +52,7 @@ from .._arrays import STORAGE
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
 from ._epilogue import epilogue
+from ._index32 import udiv
 from ._last_block import last_block
 from ._stage_ring import init_stage_barriers
 
@@ -70,6 +71,11 @@ _BYTES_0_2 = np.uint32(0x7250)
 _BYTES_1_3 = np.uint32(0x7351)
 _U4, _U16 = np.uint32(4), np.uint32(16)
 _HALF = np.uint32(0xFFFF)
+#: PRMT selectors joining two words' low (high) halves: x's run of 8 k into the MMA's k order.
+_LOW_HALVES = np.uint32(0x5410)
+_HIGH_HALVES = np.uint32(0x7632)
+#: x runs (16 bytes) a thread has in flight while staging x.
+X_RUNS_IN_FLIGHT = 4
 
 
 def _magic(x_dtype):
@@ -175,8 +181,7 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
         return chunk // group_chunks
 
     @cuda.jit(device=True, inline="always")
-    def issue_stage(ring, bars, qw, scales, aux, j, chunk_begin, chunk_end, n0, rows, N):
-        s = j % stages
+    def issue_stage(ring, bars, qw, scales, aux, j, s, chunk_begin, chunk_end, n0, rows, N):
         c0 = chunk_begin + j * S
         chunks = min(S, chunk_end - c0)
         stage_units = (chunks + unit - 1) // unit
@@ -198,25 +203,50 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
                         aux, row0, rows * aux_size, bars, s)
 
     @cuda.jit(device=True, inline="always")
-    def stage_x(ring, x, tid, x_base, x_words, chunk_begin, chunk_end, M, K, x_sm):
-        """x[0:m_block, the block's chunks] in shared memory, each run of 8 k permuted; up to a
-        whole scale unit (zeros past K), since a unit's x sum reads all of it."""
-        chunks = (chunk_end - chunk_begin + unit - 1) // unit * unit
-        runs = chunks * (CHUNK_K // 8)
+    def load_run(x, m, k, M, K, x_sm, x_vec):
+        """x[m, k .. k + 8] as bits, zeros past M and K, permuted to [0, 4, 1, 5, 2, 6, 3, 7]
+        (four words): one 16-byte load when x allows it (``x_vec``), else element by element."""
+        if m < M and x_vec and k < K:
+            w0, w1, w2, w3 = ptx.load_u32x4(x, m * x_sm + k)
+            return (ptx.prmt(w0, w2, _LOW_HALVES), ptx.prmt(w0, w2, _HIGH_HALVES),
+                    ptx.prmt(w1, w3, _LOW_HALVES), ptx.prmt(w1, w3, _HIGH_HALVES))
+        v = cuda.local.array(8, np.uint32)
+        for e in range(8):
+            bits = np.uint32(0)
+            if m < M and k + e < K:
+                bits = np.uint32(x[m * x_sm + k + e])
+            v[e] = bits
+        return (v[0] | (v[4] << _U16), v[1] | (v[5] << _U16), v[2] | (v[6] << _U16),
+                v[3] | (v[7] << _U16))
+
+    @cuda.jit(device=True, inline="always")
+    def stage_x(ring, x, tid, x_base, x_words, chunk_begin, kspan, M, K, x_sm, x_vec):
+        """x[0:m_block, the block's kspan chunks] in shared memory (zeros past M and K: the
+        consumers run whole stages, and a code past K, finite, meets a zero), each run of 8 k
+        permuted; ``X_RUNS_IN_FLIGHT`` runs a thread loaded before any is stored."""
+        runs = kspan * (CHUNK_K // 8)
         row_runs = x_words // 4     # padded row, in runs (the pad is never read)
-        for i in range(tid, m_block * runs, threads):
-            m = i // runs
-            r = i - m * runs
-            k = chunk_begin * CHUNK_K + 8 * r
-            v = cuda.local.array(8, np.uint32)
-            for e in range(8):
-                bits = np.uint32(0)
-                if m < M and k + e < K:
-                    bits = np.uint32(x[m * x_sm + k + e])
-                v[e] = bits
-            ptx.store_u32x4(ring, x_base + (m * row_runs + r) * 4, v[0] | (v[4] << _U16),
-                            v[1] | (v[5] << _U16), v[2] | (v[6] << _U16),
-                            v[3] | (v[7] << _U16))
+        total = m_block * runs
+        k0 = chunk_begin * CHUNK_K
+        for first in range(tid, total, threads * X_RUNS_IN_FLIGHT):
+            got = cuda.local.array((X_RUNS_IN_FLIGHT, 4), np.uint32)
+            for b in range(X_RUNS_IN_FLIGHT):
+                i = first + b * threads
+                m = udiv(i, runs)
+                r = i - m * runs
+                w0, w1, w2, w3 = load_run(x, m if i < total else M, k0 + 8 * r, M, K, x_sm,
+                                          x_vec)
+                got[b, 0] = w0
+                got[b, 1] = w1
+                got[b, 2] = w2
+                got[b, 3] = w3
+            for b in range(X_RUNS_IN_FLIGHT):
+                i = first + b * threads
+                if i < total:
+                    m = udiv(i, runs)
+                    r = i - m * runs
+                    ptx.store_u32x4(ring, x_base + (m * row_runs + r) * 4, got[b, 0], got[b, 1],
+                                    got[b, 2], got[b, 3])
 
     x_value = _half_loader(x_dtype)
 
@@ -259,11 +289,85 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     def unit_value(ring, first_word, row, size):
         """Element ``row`` of a (block_n,) array of ``size``-byte values at ``first_word``."""
         if size == 4:
-            return load_scale(ring[first_word + row], 0)
-        return load_scale(ring[first_word + (row >> 1)], row & 1)
+            return load_scale(ring[first_word + np.uint64(row)], 0)
+        return load_scale(ring[first_word + np.uint64(row >> 1)], row & 1)
+
+    def chunk_step(c):
+        """Device function: chunk ``c`` of a stage (its two k16 MMAs per fragment), opening its
+        scale unit first and closing it after (``c`` a compile-time constant)."""
+        u = c // unit
+        opens = c % unit == 0
+        closes = c % unit == unit - 1
+        code_offset = np.uint64(c * block_n * 4)
+        x_offset = np.uint64(c * (CHUNK_K // 2))
+
+        @cuda.jit(device=True, inline="always")
+        def step(ring, tmp0, tmp1, acc, offs, codes_at, x_rows, x_at, base, row, t, left, j,
+                 xsum_base, split_units):
+            if opens:
+                for i in range(n_acc):
+                    tmp0[i] = _F0
+                    tmp1[i] = _F0
+                offs[0] = unit_offset(ring, base, u, row)
+                offs[1] = unit_offset(ring, base, u, row + 8)
+            at = codes_at + code_offset
+            lo0, lo1, lo2, lo3 = pairs(ring[at], offs[0])
+            hi0, hi1, hi2, hi3 = pairs(ring[at + np.uint64(32)], offs[1])
+            for f in range(m_frags):
+                x0, x1, x2, x3 = ptx.load_u32x4(ring, x_rows[f] + x_at + x_offset)
+                d = mma(lo0, hi0, lo1, hi1, x0, x1, tmp0[4 * f], tmp0[4 * f + 1],
+                        tmp0[4 * f + 2], tmp0[4 * f + 3])
+                tmp0[4 * f] = d[0]
+                tmp0[4 * f + 1] = d[1]
+                tmp0[4 * f + 2] = d[2]
+                tmp0[4 * f + 3] = d[3]
+                d = mma(lo2, hi2, lo3, hi3, x2, x3, tmp1[4 * f], tmp1[4 * f + 1],
+                        tmp1[4 * f + 2], tmp1[4 * f + 3])
+                tmp1[4 * f] = d[0]
+                tmp1[4 * f + 1] = d[1]
+                tmp1[4 * f + 2] = d[2]
+                tmp1[4 * f + 3] = d[3]
+            if closes and u * unit < left:
+                # the unit's sums scaled per row (a unit past K has no scales: skipped)
+                scale_first = np.uint64(base + codes_words + u * (block_n * ss // 4))
+                s_lo = unit_value(ring, scale_first, row, ss)
+                s_hi = unit_value(ring, scale_first, row + 8, ss)
+                m_lo = m_hi = _F0
+                if affine:
+                    min_first = np.uint64(base + codes_words + scale_words
+                                          + u * (block_n * ss // 4))
+                    m_lo = unit_value(ring, min_first, row, ss)
+                    m_hi = unit_value(ring, min_first, row + 8, ss)
+                for f in range(m_frags):
+                    for i in range(4):
+                        sc = s_lo if i < 2 else s_hi
+                        a = acc[4 * f + i] + sc * (tmp0[4 * f + i] + tmp1[4 * f + i])
+                        if affine:
+                            token = min(8 * f + 2 * t + (i & 1), m_block - 1)
+                            xs = ptx.f32_from_bits(ring[np.uint64(
+                                xsum_base + token * split_units + j * units + u)])
+                            a += (m_lo if i < 2 else m_hi) * xs
+                        acc[4 * f + i] = a
+
+        return step
+
+    def chain(first, rest):
+        @cuda.jit(device=True, inline="always")
+        def both(ring, tmp0, tmp1, acc, offs, codes_at, x_rows, x_at, base, row, t, left, j,
+                 xsum_base, split_units):
+            first(ring, tmp0, tmp1, acc, offs, codes_at, x_rows, x_at, base, row, t, left, j,
+                  xsum_base, split_units)
+            rest(ring, tmp0, tmp1, acc, offs, codes_at, x_rows, x_at, base, row, t, left, j,
+                 xsum_base, split_units)
+
+        return both
+
+    stage_steps = chunk_step(S - 1)
+    for c in range(S - 2, -1, -1):
+        stage_steps = chain(chunk_step(c), stage_steps)
 
     def quant_stream_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan,
-                            so_m, so_n):
+                            so_m, so_n, x_vec):
         ring = cuda.shared.array(0, np.uint32)
         bars = cuda.shared.array(barriers, np.uint64)  # full[s] = bars[s], empty: stages + s
         tid = cuda.threadIdx.x
@@ -282,8 +386,8 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
         init_stage_barriers(bars, stages, 1, warps, tid)
         if tid == producer_tid:
             for j in range(min(stages, block_stages)):
-                issue_stage(ring, bars, qw, scales, aux, j, chunk_begin, chunk_end, n0, rows, N)
-        stage_x(ring, x, tid, x_base, x_words, chunk_begin, chunk_end, M, K, x_sm)
+                issue_stage(ring, bars, qw, scales, aux, j, j, chunk_begin, chunk_end, n0, rows, N)
+        stage_x(ring, x, tid, x_base, x_words, chunk_begin, kspan, M, K, x_sm, x_vec)
         cuda.syncthreads()
         if affine:
             sum_x_units(ring, tid, x_base, x_words, xsum_base, split_units)
@@ -295,77 +399,45 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
         t = lane & 3
         if warp == warps:
             if tid == producer_tid:
+                s = 0
+                phase = 0   # the stage's phase a consumer release completes
                 for j in range(stages, block_stages):
-                    s = j % stages
-                    ptx.mbarrier_wait_parity(bars, stages + s, ((j // stages) & 1) ^ 1)
-                    issue_stage(ring, bars, qw, scales, aux, j, chunk_begin, chunk_end, n0, rows,
-                                N)
+                    ptx.mbarrier_wait_parity(bars, stages + s, phase)
+                    issue_stage(ring, bars, qw, scales, aux, j, s, chunk_begin, chunk_end, n0,
+                                rows, N)
+                    s += 1
+                    if s == stages:
+                        s = 0
+                        phase ^= 1
         else:
             row = 16 * warp + g
             tmp0 = cuda.local.array(n_acc, np.float32)
             tmp1 = cuda.local.array(n_acc, np.float32)
+            # x rows of this lane's B fragments: tokens past m_block read the last staged row
+            # (their sums are never stored), so every lane loads and none is predicated off
+            x_rows = cuda.local.array(m_frags, np.uint64)
+            for f in range(m_frags):
+                x_rows[f] = np.uint64(x_base + min(8 * f + g, m_block - 1) * x_words + 4 * t)
+            offs = cuda.local.array(2, np.uint32)
+            s = 0
+            phase = 0
             for j in range(block_stages):
-                s = j % stages
-                ptx.mbarrier_wait_parity(bars, s, (j // stages) & 1)
+                ptx.mbarrier_wait_parity(bars, s, phase)
                 base = s * words_per_stage
                 # unsigned word indices: no negative-index wrap, constant offsets folded
                 codes_at = np.uint64(base + row * 4 + t)
-                x_at = np.uint64(x_base + j * S * (CHUNK_K // 2) + 4 * t)
-                left = np.int32(chunk_end - chunk_begin - j * S)   # chunks in this stage
-                for u in range(units):
-                    if u * unit >= left:
-                        continue    # past the block's K: no data, no scales in the stage
-                    for i in range(n_acc):
-                        tmp0[i] = _F0
-                        tmp1[i] = _F0
-                    off_lo = unit_offset(ring, base, u, row)
-                    off_hi = unit_offset(ring, base, u, row + 8)
-                    for cc in range(unit):
-                        c = u * unit + cc
-                        if c < left:
-                            at = codes_at + np.uint64(c * block_n * 4)
-                            lo0, lo1, lo2, lo3 = pairs(ring[at], off_lo)
-                            hi0, hi1, hi2, hi3 = pairs(ring[at + np.uint64(32)], off_hi)
-                            for f in range(m_frags):
-                                token = 8 * f + g
-                                x0 = x1 = x2 = x3 = np.uint32(0)
-                                if token < m_block:
-                                    x0, x1, x2, x3 = ptx.load_u32x4(
-                                        ring, x_at + np.uint64(token * x_words
-                                                               + c * (CHUNK_K // 2)))
-                                d = mma(lo0, hi0, lo1, hi1, x0, x1, tmp0[4 * f], tmp0[4 * f + 1],
-                                        tmp0[4 * f + 2], tmp0[4 * f + 3])
-                                tmp0[4 * f] = d[0]
-                                tmp0[4 * f + 1] = d[1]
-                                tmp0[4 * f + 2] = d[2]
-                                tmp0[4 * f + 3] = d[3]
-                                d = mma(lo2, hi2, lo3, hi3, x2, x3, tmp1[4 * f], tmp1[4 * f + 1],
-                                        tmp1[4 * f + 2], tmp1[4 * f + 3])
-                                tmp1[4 * f] = d[0]
-                                tmp1[4 * f + 1] = d[1]
-                                tmp1[4 * f + 2] = d[2]
-                                tmp1[4 * f + 3] = d[3]
-                    scale_first = base + codes_words + u * (block_n * ss // 4)
-                    s_lo = unit_value(ring, scale_first, row, ss)
-                    s_hi = unit_value(ring, scale_first, row + 8, ss)
-                    if affine:
-                        min_first = base + codes_words + scale_words + u * (block_n * ss // 4)
-                        m_lo = unit_value(ring, min_first, row, ss)
-                        m_hi = unit_value(ring, min_first, row + 8, ss)
-                        xu = xsum_base + j * units + u
-                    for f in range(m_frags):
-                        for i in range(4):
-                            sc = s_lo if i < 2 else s_hi
-                            a = acc[4 * f + i] + sc * (tmp0[4 * f + i] + tmp1[4 * f + i])
-                            if affine:
-                                token = 8 * f + 2 * t + (i & 1)
-                                if token < m_block:
-                                    xs = ptx.f32_from_bits(ring[xu + token * split_units])
-                                    a += (m_lo if i < 2 else m_hi) * xs
-                            acc[4 * f + i] = a
+                x_at = np.uint64(j * S * (CHUNK_K // 2))
+                left = np.int32(chunk_end - chunk_begin - j * S)   # chunks of K in the stage
+                # whole stages (a chunk past K is finite codes times zero x), written out
+                stage_steps(ring, tmp0, tmp1, acc, offs, codes_at, x_rows, x_at, base, row, t,
+                            left, j, xsum_base, split_units)
                 ptx.syncwarp()
                 if lane == 0:
                     ptx.mbarrier_arrive(bars, stages + s)
+                s += 1
+                if s == stages:
+                    s = 0
+                    phase ^= 1
         if not partial:
             if warp < warps:
                 for f in range(m_frags):
@@ -405,7 +477,8 @@ def signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
     aux = array1d(np.uint8) if mode == "zeros" else array1d(STORAGE[scale_dtype])
     return (array1d(STORAGE[x_dtype]), array1d(np.uint32), array1d(STORAGE[scale_dtype]), aux,
             array1d(STORAGE[out_dtype]), array1d(STORAGE[bias_dtype or out_dtype]),
-            array1d(np.float32), array1d(np.int32), i32, i32, i32, i64, i32, i64, i64)
+            array1d(np.float32), array1d(np.int32), i32, i32, i32, i64, i32, i64, i64,
+            types.boolean)
 
 
 @functools.cache

@@ -250,10 +250,12 @@ def _stream(tx, qw, tbias, to, out_dtype, activation, stream):
                          own_in_graph="graph")
     work = splitk_partials(tx, stream, splits * M * N) if partial else counters
     x_sm = tx.strides[0] if M > 1 else K
+    x_buf = kernel_buffer(tx)
+    x_vec = _address(x_buf) % 16 == 0 and x_sm % 8 == 0 and K % 8 == 0
     so_m, so_n = to.strides
     kernel((col_blocks, splits), 32 * (warps + 1),
-           (kernel_buffer(tx), codes, scales, aux, out_buf, bias_buf, work, counters, M, N, K,
-            x_sm, kspan, so_m, so_n), stream,
+           (x_buf, codes, scales, aux, out_buf, bias_buf, work, counters, M, N, K, x_sm, kspan,
+            so_m, so_n, x_vec), stream,
            _quant_stream.shared_bytes(warps, stages, m_block, kspan, group_chunks, qw.mode,
                                       qw.scale_dtype))
 
