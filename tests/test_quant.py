@@ -396,7 +396,7 @@ def test_quant_gemm_stream(data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), "seed"))
     qw = lsn.quantize_weight(device(weight(rng, N, K, dtype)), "int4", group_size=group,
                              symmetric=symmetric)
-    with overrides(quant_gemm={"splits": splits}):
+    with overrides(quant_gemm={"splits": splits, "stream_max_m": 16}):  # forced (groups of 32)
         assert on_stream_kernel(qw, M)
         run(rng, qw, M, dtype, out_dtype=out_dtype, bias_dtype=bias_dtype,
             activation=activation, x_pad=8)
@@ -410,7 +410,7 @@ def test_quant_gemm_stream_gguf(name, x_dtype, M, rng):
     N, K = 32, 32 * 24
     qw = lsn.QuantizedWeight.from_gguf(gguf_blocks(rng, N, K, GT[name]), name, (N, K),
                                        kind="torch")
-    with overrides(quant_gemm={"splits": 3}):
+    with overrides(quant_gemm={"splits": 3, "stream_max_m": 16}):
         assert on_stream_kernel(qw, M)
         run(rng, qw, M, x_dtype, out_dtype="float32", bias_dtype="float32")
 
@@ -430,7 +430,7 @@ def test_stream_plan():
     from llmspeed_numba.ops.quant_gemm import STREAM_X_BYTES
 
     qw = lsn.quantize_weight(np.ones((4096, 4096), np.float16), "int4")
-    with overrides(device={"sm_count": 132}, quant_gemm={"stream_warps": 4}):
+    with overrides(device={"sm_count": 132}, quant_gemm={"stream_warps": 8}):
         for M in (1, 16):
             m_block, group_chunks, splits, kspan = stream_plan(qw, M)
             assert group_chunks == 4 and kspan % qs.STAGE_CHUNKS == 0
@@ -439,6 +439,8 @@ def test_stream_plan():
     assert not on_stream_kernel(lsn.quantize_weight(np.ones((24, 128), np.float16), "int4"), 1)
     assert not on_stream_kernel(lsn.quantize_weight(np.ones((32, 128), np.float16), "int8"), 1)
     assert not on_stream_kernel(qw, 17)
+    g32 = lsn.quantize_weight(np.ones((32, 128), np.float16), "int4", group_size=32)
+    assert [on_stream_kernel(g32, M) for M in (1, 3, 4, 8, 9)] == [False, False, True, True, False]
 
 
 # ---- quant_gemm: the Tensor Core kernel (M > DECODE_MAX_M; forced at small M) ---------------

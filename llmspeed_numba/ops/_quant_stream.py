@@ -54,6 +54,7 @@ from .._launch import Kernel, array1d, jit
 from ._epilogue import epilogue
 from ._index32 import udiv
 from ._last_block import last_block
+from ._quant_kernels import REDUCE_UNROLL
 from ._stage_ring import init_stage_barriers
 
 #: Chunks (32 k each) of a ring stage: 8 chunks of 64 rows are 8 KB of codes.
@@ -465,8 +466,15 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
             n = n0 + i - m * block_n
             if n < N:
                 total = _F0
-                for sp in range(splits):
-                    total += work[(sp * M + m) * N + n]
+                vals = cuda.local.array(REDUCE_UNROLL, np.float32)
+                for s0 in range(0, splits, REDUCE_UNROLL):
+                    for u in range(REDUCE_UNROLL):  # loads first: their latencies overlap
+                        v = _F0
+                        if s0 + u < splits:
+                            v = work[((s0 + u) * M + m) * N + n]
+                        vals[u] = v
+                    for u in range(REDUCE_UNROLL):
+                        total += vals[u]
                 store_out(total, n, out, m * so_m + n * so_n, out, 0, bias, _F1, _F0)
 
     return quant_stream_kernel

@@ -78,9 +78,12 @@ SIM_TC_TILE = (16, 16, 32, 1, 1, 2, 8)
 #: Largest M on the streaming kernel (``_quant_stream``: 4-bit weights, N a multiple of 16,
 #: Hopper): its accumulators are one or two 8-token fragments.
 STREAM_MAX_M = 16
-#: Consumer warps of a streaming block (16 output columns each), ring stages, and the blocks an
-#: SM the split of K aims at (untuned: no GPU run yet).
-STREAM_WARPS = 4
+#: Groups of 32 (GGUF's blocks) stream a copy of scales (and minimums) a chunk: the decode
+#: kernel is faster up to M = 3 and the Tensor Core kernel above 8 (benchmarks/NOTES.md).
+STREAM_G32_M = (4, 8)
+#: Consumer warps of a streaming block (16 output columns each: 8 was faster than 4 at every
+#: timed shape but 14336 x 4096 M = 1), ring stages, and the blocks an SM the split of K aims at.
+STREAM_WARPS = 8
 STREAM_STAGES = 4
 STREAM_BLOCKS_PER_SM = 3
 #: Most shared memory a streaming block's staged x may take (bytes): a larger K range is split.
@@ -101,6 +104,10 @@ TUNING = Knobs("quant_gemm", decode_max_m=None, block_n=32 if SIMULATOR else BLO
 def on_stream_kernel(qw, M):
     """Whether M rows of x against ``qw`` run on the streaming kernel."""
     max_m = STREAM_MAX_M if TUNING.stream_max_m is None else TUNING.stream_max_m
+    if qw.groups > 1 and qw.group_size == 32 and TUNING.stream_max_m is None:
+        low, high = STREAM_G32_M
+        if not low <= M <= high:
+            return False
     return (M <= min(max_m, STREAM_MAX_M) and qw.bits == 4 and qw.N % 16 == 0
             and (qw.groups == 1 or qw.group_size in (32, 64, 128)) and wgmma_supported())
 
