@@ -5,9 +5,14 @@
 ``bias`` (N,) fp16 / bf16 / fp32; ``out`` (M, N), any non-negative strides, fp16 / bf16 / fp32
 (default: ``out``'s dtype when given, else x's).
 
-Paths (kernels in ``_quant_kernels``):
+Paths (kernels in ``_quant_stream``, ``_quant_kernels``, ``_quant_tc``):
 
-- M <= ``DECODE_PLANNED_MAX_M`` (4 for int4, 2 for int8; up to ``DECODE_MAX_M`` = 16 when
+- 4-bit weights with N a multiple of 16, M <= ``STREAM_MAX_M`` (groups of 32: M in
+  ``STREAM_G32_M``), Hopper: the streaming kernel (``_quant_stream``): codes bulk-copied through
+  an mbarrier ring by a producer warp, dequantized in registers (PRMT into a half's mantissa, one
+  packed subtraction a pair, exact) and summed by ``mma.sync``, each scale unit's sum scaled in
+  fp32; K split by whole stages, the last block finishing (one launch).
+- else M <= ``DECODE_PLANNED_MAX_M`` (4 for int4, 2 for int8; up to ``DECODE_MAX_M`` = 16 when
   forced): the streaming SIMT kernel. Codes are unpacked in registers
   right before the math (bit operations and one FADD an element, the scale once per 16-byte chunk
   and row), products summed in fp32, the epilogue in fp32 with one rounding. Blocks of
