@@ -8,7 +8,8 @@ numba's dispatcher with host arrays (numba copies them on a GPU).
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from llmspeed_numba import ptx
 from llmspeed_numba._env import cuda

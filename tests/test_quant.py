@@ -22,8 +22,14 @@ import llmspeed_numba as lsn
 from llmspeed_numba import SIMULATOR
 from llmspeed_numba._arrays import numpy_dtype, to_host
 from llmspeed_numba._overrides import overrides
-from llmspeed_numba.ops.quant_gemm import (DECODE_MAX_M, decode_plan, on_decode_kernel,
-                                           on_stream_kernel, stream_plan, tc_plan)
+from llmspeed_numba.ops.quant_gemm import (
+    DECODE_MAX_M,
+    decode_plan,
+    on_decode_kernel,
+    on_stream_kernel,
+    stream_plan,
+    tc_plan,
+)
 from llmspeed_numba.ops.quant_weight import pack_codes, unpack_codes
 from llmspeed_numba.reference.gemm import gemm_plain, gemm_reference
 from llmspeed_numba.testing import derived_check, f64, poison, random_array, to_device

@@ -29,7 +29,6 @@ sys.path.insert(0, _BENCHMARKS)  # _harness and the bench_*.py modules
 
 def _decode_case(batch, seq_len, nheads_k, sdpa, sequential=False):
     import torch
-
     from bench_decode import make_inputs, sdpa_baselines, sequential_pages
 
     from llmspeed_numba.ops import paged_decode as pd

@@ -15,11 +15,11 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-from _harness import graphed, time_gpu  # noqa: E402
+from _harness import graphed, time_gpu
 
-import llmspeed_numba as lsn  # noqa: E402
-from llmspeed_numba._overrides import overrides  # noqa: E402
-from llmspeed_numba.ops import quant_gemm as _quant_gemm  # noqa: E402,F401  (its knobs)
+import llmspeed_numba as lsn
+from llmspeed_numba._overrides import overrides
+from llmspeed_numba.ops import quant_gemm as _quant_gemm  # noqa: F401  (its knobs)
 
 SHAPES = "4096x4096,14336x4096,4096x14336,128256x4096"
 PATHS = {   # name: quant_gemm knobs
@@ -45,8 +45,9 @@ def main(argv=None):
     parser.add_argument("--formats", default="int4g128,int4g32z")
     parser.add_argument("--tune", action="store_true")
     args = parser.parse_args(argv)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or open(".gpu/commit").read().strip()
+    commit = os.environ.get("LLMSPEED_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        check=False).stdout.strip()
     out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "..", "results")
     rows = []
     for shape in args.shapes.split(","):
@@ -65,11 +66,11 @@ def main(argv=None):
                 x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
                 out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
                 ref = (x.double() @ w_deq.double().T)
-                us = {"cublas": _us(lambda: torch.matmul(x, w_bf16.T, out=out))}
+                us = {"cublas": _us(lambda x=x, w=w_bf16, out=out: torch.matmul(x, w.T, out=out))}
                 err = None
                 for path, knobs in PATHS.items():
                     with overrides(quant_gemm=knobs):
-                        us[path] = _us(lambda: lsn.quant_gemm(x, qw, out=out))
+                        us[path] = _us(lambda x=x, qw=qw, out=out: lsn.quant_gemm(x, qw, out=out))
                         if path == "stream":
                             lsn.quant_gemm(x, qw, out=out)
                             torch.cuda.synchronize()
@@ -79,7 +80,8 @@ def main(argv=None):
                     for knobs in TUNE:
                         with overrides(quant_gemm=knobs):
                             name = "stream " + ",".join(f"{k[7:]}={v}" for k, v in knobs.items())
-                            us[name] = _us(lambda: lsn.quant_gemm(x, qw, out=out))
+                            us[name] = _us(lambda x=x, qw=qw, out=out: lsn.quant_gemm(x, qw,
+                                                                                     out=out))
                 best = min((p for p in us if p != "cublas"), key=us.get)
                 line = " ".join(f"{p} {t:.1f}" for p, t in us.items())
                 print(f"{fmt} {M}x{N}x{K}: {line} | stream {us['cublas'] / us['stream']:.2f}x "

@@ -119,6 +119,30 @@ def _word_dot(bits, m_block, tile):
     return word_dot
 
 
+@cuda.jit(device=True, inline="always")
+def sum_splits(work, index, stride, splits):
+    """``sum_s work[index + s * stride]`` over ``splits`` fp32 partial sums, in split order
+    (deterministic), ``REDUCE_UNROLL`` loads issued before their adds."""
+    vals = cuda.local.array(REDUCE_UNROLL, np.float32)
+    total = _F0
+    for s0 in range(0, splits, REDUCE_UNROLL):
+        for u in range(REDUCE_UNROLL):  # loads first: their latencies overlap
+            v = _F0
+            if s0 + u < splits:
+                v = work[index + (s0 + u) * stride]
+            vals[u] = v
+        for u in range(REDUCE_UNROLL):
+            total += vals[u]
+    return total
+
+
+def operand_types(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
+    """Numba types of the quant kernels' first six parameters: (x, codes, scales, aux, out,
+    bias)."""
+    return (_storage(x_dtype), array1d(np.uint32), _storage(scale_dtype),
+            _aux_storage(mode, scale_dtype), _storage(out_dtype), _storage(bias_dtype or out_dtype))
+
+
 def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype, out_dtype,
                      bias_dtype, act, partial):
     """Kernel ``(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, group_shift,
@@ -262,28 +286,18 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
                     work[(cuda.blockIdx.y * M + m) * N + n] = acc[m]
         if last_block(counters, cuda.blockIdx.x, 1, splits) == 0 or not live:
             return
-        vals = cuda.local.array(REDUCE_UNROLL, np.float32)
         for m in range(m_block):
             if m < M:
-                total = _F0
-                for s0 in range(0, splits, REDUCE_UNROLL):
-                    for u in range(REDUCE_UNROLL):  # loads first: their latencies overlap
-                        v = _F0
-                        if s0 + u < splits:
-                            v = work[((s0 + u) * M + m) * N + n]
-                        vals[u] = v
-                    for u in range(REDUCE_UNROLL):
-                        total += vals[u]
-                store_out(total, n, out, m * so_m + n * so_n, out, 0, bias, _F1, _F0)
+                store_out(sum_splits(work, m * N + n, M * N, splits), n, out, m * so_m + n * so_n,
+                          out, 0, bias, _F1, _F0)
 
     return quant_decode_kernel
 
 
 def decode_signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
     i32, i64 = types.int32, types.int64
-    return (_storage(x_dtype), array1d(np.uint32), _storage(scale_dtype),
-            _aux_storage(mode, scale_dtype), _storage(out_dtype), _storage(bias_dtype or out_dtype),
-            array1d(np.float32), array1d(np.int32), i32, i32, i32, i64, i32, i32, i64, i64)
+    return operand_types(mode, scale_dtype, x_dtype, out_dtype, bias_dtype) + (
+        array1d(np.float32), array1d(np.int32), i32, i32, i32, i64, i32, i32, i64, i64)
 
 
 def decode_options(block_n, m_block):

@@ -54,7 +54,7 @@ from .._launch import Kernel, array1d, jit
 from ._epilogue import epilogue
 from ._index32 import udiv
 from ._last_block import last_block
-from ._quant_kernels import REDUCE_UNROLL
+from ._quant_kernels import operand_types, sum_splits
 from ._stage_ring import init_stage_barriers
 
 #: Chunks (32 k each) of a ring stage: 8 chunks of 64 rows are 8 KB of codes.
@@ -293,6 +293,15 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
             return load_scale(ring[first_word + np.uint64(row)], 0)
         return load_scale(ring[first_word + np.uint64(row >> 1)], row & 1)
 
+    @cuda.jit(device=True, inline="always")
+    def mma_into(sums, i, a0, a1, a2, a3, b0, b1):
+        """``sums[i:i + 4] += A B`` for one m16n8k16 fragment."""
+        d = mma(a0, a1, a2, a3, b0, b1, sums[i], sums[i + 1], sums[i + 2], sums[i + 3])
+        sums[i] = d[0]
+        sums[i + 1] = d[1]
+        sums[i + 2] = d[2]
+        sums[i + 3] = d[3]
+
     def chunk_step(c):
         """Device function: chunk ``c`` of a stage (its two k16 MMAs per fragment), opening its
         scale unit first and closing it after (``c`` a compile-time constant)."""
@@ -316,18 +325,8 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
             hi0, hi1, hi2, hi3 = pairs(ring[at + np.uint64(32)], offs[1])
             for f in range(m_frags):
                 x0, x1, x2, x3 = ptx.load_u32x4(ring, x_rows[f] + x_at + x_offset)
-                d = mma(lo0, hi0, lo1, hi1, x0, x1, tmp0[4 * f], tmp0[4 * f + 1],
-                        tmp0[4 * f + 2], tmp0[4 * f + 3])
-                tmp0[4 * f] = d[0]
-                tmp0[4 * f + 1] = d[1]
-                tmp0[4 * f + 2] = d[2]
-                tmp0[4 * f + 3] = d[3]
-                d = mma(lo2, hi2, lo3, hi3, x2, x3, tmp1[4 * f], tmp1[4 * f + 1],
-                        tmp1[4 * f + 2], tmp1[4 * f + 3])
-                tmp1[4 * f] = d[0]
-                tmp1[4 * f + 1] = d[1]
-                tmp1[4 * f + 2] = d[2]
-                tmp1[4 * f + 3] = d[3]
+                mma_into(tmp0, 4 * f, lo0, hi0, lo1, hi1, x0, x1)
+                mma_into(tmp1, 4 * f, lo2, hi2, lo3, hi3, x2, x3)
             if closes and u * unit < left:
                 # the unit's sums scaled per row (a unit past K has no scales: skipped)
                 scale_first = np.uint64(base + codes_words + u * (block_n * ss // 4))
@@ -465,28 +464,16 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
             m = i // block_n
             n = n0 + i - m * block_n
             if n < N:
-                total = _F0
-                vals = cuda.local.array(REDUCE_UNROLL, np.float32)
-                for s0 in range(0, splits, REDUCE_UNROLL):
-                    for u in range(REDUCE_UNROLL):  # loads first: their latencies overlap
-                        v = _F0
-                        if s0 + u < splits:
-                            v = work[((s0 + u) * M + m) * N + n]
-                        vals[u] = v
-                    for u in range(REDUCE_UNROLL):
-                        total += vals[u]
-                store_out(total, n, out, m * so_m + n * so_n, out, 0, bias, _F1, _F0)
+                store_out(sum_splits(work, m * N + n, M * N, splits), n, out,
+                          m * so_m + n * so_n, out, 0, bias, _F1, _F0)
 
     return quant_stream_kernel
 
 
 def signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
     i32, i64 = types.int32, types.int64
-    aux = array1d(np.uint8) if mode == "zeros" else array1d(STORAGE[scale_dtype])
-    return (array1d(STORAGE[x_dtype]), array1d(np.uint32), array1d(STORAGE[scale_dtype]), aux,
-            array1d(STORAGE[out_dtype]), array1d(STORAGE[bias_dtype or out_dtype]),
-            array1d(np.float32), array1d(np.int32), i32, i32, i32, i64, i32, i64, i64,
-            types.boolean)
+    return operand_types(mode, scale_dtype, x_dtype, out_dtype, bias_dtype) + (
+        array1d(np.float32), array1d(np.int32), i32, i32, i32, i64, i32, i64, i64, types.boolean)
 
 
 @functools.cache

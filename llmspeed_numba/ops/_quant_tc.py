@@ -45,12 +45,11 @@ import numpy as np
 from numba import types
 
 from .. import ptx
-from .._arrays import STORAGE
 from .._env import cuda
-from .._launch import Kernel, array1d, jit
+from .._launch import Kernel, jit
 from ._epilogue import block_work, epilogue_tile_ld, loader, packer
 from ._gemm_tensor_core import _staged_epilogue, _swizzle_params, tile_loader
-from ._quant_kernels import _code, _group_offset
+from ._quant_kernels import _code, _group_offset, operand_types
 
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
@@ -279,10 +278,8 @@ def make_kernel(bits, block_m, block_n, block_k, warps_m, warps_n, stages, group
 
 def signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
     i32, i64 = types.int32, types.int64
-    aux = array1d(np.uint8) if mode == "zeros" else array1d(STORAGE[scale_dtype])
-    return (array1d(STORAGE[x_dtype]), array1d(np.uint32), array1d(STORAGE[scale_dtype]), aux,
-            array1d(STORAGE[out_dtype]), array1d(STORAGE[bias_dtype or out_dtype]),
-            i32, i32, i32, i64, i32, i32, i32, i32, i64, i64, i64, i32)
+    return operand_types(mode, scale_dtype, x_dtype, out_dtype, bias_dtype) + (
+        i32, i32, i32, i64, i32, i32, i32, i32, i64, i64, i64, i32)
 
 
 @functools.cache

@@ -51,12 +51,12 @@ from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
 from .._workspace import workspace
-from . import _quant_kernels as qk
 from . import _fp8_gemm, _quant_stream, _quant_tc
+from . import _quant_kernels as qk
 from ._activations_device import ACTIVATIONS
 from ._epilogue import vector_width
-from .gemm_configs import wgmma_supported
 from .gemm import _address, _vector_ok, launch_splitk_reduce, splitk_partials
+from .gemm_configs import wgmma_supported
 from .quant_weight import QuantizedWeight
 
 X_DTYPES = ("float16", "bfloat16")
