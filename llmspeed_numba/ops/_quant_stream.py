@@ -438,26 +438,23 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
                 if s == stages:
                     s = 0
                     phase ^= 1
-        if not partial:
-            if warp < warps:
-                for f in range(m_frags):
-                    for i in range(4):
-                        n = n0 + 16 * warp + g + (8 if i >= 2 else 0)
-                        token = 8 * f + 2 * t + (i & 1)
-                        if n < N and token < M:
-                            store_out(acc[4 * f + i], n, out, token * so_m + n * so_n, out, 0,
-                                      bias, _F1, _F0)
-            return
-        # split K: fp32 partial sums (splits, M, N); the column block's last block sums them in
-        # split order (deterministic) and applies the epilogue
-        splits = cuda.gridDim.y
+        # without a split each lane stores its outputs; split K: fp32 partial sums (splits, M,
+        # N), and the column block's last block sums them in split order (deterministic) and
+        # applies the epilogue
         if warp < warps:
             for f in range(m_frags):
                 for i in range(4):
                     n = n0 + 16 * warp + g + (8 if i >= 2 else 0)
                     token = 8 * f + 2 * t + (i & 1)
                     if n < N and token < M:
-                        work[(cuda.blockIdx.y * M + token) * N + n] = acc[4 * f + i]
+                        if partial:
+                            work[(cuda.blockIdx.y * M + token) * N + n] = acc[4 * f + i]
+                        else:
+                            store_out(acc[4 * f + i], n, out, token * so_m + n * so_n, out, 0,
+                                      bias, _F1, _F0)
+        if not partial:
+            return
+        splits = cuda.gridDim.y
         if last_block(counters, cuda.blockIdx.x, 1, splits) == 0:
             return
         for i in range(tid, block_n * M, threads):
