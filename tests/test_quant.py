@@ -421,6 +421,16 @@ def test_quant_gemm_stream_gguf(name, x_dtype, M, rng):
         run(rng, qw, M, x_dtype, out_dtype="float32", bias_dtype="float32")
 
 
+@pytest.mark.parametrize("K,x_pad", [(36, 0), (64, 3)])
+def test_quant_gemm_stream_x_element_loads(K, x_pad, rng):
+    """x staged element by element: K not a multiple of 8 (a 16-byte run would cross the row's
+    end), or a row stride that is not (runs unaligned); zeros past K either way."""
+    qw = lsn.quantize_weight(device(weight(rng, 32, K, "float16")), "int4", group_size=-1)
+    with overrides(quant_gemm={"splits": 1}):
+        assert on_stream_kernel(qw, 3)
+        run(rng, qw, 3, "float16", out_dtype="float32", x_pad=x_pad)
+
+
 def test_quant_gemm_stream_replays_with_tickets_left_zero(rng):
     """Two calls of a split launch: the last block of each column range resets its ticket."""
     qw = lsn.quantize_weight(device(weight(rng, 32, 512, "bfloat16")), "int4", group_size=64)
