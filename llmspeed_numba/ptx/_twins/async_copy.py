@@ -12,7 +12,7 @@ from .common import _blocking_wait, _mbarrier_changed
 def cp_async_16(smem, smem_offset, gmem, gmem_offset, src_bytes):
     itemsize = smem.dtype.itemsize
     count = 16 // itemsize
-    if gmem.dtype.itemsize != itemsize:  # the bytes, as the hardware copies them
+    if gmem.dtype != smem.dtype:  # the bytes, as the hardware copies them
         data = np.zeros(16, np.uint8)
         valid = int(src_bytes)
         if valid:
