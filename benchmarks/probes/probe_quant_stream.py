@@ -6,6 +6,11 @@ split targets at two shapes. One line a case (us, and the ratio cuBLAS / ours); 
 every timing to ``$OUT/quant_stream.csv`` (or benchmarks/results/).
 
     python benchmarks/probes/probe_quant_stream.py [--m 1,2,4,8,16] [--tune]
+
+``--compile-only``: call every kernel the timed run would (each M given, both formats, the
+tuning knobs, split or not) once on a small weight and exit: run one such process per M in
+parallel first, so the timed run loads every kernel from numba's disk cache (a streaming kernel
+takes 10-35 s to compile).
 """
 
 import argparse
@@ -36,6 +41,26 @@ def _us(fn):
     return 1e3 * time_gpu(graphed(fn))["median"]
 
 
+def compile_only(args):
+    """Each kernel of the timed run called once on 4096 x 4096 (split K) and with one split."""
+    import torch
+
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
+    for fmt in args.formats.split(","):
+        group, symmetric = (128, True) if fmt == "int4g128" else (32, False)
+        qw = lsn.quantize_weight(w, "int4", group_size=group, symmetric=symmetric, kind="torch")
+        for M in map(int, args.m.split(",")):
+            x = torch.randn(M, 4096, device="cuda", dtype=torch.bfloat16)
+            knob_sets = list(PATHS.values()) + (TUNE if args.tune and M in (1, 16) else [])
+            for knobs in knob_sets:
+                for splits in (None, 1):
+                    with overrides(quant_gemm={**knobs, "splits": splits}):
+                        lsn.quant_gemm(x, qw)
+    torch.cuda.synchronize()
+    print(f"compiled: M {args.m}")
+    return 0
+
+
 def main(argv=None):
     import torch
 
@@ -44,7 +69,10 @@ def main(argv=None):
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--formats", default="int4g128,int4g32z")
     parser.add_argument("--tune", action="store_true")
+    parser.add_argument("--compile-only", action="store_true")
     args = parser.parse_args(argv)
+    if args.compile_only:
+        return compile_only(args)
     commit = os.environ.get("LLMSPEED_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
         check=False).stdout.strip()
