@@ -128,7 +128,40 @@ def main(argv=None):
                              "stream_weight_GBps", "stream_rel_err"])
         writer.writerows(rows)
     print(f"wrote {path}")
+    print(f"plot: {plot(path, commit)}")
     return 0
+
+
+def plot(path, commit):
+    """speedup over cuBLAS against M, one panel a weight shape, one line a path (the format of
+    groups of 128, ``commit``'s rows): the PNG beside the CSV."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["commit"] == commit and r["format"] == "int4g128"
+                and r["path"] in PATHS]
+    shapes = sorted({(int(r["N"]), int(r["K"])) for r in rows})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4 * len(shapes), 3.4), squeeze=False)
+    for ax, (N, K) in zip(axes[0], shapes):
+        for p in PATHS:
+            pts = sorted((int(r["M"]), float(r["cublas_over_path"])) for r in rows
+                         if (int(r["N"]), int(r["K"])) == (N, K) and r["path"] == p)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=p)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.axhline(3.0, color="red", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"N x K = {N} x {K}", fontsize=9)
+        ax.set_xlabel("M")
+    axes[0][0].set_ylabel("bf16 cuBLAS time / ours")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"quant_gemm int4 g128 paths, H200, {commit} (red: issue 21's 3x)", fontsize=10)
+    fig.tight_layout()
+    out = os.path.splitext(path)[0] + ".png"
+    fig.savefig(out, dpi=110)
+    return out
 
 
 if __name__ == "__main__":
