@@ -121,11 +121,11 @@ def mainloop(block_m, block_n, stages, a_k_inner, b_k_inner, mma):
     """Device function ``(tiles, bars, a, b, m0, n0, M, N, lda, ldb, k_begin, k_end, k_tiles,
     tid, acc, a_map, b_map)`` (``bars`` and the tensor maps unused): the pipeline of the
     module note over K tiles ``k_begin .. k_end`` of the block tile at (m0, n0), leaving the
-    block tile in ``acc`` (``block_n / 2`` fp32 a thread), every wgmma group retired, every copy landed and the block past a
-    barrier, so ``tiles`` may be reused. Operands and ``tiles`` are ``uint16`` arrays and K,
-    lda, ldb count 16-bit units (``BLOCK_K`` a tile). ``mma(acc, desc_a, desc_b, scale_d)``
-    issues one wgmma of 32 bytes along K (k16 of b16, k32 of 8-bit data) from the two
-    descriptors."""
+    block tile in ``acc`` (``block_n / 2`` fp32 a thread), every wgmma group retired, every
+    copy landed and the block past a barrier, so ``tiles`` may be reused. Operands and
+    ``tiles`` are ``uint16`` arrays and K, lda, ldb count 16-bit units (``BLOCK_K`` a tile).
+    ``mma(acc, desc_a, desc_b, scale_d)`` issues one wgmma of 32 bytes along K (k16 of b16, k32
+    of 8-bit data) from the two descriptors."""
     threads = threads_for(block_m)
     regs = block_n // 2
     lead = stages - 2          # K tiles in flight ahead of the one multiplied

@@ -57,7 +57,7 @@ from ._last_block import last_block
 from ._quant_kernels import operand_types, sum_splits
 from ._stage_ring import init_stage_barriers
 
-#: Chunks (32 k each) of a ring stage: 8 chunks of 64 rows are 8 KB of codes.
+#: Chunks (32 k each) of a ring stage: 16 bytes a row each (8 KB of codes at 64 rows).
 STAGE_CHUNKS = 8
 #: k of a chunk (16 bytes of 4-bit codes).
 CHUNK_K = 32
@@ -144,11 +144,12 @@ def _half_loader(dtype):
 def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtype, x_dtype,
               out_dtype, bias_dtype, act, partial):
     """Kernel ``(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m,
-    so_n)``, grid (column blocks, splits), ``32 * (warps + 1)`` threads, ``shared_bytes``
+    so_n, x_vec)``, grid (column blocks, splits), ``32 * (warps + 1)`` threads, ``shared_bytes``
     of dynamic shared memory (module docstring). ``kspan``: chunks a split, a multiple of
     ``STAGE_CHUNKS``. ``group_chunks``: chunks a group (1, 2, 4), 0 for one group a row.
     ``partial``: K split; ``work`` (fp32, splits * M * N) and ``counters`` (int32, a column
-    block each, zero before the launch and left zero) are used only then."""
+    block each, zero before the launch and left zero) are used only then. ``x_vec``: x is read
+    in 16-byte runs (its address, row stride and K allow it), else element by element."""
     block_n = 16 * warps
     m_frags = -(-m_block // 8)
     S = STAGE_CHUNKS

@@ -87,7 +87,8 @@ STREAM_MAX_M = 16
 #: kernel is faster up to M = 3 and the Tensor Core kernel above 8 (benchmarks/NOTES.md).
 STREAM_G32_M = (4, 8)
 #: Consumer warps of a streaming block (16 output columns each: 8 was faster than 4 at every
-#: timed shape but 14336 x 4096 M = 1), ring stages, and the blocks an SM the split of K aims at.
+#: timed shape of groups of 128 but 14336 x 4096 M = 1), ring stages, and the blocks an SM the
+#: split of K aims at.
 STREAM_WARPS = 8
 STREAM_STAGES = 4
 STREAM_BLOCKS_PER_SM = 3
@@ -191,6 +192,15 @@ def _buffers(qw):
     return kernel_buffer(tensor(qw.qweight, "qw.qweight")), scales, aux
 
 
+def _split_buffers(tx, stream, col_blocks, splits, M, N):
+    """(tickets, partial sums) of a kernel whose last block of each column range finishes a
+    split K: a ticket counter a column block, and fp32 sums (splits, M, N); without a split the
+    sums are not read (the tickets stand in)."""
+    counters = workspace(tx, stream, "quant_gemm_tickets", col_blocks, np.int32,
+                         own_in_graph="graph")
+    return counters, splitk_partials(tx, stream, splits * M * N) if splits > 1 else counters
+
+
 def _decode(tx, qw, tbias, to, out_dtype, activation, stream):
     M, K = tx.shape
     N = qw.N
@@ -204,9 +214,7 @@ def _decode(tx, qw, tbias, to, out_dtype, activation, stream):
     out_buf = kernel_buffer(to)
     bias_buf = kernel_buffer(tbias) if tbias is not None else out_buf
     col_blocks = _cdiv(N, block_n)
-    counters = workspace(tx, stream, "quant_gemm_tickets", col_blocks, np.int32,
-                         own_in_graph="graph")
-    work = splitk_partials(tx, stream, splits * M * N) if partial else counters
+    counters, work = _split_buffers(tx, stream, col_blocks, splits, M, N)
     x_sm = tx.strides[0] if M > 1 else K
     so_m, so_n = to.strides
     kernel((col_blocks, splits), block_n,
@@ -258,9 +266,7 @@ def _stream(tx, qw, tbias, to, out_dtype, activation, stream):
     out_buf = kernel_buffer(to)
     bias_buf = kernel_buffer(tbias) if tbias is not None else out_buf
     col_blocks = _cdiv(N, 16 * warps)
-    counters = workspace(tx, stream, "quant_gemm_tickets", col_blocks, np.int32,
-                         own_in_graph="graph")
-    work = splitk_partials(tx, stream, splits * M * N) if partial else counters
+    counters, work = _split_buffers(tx, stream, col_blocks, splits, M, N)
     x_sm = tx.strides[0] if M > 1 else K
     x_buf = kernel_buffer(tx)
     x_vec = _address(x_buf) % 16 == 0 and x_sm % 8 == 0 and K % 8 == 0
@@ -336,8 +342,10 @@ def quant_gemm(x: ArrayLike, qw: QuantizedWeight, *, bias: ArrayLike | None = No
         stream: CUDA stream (default: the caller's framework's current stream).
 
     Returns ``out`` (allocated in x's kind when not given). Arithmetic: products summed in fp32
-    (the decode kernel, M up to 4 (int4) or 2 (int8): the weight exact in fp32; larger M: each
-    weight element rounded once to x's dtype, Tensor Cores), the epilogue in fp32, one rounding to ``out_dtype``.
+    (the streaming kernel, 4-bit weights on Hopper at M up to 16: ``q - z`` exact on Tensor
+    Cores, each group's sum scaled in fp32; the decode kernel, M up to 4 (int4) or 2 (int8): the
+    weight exact in fp32; larger M: each weight element rounded once to x's dtype, Tensor
+    Cores), the epilogue in fp32, one rounding to ``out_dtype``.
     An fp8_e4m3 weight (W8A8): x quantized per token to e4m3 (one fp32 scale a row, as the
     weight), e4m3 products summed by Hopper's FP8 wgmma, the two scales in the epilogue.
 
