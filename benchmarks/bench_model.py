@@ -34,6 +34,8 @@ from llmspeed_numba.models.random_model import preset_config, random_weights  # 
 DECODE_PROMPT = 128
 DECODE_TOKENS = 64
 PROFILED_STEPS = 16
+#: Kernels listed (most time first) under each quantized model's decode.
+KERNELS_SHOWN = 10
 
 
 def _hf_model(config, weights):
@@ -88,8 +90,9 @@ def _our_prefill(model, prompts):
     return run
 
 
-def _decode_gpu_ms(model, prompt):
-    """Kernel time a decode step (ms), summed over ``PROFILED_STEPS`` profiled steps."""
+def _decode_gpu_ms(model, prompt, top=0):
+    """Kernel time a decode step (ms), summed over ``PROFILED_STEPS`` profiled steps; ``top``:
+    also print that many kernels with the most time, us a step each."""
     import numpy as np
     from torch.profiler import ProfilerActivity, profile
 
@@ -105,8 +108,16 @@ def _decode_gpu_ms(model, prompt):
             token = model.llama.ops.argmax(model.llama.forward(
                 model._decode_step(cache, seqs, token), cache)).tolist()
         torch.cuda.synchronize()
-    kernel_us = sum(e.device_time_total for e in prof.events()
-                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernel_us = sum(e.device_time_total for e in kernels)
+    if top:
+        by_name = {}
+        for e in kernels:
+            calls, us = by_name.get(e.name, (0, 0.0))
+            by_name[e.name] = (calls + 1, us + e.device_time_total)
+        for name, (calls, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]:
+            print(f"    {us / PROFILED_STEPS:8.1f} us a step, {calls / PROFILED_STEPS:5.1f} calls: "
+                  f"{name[:90]}", flush=True)
     return kernel_us / 1e3 / PROFILED_STEPS
 
 
@@ -130,15 +141,17 @@ def bench_quantized(name, config, weights, quantizations, results, rep, shape, b
         model = Model(config, None, weights, quantization=q)
         t_prefill = _wall(_our_prefill(model, prompts), rep)
         t_decode = _decode_ms(model, prompt)
+        gpu_ms = _decode_gpu_ms(model, prompt, top=KERNELS_SHOWN)
         results.add("model", f"{name} prefill 1x2048 {q}", shape, q, t_prefill,
                     "ours bf16", base["prefill"], "ms", t_prefill["median"],
                     base["prefill"]["median"], note="time to last-token logits, host included")
         results.add("model", f"{name} decode b1 {q}", shape, q, t_decode, "ours bf16",
                     base["decode"], "ms", t_decode["median"], base["decode"]["median"],
-                    note="ms a token, CUDA-graph decode; ratio = bf16 time / quantized time")
+                    note=f"ms a token, CUDA-graph decode (kernels {gpu_ms:.3f} ms of it); "
+                         "ratio = bf16 time / quantized time")
         print(f"  {name} {q}: prefill 1x2048 {t_prefill['median']:.2f} ms "
               f"(bf16 {base['prefill']['median']:.2f}), decode {t_decode['median']:.3f} ms a "
-              f"token (bf16 {base['decode']['median']:.3f})", flush=True)
+              f"token (bf16 {base['decode']['median']:.3f}), kernels {gpu_ms:.3f} ms", flush=True)
         model.release()
         del model
         torch.cuda.empty_cache()
@@ -184,7 +197,7 @@ def bench(name, results, rep, layers=None, quantizations=()):
     per_token = {"ours": _decode_ms(ours, prompt), "ours eager": _decode_ms(ours, prompt, False),
                  "hf": {"median": hf_ms, "p20": hf_ms, "p80": hf_ms}}
     base["decode"] = per_token["ours"]
-    gpu_ms = _decode_gpu_ms(ours, prompt)
+    gpu_ms = _decode_gpu_ms(ours, prompt, top=KERNELS_SHOWN if quantizations else 0)
     for who, label in (("ours", "decode b1"), ("ours eager", "decode b1 eager")):
         ms = per_token[who]["median"]
         results.add("model", f"{name} {label}", shape, "bfloat16", per_token[who],

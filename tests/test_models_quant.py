@@ -25,6 +25,7 @@ from test_models import _bf16, _check_logits, _config, _weights, reference_logit
 
 from llmspeed_numba import LLM, QuantizedWeight, SamplingParams
 from llmspeed_numba._fp8_codec import decode_e4m3, quantize_rows
+from llmspeed_numba._overrides import overrides
 from llmspeed_numba.models.gguf_loader import GGUFBlocks, load_gguf_weights
 from llmspeed_numba.models.llama import int4_group_size
 from llmspeed_numba.models.model import Model, load_model
@@ -102,15 +103,19 @@ def test_quantized_logits_match_float64_forward_of_dequantized_weights(quantizat
                       rows=-1, project_input=inputs)
 
 
-def test_int4_prefill_on_the_tensor_core_path():
-    """M = 18 > 16 rows: quant_gemm's Tensor Core kernel (the others above run its decode
-    kernel)."""
+@pytest.mark.parametrize("path,min_m", [("tensor core", 1 << 30), ("dequantize + gemm", 1)])
+def test_int4_prefill_on_the_large_m_paths(path, min_m):
+    """M = 18 > 16 rows: quant_gemm's Tensor Core kernel, or (forced at this M) the weight
+    dequantized and run by gemm, as prefill's M >= ``DEQUANT_GEMM_MIN_M`` is (the others above
+    run its decode kernel)."""
     c = _config(num_hidden_layers=1, sliding_window=None)
     weights = _weights(c, seed=5)
     model = Model(c, None, weights, quantization="int4")
     prompt = list(range(1, 19))
-    got = model.prefill_logits([prompt])[0].numpy()
-    _check_logits(got, c, dequantized_weights(model, weights), prompt, "int4 prefill, M = 18")
+    with overrides(quant_gemm={"dequant_min_m": min_m}):
+        got = model.prefill_logits([prompt])[0].numpy()
+    _check_logits(got, c, dequantized_weights(model, weights), prompt,
+                  f"int4 prefill on the {path} path, M = 18")
 
 
 def test_int4_group_size():

@@ -297,7 +297,8 @@ def test_torch_quantization_equals_numpy(fmt, group, symmetric, dtype, K, rng):
 
 @given(st.data())
 def test_quant_gemm(data):
-    """Both paths: on a GPU by M (up to 300: the Tensor Core kernel above 16); under the
+    """Every path: on a GPU by M (up to 300: the Tensor Core kernel above 16, dequantize and
+    gemm from 128); under the
     simulator the decode kernel at M <= 5, or the Tensor Core kernel forced (M up to 17: two
     tile rows)."""
     fmt = data.draw(st.sampled_from(("int4", "int8")), "format")
@@ -440,18 +441,27 @@ def test_quant_gemm_stream_replays_with_tickets_left_zero(rng):
 
 
 def test_stream_plan():
-    """The split of K: whole stages, enough blocks for the SMs, x's staged bytes bounded, and
-    only 4-bit weights with N a multiple of 16 (others take the decode / Tensor Core kernels)."""
+    """The split of K: whole stages, enough blocks for the SMs, no partial second wave where a
+    longer span avoids it, x's staged bytes and the block's shared memory bounded, and only
+    4-bit weights with N a multiple of 16 (others take the decode / Tensor Core kernels)."""
     from llmspeed_numba.ops import _quant_stream as qs
     from llmspeed_numba.ops.quant_gemm import STREAM_X_BYTES
 
     qw = lsn.quantize_weight(np.ones((4096, 4096), np.float16), "int4")
-    with overrides(device={"sm_count": 132}, quant_gemm={"stream_warps": 8}):
+    tall = lsn.quantize_weight(np.ones((1792, 4096), np.float16), "int4")
+    knobs = {"stream_warps": 8, "stream_stages": 4, "stream_blocks_per_sm": 3}
+    with overrides(device={"sm_count": 132}, quant_gemm=knobs):
         for M in (1, 16):
             m_block, group_chunks, splits, kspan = stream_plan(qw, M)
             assert group_chunks == 4 and kspan % qs.STAGE_CHUNKS == 0
             assert splits * kspan >= 4096 // 32 and splits > 1
-            assert m_block * kspan * 32 * 2 <= STREAM_X_BYTES
+            assert m_block * kspan * 32 * 2 <= STREAM_X_BYTES * (2 if M > 8 else 1)
+            assert qs.shared_bytes(8, 4, m_block, kspan, group_chunks, qw.mode,
+                                   qw.scale_dtype) <= 232448 - 1024
+    with overrides(device={"sm_count": 16}, quant_gemm=knobs):
+        # 14 column blocks on 48 block slots: 3 splits (one wave of 6 stages), not 4 (a
+        # second wave of 8 blocks, 4 stages each)
+        assert stream_plan(tall, 1)[2:] == (3, 48)
     assert not on_stream_kernel(lsn.quantize_weight(np.ones((24, 128), np.float16), "int4"), 1)
     assert not on_stream_kernel(lsn.quantize_weight(np.ones((32, 128), np.float16), "int8"), 1)
     assert not on_stream_kernel(qw, 17)
@@ -463,7 +473,30 @@ def test_stream_plan():
 
 def _tensor_core(**knobs):
     """The Tensor Core kernel at every M (under the simulator: its 16 x 16 x 32 tile)."""
-    return overrides(quant_gemm={"decode_max_m": 0, "stream_max_m": 0, **knobs})
+    return overrides(quant_gemm={"decode_max_m": 0, "stream_max_m": 0,
+                                 "dequant_min_m": 1 << 30, **knobs})
+
+
+@pytest.mark.parametrize("fmt,dtype,group,symmetric,K", [
+    ("int4", "float16", 32, False, 96), ("int4", "bfloat16", 128, True, 256),
+    ("int4", "bfloat16", -1, False, 72), ("int8", "float16", -1, True, 40)])
+def test_quant_gemm_dequant_then_gemm(fmt, dtype, group, symmetric, K, rng):
+    """The large-M path (forced at small M): the weight dequantized to x's dtype, then gemm with
+    bias and activation; K not a whole chunk (72, 40), a strided x."""
+    qw = lsn.quantize_weight(device(weight(rng, 21, K, dtype)), fmt, group_size=group,
+                             symmetric=symmetric)
+    with overrides(quant_gemm={"dequant_min_m": 1, "stream_max_m": 0, "decode_max_m": 0}):
+        run(rng, qw, 5, dtype, bias_dtype="float32", activation="silu", tensor_core=True,
+            x_pad=8)
+
+
+@pytest.mark.parametrize("name,x_dtype", [("Q4_1", "bfloat16"), ("Q8_0", "float16")])
+def test_quant_gemm_dequant_then_gemm_gguf(name, x_dtype, rng):
+    """GGUF blocks on the large-M path: Q4_1's minimums (affine), Q8_0's int8 codes."""
+    qw = lsn.QuantizedWeight.from_gguf(gguf_blocks(rng, 16, 64, GT[name]), name, (16, 64),
+                                       kind="torch")
+    with overrides(quant_gemm={"dequant_min_m": 1, "stream_max_m": 0, "decode_max_m": 0}):
+        run(rng, qw, 3, x_dtype, out_dtype="float32", tensor_core=True)
 
 
 @pytest.mark.parametrize("fmt,dtype,group,symmetric", [
@@ -629,10 +662,13 @@ def test_quant_gemm_gpu_sizes(M, fmt, group, rng):
                                                  ("int8", -1, True)])
 def test_quant_gemm_gpu_tensor_core_4096(M, fmt, group, symmetric, rng):
     """The Tensor Core kernel at the issue's N x K = 4096 x 4096, M from 17 to 300 (every tile
-    size, split K at the smaller M)."""
+    size, split K at the smaller M), and at M >= 128 the planned path (dequantize, then gemm)."""
     qw = lsn.quantize_weight(device(weight(rng, 4096, 4096, "bfloat16", scale=0.02)), fmt,
                              group_size=group, symmetric=symmetric)
-    run(rng, qw, M, "bfloat16", bias_dtype="bfloat16", activation="silu", tensor_core=True)
+    with overrides(quant_gemm={"dequant_min_m": 1 << 30}):
+        run(rng, qw, M, "bfloat16", bias_dtype="bfloat16", activation="silu", tensor_core=True)
+    if M >= 128:
+        run(rng, qw, M, "bfloat16", bias_dtype="bfloat16", activation="silu", tensor_core=True)
 
 
 @pytest.mark.gpu

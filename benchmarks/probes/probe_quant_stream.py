@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-from _harness import graphed, time_gpu
+from _harness import back_to_back_ms, graphed, time_gpu
 
 import llmspeed_numba as lsn
 from llmspeed_numba._overrides import overrides
@@ -39,6 +39,16 @@ TUNE = [{"stream_stages": s} for s in (3, 6, 8)] + [{"stream_warps": 8}, {"strea
 def _us(fn):
     fn()
     return 1e3 * time_gpu(graphed(fn))["median"]
+
+
+def _us_streamed(make_call, nbytes, min_bytes=256 << 20, max_copies=16):
+    """us a call inside a steady stream of calls, as in a model's decode graph: one CUDA graph
+    of calls cycling over enough copies of the weight (``make_call()`` builds one copy's call)
+    that together they outgrow the L2, replayed back to back (no flush, no launch gap)."""
+    copies = min(max_copies, max(1, -(-min_bytes // nbytes)))
+    calls = [make_call() for _ in range(copies)]
+    replay = graphed(lambda: [c() for c in calls])
+    return 1e3 * sorted(back_to_back_ms(replay, calls=20, rounds=5))[2] / copies
 
 
 def compile_only(args):
@@ -70,6 +80,12 @@ def main(argv=None):
     parser.add_argument("--formats", default="int4g128,int4g32z")
     parser.add_argument("--tune", action="store_true")
     parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--splits", default="",
+                        help="comma-separated split counts also timed on the stream kernel "
+                             "(the plan's choice against each)")
+    parser.add_argument("--streamed", action="store_true",
+                        help="also time stream and cuBLAS inside a back-to-back stream of calls "
+                             "over weight copies that outgrow the L2 (decode's steady state)")
     args = parser.parse_args(argv)
     if args.compile_only:
         return compile_only(args)
@@ -110,14 +126,37 @@ def main(argv=None):
                             name = "stream " + ",".join(f"{k[7:]}={v}" for k, v in knobs.items())
                             us[name] = _us(lambda x=x, qw=qw, out=out: lsn.quant_gemm(x, qw,
                                                                                      out=out))
-                best = min((p for p in us if p != "cublas"), key=us.get)
+                for n in filter(None, args.splits.split(",")):
+                    with overrides(quant_gemm={"splits": int(n)}):
+                        try:
+                            us[f"stream splits={n}"] = _us(
+                                lambda x=x, qw=qw, out=out: lsn.quant_gemm(x, qw, out=out))
+                        except ValueError:   # x of a split too large for shared memory
+                            pass
+                if args.streamed:
+                    def quant_call(x=x, out=out):
+                        q = lsn.quantize_weight(w, "int4", group_size=group,
+                                                symmetric=symmetric, kind="torch")
+                        return lambda: lsn.quant_gemm(x, q, out=out)
+
+                    def cublas_call(x=x, out=out):
+                        wc = w_bf16.clone()
+                        return lambda: torch.matmul(x, wc.T, out=out)
+
+                    us["stream_b2b"] = _us_streamed(quant_call, qw.nbytes())
+                    us["cublas_b2b"] = _us_streamed(cublas_call, w_bf16.nbytes)
+                    torch.cuda.empty_cache()
+                best = min((p for p in us if not p.startswith("cublas")), key=us.get)
                 line = " ".join(f"{p} {t:.1f}" for p, t in us.items())
+                streamed = (f", streamed {us['cublas_b2b'] / us['stream_b2b']:.2f}x"
+                            if args.streamed else "")
                 print(f"{fmt} {M}x{N}x{K}: {line} | stream {us['cublas'] / us['stream']:.2f}x "
-                      f"cuBLAS, best {best} | stream err {err:.1e}", flush=True)
+                      f"cuBLAS{streamed}, best {best} | stream err {err:.1e}", flush=True)
                 gbs = qw.nbytes() / (us["stream"] * 1e-6) / 1e9
                 for p, t in us.items():
+                    base = us["cublas_b2b" if p.endswith("_b2b") else "cublas"]
                     rows.append([commit, fmt, M, N, K, p, f"{t:.2f}",
-                                 f"{us['cublas'] / t:.3f}", f"{gbs:.0f}", f"{err:.2e}"])
+                                 f"{base / t:.3f}", f"{gbs:.0f}", f"{err:.2e}"])
             del qw, w_deq, w_bf16
     path = os.path.join(out_dir, "quant_stream.csv")
     new = not os.path.exists(path)
@@ -141,11 +180,11 @@ def plot(path, commit):
 
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["commit"] == commit and r["format"] == "int4g128"
-                and r["path"] in PATHS]
+                and r["path"] in (*PATHS, "stream_b2b")]
     shapes = sorted({(int(r["N"]), int(r["K"])) for r in rows})
     fig, axes = plt.subplots(1, len(shapes), figsize=(4 * len(shapes), 3.4), squeeze=False)
     for ax, (N, K) in zip(axes[0], shapes):
-        for p in PATHS:
+        for p in (*PATHS, "stream_b2b"):
             pts = sorted((int(r["M"]), float(r["cublas_over_path"])) for r in rows
                          if (int(r["N"]), int(r["K"])) == (N, K) and r["path"] == p)
             if pts:

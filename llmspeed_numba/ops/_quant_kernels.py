@@ -31,7 +31,8 @@ from .. import ptx
 from .._arrays import STORAGE
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
-from ._epilogue import epilogue, loader
+from ._epilogue import epilogue, loader, storer
+from ._index32 import udiv
 from ._last_block import last_block
 
 #: 2^23 as float bits: OR-ing a code into the mantissa makes the float 2^23 + code.
@@ -338,3 +339,63 @@ def gather_kernel(x_dtype):
     return Kernel(jit(gather_columns_kernel),
                   (_storage(x_dtype), array1d(np.int32), _storage(x_dtype), i32, i32, i64),
                   "gather_columns_kernel")
+
+
+#: Threads a block of ``dequant_kernel``.
+DEQUANT_THREADS = 256
+
+
+def dequant_kernel_fn(bits, mode, zero_point, scale_dtype, w_dtype):
+    """Kernel ``(qw, scales, aux, w, N, K, group_shift)``: the weight (N, K) row-major in
+    ``w_dtype`` (fp16 / bf16), each element ``(q - z) s`` (affine: ``q s + m``) computed in fp32
+    and rounded once, as the Tensor Core kernel's operand is (the large-M path of
+    ``quant_gemm``: this, then ``gemm``). One packed uint32 word (8 or 4 codes of one row, one
+    group: a group is a whole number of words) a thread, in the layout's order, so a warp reads
+    512 contiguous bytes; chunks * N * 4 threads. ``group_shift``: ``quant_gemm.group_shift``."""
+    per_word = 32 // bits
+    chunk = 4 * per_word
+    mask = np.uint32((1 << bits) - 1)
+    code = _code(bits, 0)
+    offset = _group_offset(mode, zero_point)
+    load_scale = loader(scale_dtype)
+    affine = mode == "affine"
+    store = storer(w_dtype)
+
+    def dequant_weight_kernel(qw, scales, aux, w, N, K, group_shift):
+        i = cuda.grid(1)
+        if i >= ((K + chunk - 1) // chunk) * N * 4:
+            return
+        c = udiv(i, 4 * N)   # the layout's words number below 2^31
+        rest = np.int32(i - c * (4 * N))
+        n = rest >> 2
+        k0 = np.int32(c) * chunk + (rest & 3) * per_word
+        if k0 >= K:
+            return
+        g = (k0 >> group_shift) * N + n
+        s = load_scale(scales, g)
+        off = _TWO23
+        m = _F0
+        if affine:
+            m = load_scale(aux, g)
+        else:
+            off = offset(aux, g)
+        word = qw[i]
+        row = np.int64(n) * K
+        for e in range(per_word):
+            if k0 + e < K:
+                q = code(word >> np.uint32(bits * e) & mask, off)
+                store(w, row + k0 + e, q * s + m if affine else q * s)
+
+    return dequant_weight_kernel
+
+
+def dequant_signature(mode, scale_dtype, w_dtype):
+    i32 = types.int32
+    return (array1d(np.uint32), _storage(scale_dtype), _aux_storage(mode, scale_dtype),
+            _storage(w_dtype), i32, i32, i32)
+
+
+@functools.cache
+def dequant_kernel(bits, mode, zero_point, scale_dtype, w_dtype):
+    return Kernel(jit(dequant_kernel_fn(bits, mode, zero_point, scale_dtype, w_dtype)),
+                  dequant_signature(mode, scale_dtype, w_dtype), "dequant_weight_kernel")

@@ -19,7 +19,11 @@ Paths (kernels in ``_quant_stream``, ``_quant_kernels``, ``_quant_tc``):
   ``BLOCK_N`` output columns, K split over enough blocks to keep every SM's loads in flight
   (``BLOCKS_PER_SM``); with more than one split, fp32 partial sums that the last block of each
   column range sums (one launch).
-- larger M: the Tensor Core kernel (``_quant_tc``): x tiles and the packed codes staged in shared
+- M >= ``DEQUANT_GEMM_MIN_M`` (prefill): the weight dequantized into a temporary (N, K) array of
+  x's dtype (``_quant_kernels.dequant_kernel``: each element rounded once, as the Tensor Core
+  kernel's operand is), then ``gemm`` (wgmma on Hopper): at large M the GEMM's FLOPs dwarf the
+  extra pass over the weight (as vLLM's AWQ path does above 256 tokens).
+- else the Tensor Core kernel (``_quant_tc``): x tiles and the packed codes staged in shared
   memory by 16-byte ``cp.async``, the codes dequantized in registers right before ``mma.sync``
   m16n8k16 (bit operations, one FADD and one FMUL an element, a pair rounded to x's dtype with
   one conversion; the group's scale / zero point / minimum per chunk), fp32 accumulation, gemm's
@@ -33,7 +37,8 @@ small kernel).
 FP8 weights (``"fp8_e4m3"``, W8A8): x quantized per token, then a Hopper wgmma GEMM with e4m3
 operands (``_fp8_gemm``; sm_90 only, every M).
 
-Not yet: wgmma for large M (int4 / int8), Marlin's half2 dequantization (``lop3`` into an fp16
+Not yet: a wgmma kernel dequantizing in registers at large M (int4 / int8; the dequantize-then-
+gemm path stands in for it), Marlin's half2 dequantization (``lop3`` into an fp16
 / bf16 mantissa, one HFMA2 a pair: needs the scales in x's dtype), a
 fragment-ordered packed layout (one shared load per lane for several fragments); the Tensor Core
 kernel's tiles are untuned (measurements: benchmarks/NOTES.md).
@@ -46,7 +51,7 @@ from .. import compile_check
 from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import bias_vector, choice, last_dim_contiguous, output, result_dtype, shape, tensor
 from .._env import SIMULATOR
-from .._launch import sm_count
+from .._launch import max_shared_per_block_optin, sm_count
 from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
@@ -55,6 +60,7 @@ from . import _fp8_gemm, _quant_stream, _quant_tc
 from . import _quant_kernels as qk
 from ._activations_device import ACTIVATIONS
 from ._epilogue import vector_width
+from . import gemm as _gemm
 from .gemm import _address, _vector_ok, launch_splitk_reduce, splitk_partials
 from .gemm_configs import wgmma_supported
 from .quant_weight import QuantizedWeight
@@ -66,6 +72,8 @@ DECODE_MAX_M = 16
 #: Largest M planned on the decode kernel, by code bits: above it the Tensor Core kernel is
 #: faster (both timed at N x K = 4096 x 14336 and 14336 x 4096, benchmarks/NOTES.md).
 DECODE_PLANNED_MAX_M = {4: 4, 8: 2}
+#: Smallest M that dequantizes the weight and runs ``gemm`` (int4 / int8 weights).
+DEQUANT_GEMM_MIN_M = 128
 #: Output columns (weight rows) per decode block, one a thread: 128 keeps a warp's 16-byte loads
 #: on 512 contiguous bytes and a block's x tile shared by 4 warps (untuned: no GPU run yet).
 BLOCK_N = 128
@@ -92,19 +100,27 @@ STREAM_G32_M = (4, 8)
 STREAM_WARPS = 8
 STREAM_STAGES = 4
 STREAM_BLOCKS_PER_SM = 3
+#: A block's fixed cost (barriers, x staged, the first copies' latency, its partial sums) in
+#: stages, for the split plan: one more split is worth it only if it saves a wave.
+STREAM_BLOCK_COST_STAGES = 1
 #: Most shared memory a streaming block's staged x may take (bytes): a larger K range is split.
 STREAM_X_BYTES = 64 * 1024
+#: At M > 8 (two 8-token fragments) the split aims at one block an SM, x up to twice
+#: ``STREAM_X_BYTES``: there more splits (more blocks an SM) were slower at every N > 6144
+#: timed, K = 4096 unsplit fastest at N = 14336 and 28672 (benchmarks/NOTES.md, session 26).
+STREAM_TWO_FRAGMENT_BLOCKS_PER_SM = 1
 #: ``splits``: None (planned) or a forced split count (every kernel); ``block_n``: decode block
 #: width; ``decode_max_m``: None (``DECODE_PLANNED_MAX_M``) or the largest M on the decode
 #: kernel (tests force either path with it); ``tc_tile``: None (``TC_TILES`` by M) or a forced
 #: Tensor Core tile; ``stream_max_m``: None (``STREAM_MAX_M``) or the largest M on the
-#: streaming kernel (0: never).
+#: streaming kernel (0: never); ``dequant_min_m``: None (``DEQUANT_GEMM_MIN_M``) or the
+#: smallest M that dequantizes and runs ``gemm``.
 TUNING = Knobs("quant_gemm", decode_max_m=None, block_n=32 if SIMULATOR else BLOCK_N,
                splits=None, blocks_per_sm=BLOCKS_PER_SM,
                tc_tile=SIM_TC_TILE if SIMULATOR else None, stream_max_m=None,
                stream_warps=1 if SIMULATOR else STREAM_WARPS,
                stream_stages=2 if SIMULATOR else STREAM_STAGES,
-               stream_blocks_per_sm=STREAM_BLOCKS_PER_SM)
+               stream_blocks_per_sm=STREAM_BLOCKS_PER_SM, dequant_min_m=None)
 
 
 def on_stream_kernel(qw, M):
@@ -119,25 +135,43 @@ def on_stream_kernel(qw, M):
 
 
 def stream_plan(qw, M):
-    """(m_block, group_chunks, splits, kspan) of the streaming kernel: K split for about
-    ``stream_blocks_per_sm`` blocks an SM, by whole stages, x's staged bytes and the partial
-    sums' traffic bounded."""
+    """(m_block, group_chunks, splits, kspan) of the streaming kernel: K split by whole stages
+    into the fewest splits that minimise waves x a block's time (``stream_blocks_per_sm``
+    resident blocks an SM, ``STREAM_TWO_FRAGMENT_BLOCKS_PER_SM`` at M > 8; a partial wave
+    costs a whole one; a block costs its stages and ``STREAM_BLOCK_COST_STAGES``), x's staged
+    bytes, the block's shared memory and the partial sums' traffic bounded."""
     m_block = _m_block(M)
     block_n = 16 * TUNING.stream_warps
     S = _quant_stream.STAGE_CHUNKS
     chunks = _cdiv(qw.K_padded, _quant_stream.CHUNK_K)
     stages_total = _cdiv(chunks, S)
+    group_chunks = 0 if qw.groups == 1 else qw.group_size // _quant_stream.CHUNK_K
     if TUNING.splits is not None:
-        splits = TUNING.splits
+        splits = max(1, min(TUNING.splits, stages_total))
     else:
-        want = _cdiv(TUNING.stream_blocks_per_sm * sm_count(), _cdiv(qw.N, block_n))
+        column_blocks = _cdiv(qw.N, block_n)
+        two_fragments = m_block > 8
+        per_sm = STREAM_TWO_FRAGMENT_BLOCKS_PER_SM if two_fragments else TUNING.stream_blocks_per_sm
+        resident = per_sm * sm_count()
         # partial sums (8 bytes an output, written and read) at most a quarter of the codes'
         cap = max(1, qw.K_padded // (64 * M))
-        x_stages = STREAM_X_BYTES // (m_block * S * _quant_stream.CHUNK_K * 2)
-        splits = max(min(want, cap), _cdiv(stages_total, max(1, x_stages)))
-    splits = max(1, min(splits, stages_total))
+        x_bytes = STREAM_X_BYTES * (2 if two_fragments else 1)
+        x_stages = x_bytes // (m_block * S * _quant_stream.CHUNK_K * 2)
+        least = _cdiv(stages_total, max(1, x_stages))
+        limit = max_shared_per_block_optin() - 1024   # static shared memory: the barriers
+        while least < stages_total and _quant_stream.shared_bytes(
+                TUNING.stream_warps, TUNING.stream_stages, m_block,
+                _cdiv(stages_total, least) * S, group_chunks, qw.mode, qw.scale_dtype) > limit:
+            least += 1
+
+        def cost(splits):
+            span = _cdiv(stages_total, splits)
+            waves = _cdiv(column_blocks * _cdiv(stages_total, span), resident)
+            return waves * (span + STREAM_BLOCK_COST_STAGES)
+
+        candidates = range(least, max(least, min(cap, stages_total)) + 1)
+        splits = min(candidates, key=lambda s: (cost(s), s))
     kspan = _cdiv(stages_total, splits) * S
-    group_chunks = 0 if qw.groups == 1 else qw.group_size // _quant_stream.CHUNK_K
     return m_block, group_chunks, _cdiv(chunks, kspan), kspan
 
 
@@ -147,6 +181,12 @@ def on_decode_kernel(qw, M):
     if max_m is None:
         max_m = DECODE_PLANNED_MAX_M[qw.bits]
     return M <= min(max_m, DECODE_MAX_M)
+
+
+def on_dequant_gemm(qw, M):
+    """Whether M rows of x against ``qw`` dequantize it and run ``gemm``."""
+    min_m = DEQUANT_GEMM_MIN_M if TUNING.dequant_min_m is None else TUNING.dequant_min_m
+    return M >= min_m
 
 
 def _cdiv(a, b):
@@ -278,6 +318,19 @@ def _stream(tx, qw, tbias, to, out_dtype, activation, stream):
                                       qw.scale_dtype))
 
 
+def _dequant_gemm(tx, qw, bias, activation, out, out_dtype, stream):
+    """The weight dequantized to a new (N, K) array of x's dtype, then ``gemm`` (x @ w.T)."""
+    N, K = qw.shape
+    w = empty(tx, (N, K), tx.dtype)
+    codes, scales, aux = _buffers(qw)
+    words = _cdiv(qw.K_padded, 128 // qw.bits) * N * 4
+    kernel = qk.dequant_kernel(qw.bits, qw.mode, qw.zero_point, qw.scale_dtype, tx.dtype)
+    kernel((_cdiv(words, qk.DEQUANT_THREADS),), qk.DEQUANT_THREADS,
+           (codes, scales, aux, kernel_buffer(tensor(w, "w")), N, K, group_shift(qw)), stream)
+    _gemm._gemm_checked(tx.obj, w.T, None, 1.0, 0.0, bias, activation, out, out_dtype, "auto",
+                        None, stream)
+
+
 def _tensor_core(tx, qw, tbias, to, out_dtype, activation, stream):
     M, K = tx.shape
     N = qw.N
@@ -395,6 +448,8 @@ def _quant_gemm_checked(x, qw, bias, activation, out, out_dtype, stream):
         _stream(tx, qw, tbias, to, out_dtype, activation, handle)
     elif on_decode_kernel(qw, M):
         _decode(tx, qw, tbias, to, out_dtype, activation, handle)
+    elif on_dequant_gemm(qw, M):
+        _dequant_gemm(tx, qw, bias, activation, out, out_dtype, handle)
     else:
         _tensor_core(tx, qw, tbias, to, out_dtype, activation, handle)
     return out
@@ -473,6 +528,17 @@ def _register():
                                               "cp.async.cg.shared"),
                                sass_must_have=("HMMA", "LDSM", "LDGSTS.E.BYPASS.128",
                                                "LDS.128"))
+    dequant_variants = {   # name: (bits, mode, zero point, scale dtype, weight dtype)
+        "quant_dequant_int4_awq_bf16": (4, "zeros", None, "bfloat16", "bfloat16"),
+        "quant_dequant_q4_1_f16": (4, "affine", None, "float16", "float16"),
+        "quant_dequant_int8_f16": (8, "const", 128, "float16", "float16"),
+    }
+    for name, (bits, mode, zp, sd, wd) in dequant_variants.items():
+        def build_dequant(bits=bits, mode=mode, zp=zp, sd=sd, wd=wd):
+            return (qk.dequant_kernel_fn(bits, mode, zp, sd, wd),
+                    qk.dequant_signature(mode, sd, wd))
+
+        compile_check.register(name, build_dequant)
 
 
 _register()
