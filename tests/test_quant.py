@@ -235,15 +235,20 @@ def test_gptq_act_order_dequantize(group, rng):
     np.testing.assert_array_equal(qw.dequantize(), w)
 
 
-@pytest.mark.parametrize("M", [1, 3, 19])
-def test_quant_gemm_gptq_act_order(M, rng):
-    """x's columns gathered into the stored order before either kernel (M = 19: the Tensor
-    Core kernel), against the weight in its own column order; a strided x."""
+@pytest.mark.parametrize("M,dequant_min_m", [(1, None), (3, None), (19, None), (5, 1)])
+def test_quant_gemm_gptq_act_order(M, dequant_min_m, rng):
+    """x's columns gathered into the stored order before every path (M = 19: the Tensor Core
+    kernel; dequantize-then-gemm forced at M = 5), against the weight in its own column order;
+    a strided x."""
     g = act_order_g_idx(rng, 128, 32)
     qweight, scales, qzeros, _ = gptq_tensors(rng, 16, 128, 32, g)
     qw = lsn.QuantizedWeight.from_gptq(device(qweight), device(scales), device(qzeros),
                                        device(g), group_size=32)
-    run(rng, qw, M, "bfloat16" if M == 3 else "float16", bias_dtype="float32", x_pad=8)
+    knobs = {} if dequant_min_m is None else {"dequant_min_m": dequant_min_m,
+                                              "stream_max_m": 0, "decode_max_m": 0}
+    with overrides(quant_gemm=knobs):
+        run(rng, qw, M, "bfloat16" if M == 3 else "float16", bias_dtype="float32", x_pad=8,
+            tensor_core=True if dequant_min_m else None)
 
 
 def test_from_awq_errors(rng):
