@@ -108,10 +108,45 @@ def _libcuda_ex():
 
 
 class _LaunchConfig(ctypes.Structure):
-    """The driver's ``CUlaunchConfig`` (no launch attributes)."""
+    """The driver's ``CUlaunchConfig``."""
     _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
                 ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
                 ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """The driver's ``CUlaunchAttribute``: an id, padding to 8 bytes, a 64-byte value union
+    (here its first int)."""
+    _fields_ = [("id", ctypes.c_uint), ("_pad", ctypes.c_uint), ("value", ctypes.c_int),
+                ("_rest", ctypes.c_byte * 60)]
+
+
+#: ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` set to 1: the kernel may launch
+#: before the previous kernel on its stream has completed (once that kernel's blocks have all
+#: run ``griddepcontrol.launch_dependents`` or exited), and waits for it at its own
+#: ``griddepcontrol.wait``. Read by the driver at each launch; shared, never written.
+_PROGRAMMATIC = (_LaunchAttribute * 1)(_LaunchAttribute(6, 0, 1))
+
+#: ``programmatic``: kernels written for programmatic dependent launch (a ``griddep_wait``
+#: before their first dependent access) are built with it and launched with the attribute
+#: (``programmatic_launch``); off: built without, launched plainly.
+LAUNCH = Knobs("launch", programmatic=False)
+
+
+def programmatic_launch():
+    """Whether an op builds its programmatic kernel variants: the ``launch`` knob, on a GPU of
+    compute capability 9.0 or later (``griddepcontrol`` is sm_90 PTX) or the simulator."""
+    if not LAUNCH.programmatic:
+        return False
+    return SIMULATOR or cuda.get_current_device().compute_capability >= (9, 0)
+
+
+def _launch_config(programmatic, *fields):
+    config = _LaunchConfig(*fields)
+    if programmatic:
+        config.attrs = ctypes.addressof(_PROGRAMMATIC)
+        config.num_attrs = 1
+    return config
 
 
 _COLLECT = threading.local()
@@ -154,14 +189,17 @@ class Kernel:
 
     ``signature`` is a tuple of numba types: ``array1d(...)`` for buffers, integer or float types
     for scalars. ``__call__(grid, block, args, stream=0, shared_bytes=0)`` takes ``Buffer``s (or
-    numpy views under the simulator) and Python numbers in signature order.
+    numpy views under the simulator) and Python numbers in signature order. ``programmatic``:
+    launched with the programmatic stream-serialization attribute; only for a kernel that runs
+    ``ptx.griddep_wait`` before its first access to memory an earlier kernel may still use.
     """
 
-    def __init__(self, dispatcher, signature, name=None):
+    def __init__(self, dispatcher, signature, name=None, programmatic=False):
         self.origin = _origin(sys._getframe(1))
         self.dispatcher = dispatcher
         self.signature = tuple(signature)
         self.name = name or getattr(dispatcher, "__name__", "kernel")
+        self.programmatic = bool(programmatic)
         self._handle = None
         self._raw_handle = None
         self._library = None  # cuda-core ObjectCode of a kernel loaded from the store
@@ -314,7 +352,7 @@ class Kernel:
             values, config, config_address, params_address, shape = self._local.site
         except AttributeError:
             params = _ParamBlock(self._words)
-            config = _LaunchConfig()
+            config = _launch_config(self.programmatic)
             self._local.params = params  # keeps the pointer array alive
             values, config_address, params_address, shape = (
                 params.values, ctypes.addressof(config), params.address, None)
@@ -358,6 +396,7 @@ class PreparedLaunch:
         if shared_bytes > kernel._shared_optin:
             kernel._opt_in_shared(shared_bytes)
         self.name = kernel.name
+        self.programmatic = kernel.programmatic
         self.handle = kernel._raw_handle
         self.grid, self.block, self.shared = _dim3(grid), _dim3(block), int(shared_bytes)
         flat, self.pointer_words, word = [], [], 0
@@ -381,7 +420,7 @@ class PreparedLaunch:
         the call, with the GIL released, so threads must not share them."""
         params = _ParamBlock(self.words)
         ctypes.memmove(params.values, self.template, 8 * self.words)
-        config = _LaunchConfig(self.grid, self.block, self.shared, None, None, 0)
+        config = _launch_config(self.programmatic, self.grid, self.block, self.shared)
         site = self._local.site = (params.values, config, ctypes.addressof(config),
                                    params.address, params)
         return site

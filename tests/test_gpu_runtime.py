@@ -3,7 +3,8 @@
 Covers: capture of library launches in a CUDA graph and correct replay (also with every ticket
 and counter workspace left dirty between replays); the linked PTX backend
 giving bit-identical results to the intrinsic backend; more than 48 KB of dynamic shared memory
-through the automatic opt-in; the on-disk kernel cache being used by a second process.
+through the automatic opt-in; the on-disk kernel cache being used by a second process; a
+programmatic dependent launch waiting for the kernel before it (eagerly and in a CUDA graph).
 """
 
 import os
@@ -151,6 +152,59 @@ def test_dynamic_shared_memory_beyond_48kb(rng):
                     words), 0, nbytes)
     cuda.synchronize()
     np.testing.assert_array_equal(dst.copy_to_host(), src.copy_to_host()[::-1])
+
+
+def test_programmatic_launch_waits_for_the_kernel_before(rng):
+    """A slow writer releases its dependents at once, then sleeps before writing; the reader,
+    launched with the programmatic attribute, starts early but reads only after
+    ``griddep_wait``: every read sees its own round's value, eagerly and replayed from a graph.
+    (A launch attribute laid out wrongly fails the launch or is ignored; a wait that did not
+    wait reads the previous round's value.)"""
+    torch = pytest.importorskip("torch")
+    from llmspeed_numba import ptx
+    from llmspeed_numba._arrays import as_tensor, kernel_buffer
+    from llmspeed_numba._launch import Kernel, array1d, jit
+
+    if cuda.get_current_device().compute_capability < (9, 0):
+        pytest.skip("griddepcontrol needs sm_90")
+
+    def slow_writer(values, i, box):
+        ptx.griddep_launch_dependents()
+        for _ in range(100):
+            cuda.nanosleep(1000)
+        box[0] = values[i]
+
+    def reader(box, i, seen):
+        ptx.griddep_wait()
+        seen[i] = box[0]
+
+    i32 = array1d(np.int32)
+    write = Kernel(jit(slow_writer), (i32, types.int32, i32), "slow_writer")
+    read = Kernel(jit(reader), (i32, types.int32, i32), "reader", programmatic=True)
+    rounds = 16
+    values = torch.arange(1, rounds + 1, dtype=torch.int32, device="cuda")
+    box = torch.zeros(1, dtype=torch.int32, device="cuda")
+    seen = torch.zeros(rounds, dtype=torch.int32, device="cuda")
+    bufs = [kernel_buffer(as_tensor(t, name)) for t, name in ((values, "values"), (box, "box"),
+                                                              (seen, "seen"))]
+
+    def chain():
+        stream = torch.cuda.current_stream().cuda_stream
+        for i in range(rounds):
+            write(1, 32, (bufs[0], i, bufs[1]), stream)
+            read(1, 32, (bufs[1], i, bufs[2]), stream)
+
+    chain()
+    torch.cuda.synchronize()
+    assert seen.tolist() == values.tolist()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    seen.zero_()
+    box.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert seen.tolist() == values.tolist()
 
 
 def test_kernel_cache_is_reused_by_a_new_process(tmp_path):

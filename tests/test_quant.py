@@ -445,6 +445,39 @@ def test_quant_gemm_stream_replays_with_tickets_left_zero(rng):
             run(rng, qw, 5, "bfloat16", activation="silu")
 
 
+def _decode_chain(x, norm_w, gate_up, down):
+    """A decode layer's MLP at M rows: rms_norm, the gate/up projection (streaming kernel, K
+    split), silu_and_mul, the down projection; every intermediate returned."""
+    h = lsn.rms_norm(x, norm_w)
+    gu = lsn.quant_gemm(h, gate_up)
+    a = lsn.silu_and_mul(gu)
+    return h, gu, a, lsn.quant_gemm(a, down)
+
+
+@pytest.mark.parametrize("M", [5] if SIMULATOR else [1, 5, 16])
+def test_programmatic_variants_compute_the_same(M, rng):
+    """``launch.programmatic``: the streaming kernel waits for the previous grid after issuing
+    its first weight stages, rms_norm and silu_and_mul release the next launch first. Each
+    intermediate equals the plain variants' bit for bit, over repeated chains on fresh x (on a
+    GPU a read before the wait would see the previous chain's values; the simulator runs one
+    chain: its griddepcontrol twins do nothing, it checks the variants' code)."""
+    K, I = 256, 128
+    dtype = "bfloat16"
+    gate_up = lsn.quantize_weight(device(weight(rng, 2 * I, K, dtype)), "int4", group_size=64)
+    down = lsn.quantize_weight(device(weight(rng, K, I, dtype)), "int4", group_size=64)
+    norm_w = device(random_array((K,), dtype, rng))
+    xs = [device(random_array((M, K), dtype, rng)) for _ in range(1 if SIMULATOR else 20)]
+    results = {}
+    for programmatic in (False, True):
+        with overrides(quant_gemm={"splits": 2}, launch={"programmatic": programmatic}):
+            assert on_stream_kernel(gate_up, M) and on_stream_kernel(down, M)
+            results[programmatic] = [[to_host(r) for r in _decode_chain(x, norm_w, gate_up, down)]
+                                     for x in xs]
+    for plain, chained in zip(results[False], results[True]):
+        for a, b in zip(plain, chained):
+            np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
 def test_stream_plan():
     """The split of K: whole stages, enough blocks for the SMs, no partial second wave where a
     longer span avoids it, x's staged bytes and the block's shared memory bounded, and only
@@ -484,10 +517,12 @@ def _tensor_core(**knobs):
 
 @pytest.mark.parametrize("fmt,dtype,group,symmetric,K", [
     ("int4", "float16", 32, False, 96), ("int4", "bfloat16", 128, True, 256),
-    ("int4", "bfloat16", -1, False, 72), ("int8", "float16", -1, True, 40)])
+    ("int4", "bfloat16", -1, False, 72), ("int8", "float16", -1, True, 40),
+    ("int4", "float16", -1, True, 70), ("int8", "bfloat16", -1, True, 44)])
 def test_quant_gemm_dequant_then_gemm(fmt, dtype, group, symmetric, K, rng):
     """The large-M path (forced at small M): the weight dequantized to x's dtype, then gemm with
-    bias and activation; K not a whole chunk (72, 40), a strided x."""
+    bias and activation; K not a whole chunk (72, 40), a strided x; K not a multiple of 8 (70,
+    44): the dequantization's element-wise form instead of its 16-byte stores."""
     qw = lsn.quantize_weight(device(weight(rng, 21, K, dtype)), fmt, group_size=group,
                              symmetric=symmetric)
     with overrides(quant_gemm={"dequant_min_m": 1, "stream_max_m": 0, "decode_max_m": 0}):

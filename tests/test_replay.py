@@ -400,6 +400,28 @@ def test_pointer_patch_writes_each_target_once():
         assert values == want
 
 
+def test_programmatic_launch_config_carries_the_driver_attribute():
+    """``CUlaunchConfig`` of a programmatic kernel: one ``CUlaunchAttribute`` (72 bytes: id,
+    padding, 64-byte value) with id 6 (PROGRAMMATIC_STREAM_SERIALIZATION) and value 1; a plain
+    kernel's carries none. The knob gates the variants."""
+    import ctypes
+
+    from llmspeed_numba import _launch
+    from llmspeed_numba._overrides import overrides
+
+    assert ctypes.sizeof(_launch._LaunchAttribute) == 72
+    config = _launch._launch_config(True, (2, 1, 1), (64, 1, 1), 0)
+    assert config.num_attrs == 1 and tuple(config.grid) == (2, 1, 1)
+    attr = _launch._LaunchAttribute.from_address(config.attrs)
+    assert (attr.id, attr.value) == (6, 1)
+    assert _launch._launch_config(False).num_attrs == 0 and not _launch._launch_config(False).attrs
+    assert not _launch.programmatic_launch()
+    with overrides(launch={"programmatic": True}):
+        assert _launch.programmatic_launch() == (_launch.SIMULATOR or
+                                                 _launch.cuda.get_current_device()
+                                                 .compute_capability >= (9, 0))
+
+
 def test_a_null_pointer_is_a_constant_and_memory_of_no_owner_is_not_recorded():
     call(table="null")
     _, launches = replayed(lambda: call(table="null"))

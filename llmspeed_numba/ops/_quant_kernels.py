@@ -345,26 +345,45 @@ def gather_kernel(x_dtype):
 DEQUANT_THREADS = 256
 
 
-def dequant_kernel_fn(bits, mode, zero_point, scale_dtype, w_dtype):
+#: Elements a thread of ``dequant_kernel`` writes with one 16-byte store (the vector form).
+DEQUANT_VECTOR = 8
+
+
+def dequant_kernel_fn(bits, mode, zero_point, scale_dtype, w_dtype, vector):
     """Kernel ``(qw, scales, aux, w, N, K, group_shift)``: the weight (N, K) row-major in
     ``w_dtype`` (fp16 / bf16), each element ``(q - z) s`` (affine: ``q s + m``) computed in fp32
     and rounded once, as the Tensor Core kernel's operand is (the large-M path of
-    ``quant_gemm``: this, then ``gemm``). One packed uint32 word (8 or 4 codes of one row, one
-    group: a group is a whole number of words) a thread, in the layout's order, so a warp reads
-    512 contiguous bytes; chunks * N * 4 threads. ``group_shift``: ``quant_gemm.group_shift``."""
+    ``quant_gemm``: this, then ``gemm``). Threads walk the packed words in the layout's order
+    (four words of a row, then the next row), so a warp reads contiguous bytes.
+    ``vector`` (K a multiple of 8): a thread takes the words of 8 codes (one int4 word, two
+    int8 words) and writes them with one 16-byte store, a warp 64 contiguous bytes in each of
+    8 rows (scalar 2-byte stores wrote 8 rows through 8 partial sectors an instruction);
+    otherwise one word a thread, an element at a time. ``group_shift``:
+    ``quant_gemm.group_shift``."""
     per_word = 32 // bits
     chunk = 4 * per_word
+    words_per_thread = DEQUANT_VECTOR // per_word if vector else 1
+    threads_per_chunk_row = 4 // words_per_thread
     mask = np.uint32((1 << bits) - 1)
     code = _code(bits, 0)
     offset = _group_offset(mode, zero_point)
     load_scale = loader(scale_dtype)
     affine = mode == "affine"
     store = storer(w_dtype)
+    pack = ptx.pack_bf16x2 if w_dtype == "bfloat16" else ptx.pack_f16x2
+
+    @cuda.jit(device=True, inline="always")
+    def element(word0, word1, e, off, s, m):
+        # e: a constant after inlining, so the word and shift are chosen at compile time
+        word = word0 if e < per_word else word1
+        q = code(word >> np.uint32(bits * (e % per_word)) & mask, off)
+        return q * s + m if affine else q * s
 
     def dequant_weight_kernel(qw, scales, aux, w, N, K, group_shift):
-        i = cuda.grid(1)
-        if i >= ((K + chunk - 1) // chunk) * N * 4:
+        t = cuda.grid(1)
+        if t >= ((K + chunk - 1) // chunk) * N * threads_per_chunk_row:
             return
+        i = t * words_per_thread
         c = udiv(i, 4 * N)   # the layout's words number below 2^31
         rest = np.int32(i - c * (4 * N))
         n = rest >> 2
@@ -379,14 +398,28 @@ def dequant_kernel_fn(bits, mode, zero_point, scale_dtype, w_dtype):
             m = load_scale(aux, g)
         else:
             off = offset(aux, g)
-        word = qw[i]
         row = np.int64(n) * K
-        for e in range(per_word):
-            if k0 + e < K:
-                q = code(word >> np.uint32(bits * e) & mask, off)
-                store(w, row + k0 + e, q * s + m if affine else q * s)
+        word0 = qw[i]
+        if vector:
+            word1 = qw[i + 1] if words_per_thread == 2 else word0
+            ptx.store_u32x4(
+                w, row + k0,
+                pack(element(word0, word1, 0, off, s, m), element(word0, word1, 1, off, s, m)),
+                pack(element(word0, word1, 2, off, s, m), element(word0, word1, 3, off, s, m)),
+                pack(element(word0, word1, 4, off, s, m), element(word0, word1, 5, off, s, m)),
+                pack(element(word0, word1, 6, off, s, m), element(word0, word1, 7, off, s, m)))
+        else:
+            for e in range(per_word):
+                if k0 + e < K:
+                    store(w, row + k0 + e, element(word0, word0, e, off, s, m))
 
     return dequant_weight_kernel
+
+
+def dequant_threads(bits, K_padded, N, vector):
+    """Threads of a ``dequant_kernel`` launch over a weight of ``K_padded`` columns."""
+    words = K_padded // (32 // bits) * N
+    return words // (DEQUANT_VECTOR // (32 // bits)) if vector else words
 
 
 def dequant_signature(mode, scale_dtype, w_dtype):
@@ -396,6 +429,6 @@ def dequant_signature(mode, scale_dtype, w_dtype):
 
 
 @functools.cache
-def dequant_kernel(bits, mode, zero_point, scale_dtype, w_dtype):
-    return Kernel(jit(dequant_kernel_fn(bits, mode, zero_point, scale_dtype, w_dtype)),
+def dequant_kernel(bits, mode, zero_point, scale_dtype, w_dtype, vector):
+    return Kernel(jit(dequant_kernel_fn(bits, mode, zero_point, scale_dtype, w_dtype, vector)),
                   dequant_signature(mode, scale_dtype, w_dtype), "dequant_weight_kernel")

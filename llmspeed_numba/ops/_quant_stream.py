@@ -142,14 +142,18 @@ def _half_loader(dtype):
 
 
 def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtype, x_dtype,
-              out_dtype, bias_dtype, act, partial):
+              out_dtype, bias_dtype, act, partial, programmatic=False):
     """Kernel ``(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m,
     so_n, x_vec)``, grid (column blocks, splits), ``32 * (warps + 1)`` threads, ``shared_bytes``
     of dynamic shared memory (module docstring). ``kspan``: chunks a split, a multiple of
     ``STAGE_CHUNKS``. ``group_chunks``: chunks a group (1, 2, 4), 0 for one group a row.
     ``partial``: K split; ``work`` (fp32, splits * M * N) and ``counters`` (int32, a column
     block each, zero before the launch and left zero) are used only then. ``x_vec``: x is read
-    in 16-byte runs (its address, row stride and K allow it), else element by element."""
+    in 16-byte runs (its address, row stride and K allow it), else element by element.
+    ``programmatic``: launched as a programmatic dependent (``_launch.programmatic_launch``):
+    the producer issues the first stages of the weight, which no kernel writes, before every
+    thread waits for the previous kernel (``griddep_wait``); x, the outputs and the split-K
+    buffers are touched only after."""
     block_n = 16 * warps
     m_frags = -(-m_block // 8)
     S = STAGE_CHUNKS
@@ -388,6 +392,8 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
         if tid == producer_tid:
             for j in range(min(stages, block_stages)):
                 issue_stage(ring, bars, qw, scales, aux, j, j, chunk_begin, chunk_end, n0, rows, N)
+        if programmatic:
+            ptx.griddep_wait()
         stage_x(ring, x, tid, x_base, x_words, chunk_begin, kspan, M, K, x_sm, x_vec)
         cuda.syncthreads()
         if affine:
@@ -476,8 +482,8 @@ def signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
 
 @functools.cache
 def stream_kernel(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtype, x_dtype,
-                  out_dtype, bias_dtype, act, partial):
+                  out_dtype, bias_dtype, act, partial, programmatic=False):
     fn = kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtype, x_dtype,
-                   out_dtype, bias_dtype, act, partial)
+                   out_dtype, bias_dtype, act, partial, programmatic)
     return Kernel(jit(fn), signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype),
-                  "quant_stream_kernel")
+                  "quant_stream_kernel", programmatic=programmatic)

@@ -29,7 +29,7 @@ from .. import compile_check, ptx
 from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import choice, output, tensor
 from .._env import cuda
-from .._launch import Kernel, array1d, jit
+from .._launch import Kernel, array1d, jit, programmatic_launch
 from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
@@ -92,8 +92,10 @@ _ACTS = {"silu": silu, "gelu_none": gelu_erf, "gelu_tanh": gelu_tanh}
 _FAST_ACTS = {"silu": silu_fast, "gelu_none": _gelu_erf_fast, "gelu_tanh": gelu_tanh_fast}
 
 
-def _activation_kernel_fn(k, vec, act_name, gated, unroll):
-    """``out = act(x[:, :d]) * x[:, d:]`` (gated) or ``act(x)``, chunks of ``vec`` elements."""
+def _activation_kernel_fn(k, vec, act_name, gated, unroll, trigger=False):
+    """``out = act(x[:, :d]) * x[:, d:]`` (gated) or ``act(x)``, chunks of ``vec`` elements.
+    ``trigger``: each block first releases the next programmatic kernel's launch (as
+    ``rms_norm``'s)."""
     act = (_ACTS if k == rw.KIND_F32 else _FAST_ACTS)[act_name]
     wpc = rw.words_per_chunk(vec)
     load = rw.chunk_words_loader(k, vec)
@@ -108,6 +110,8 @@ def _activation_kernel_fn(k, vec, act_name, gated, unroll):
     nwords = unroll * wpc
 
     def activation_kernel(x, out, rows, d, x_stride, o_stride):
+        if trigger:
+            ptx.griddep_launch_dependents()
         # d: output columns (gated: half of x's); chunks of the output row
         ga = cuda.local.array(nwords, np.uint32)
         gb = cuda.local.array(nwords, np.uint32)
@@ -157,8 +161,8 @@ def _signature(k):
 
 
 @functools.lru_cache(maxsize=None)
-def _activation_kernel(k, vec, act_name, gated, unroll):
-    fn = _activation_kernel_fn(k, vec, act_name, gated, unroll)
+def _activation_kernel(k, vec, act_name, gated, unroll, trigger=False):
+    fn = _activation_kernel_fn(k, vec, act_name, gated, unroll, trigger)
     return Kernel(jit(fn), _signature(k), f"{act_name}{'_and_mul' if gated else ''}_kernel")
 
 
@@ -190,7 +194,8 @@ def _launch(x, out, stream, act_name, gated):
     ty_threads = max(1, block_threads // tx_threads)
     grid = (max(1, -(-chunks // (tx_threads * unroll))),
             min(TUNING.max_grid_y, -(-rows // ty_threads)))
-    kernel = _activation_kernel(rw.kind(tx.dtype), vec, act_name, gated, unroll)
+    kernel = _activation_kernel(rw.kind(tx.dtype), vec, act_name, gated, unroll,
+                                programmatic_launch())
     kernel(grid, (tx_threads, ty_threads),
               (kernel_buffer(tx), kernel_buffer(to), rows, d, x_stride, o_stride),
               stream_handle(stream, (tx,)))

@@ -51,7 +51,7 @@ from .. import compile_check
 from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import bias_vector, choice, last_dim_contiguous, output, result_dtype, shape, tensor
 from .._env import SIMULATOR
-from .._launch import max_shared_per_block_optin, sm_count
+from .._launch import max_shared_per_block_optin, programmatic_launch, sm_count
 from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
@@ -301,7 +301,7 @@ def _stream(tx, qw, tbias, to, out_dtype, activation, stream):
     kernel = _quant_stream.stream_kernel(warps, stages, m_block, group_chunks, qw.mode,
                                          qw.zero_point, qw.scale_dtype, tx.dtype, out_dtype,
                                          tbias.dtype if tbias is not None else None,
-                                         activation, partial)
+                                         activation, partial, programmatic_launch())
     codes, scales, aux = _buffers(qw)
     out_buf = kernel_buffer(to)
     bias_buf = kernel_buffer(tbias) if tbias is not None else out_buf
@@ -323,9 +323,10 @@ def _dequant_gemm(tx, qw, bias, activation, out, out_dtype, stream):
     N, K = qw.shape
     w = empty(tx, (N, K), tx.dtype)
     codes, scales, aux = _buffers(qw)
-    words = _cdiv(qw.K_padded, 128 // qw.bits) * N * 4
-    kernel = qk.dequant_kernel(qw.bits, qw.mode, qw.zero_point, qw.scale_dtype, tx.dtype)
-    kernel((_cdiv(words, qk.DEQUANT_THREADS),), qk.DEQUANT_THREADS,
+    vector = K % qk.DEQUANT_VECTOR == 0
+    threads = qk.dequant_threads(qw.bits, qw.K_padded, N, vector)
+    kernel = qk.dequant_kernel(qw.bits, qw.mode, qw.zero_point, qw.scale_dtype, tx.dtype, vector)
+    kernel((_cdiv(threads, qk.DEQUANT_THREADS),), qk.DEQUANT_THREADS,
            (codes, scales, aux, kernel_buffer(tensor(w, "w")), N, K, group_shift(qw)), stream)
     _gemm._gemm_checked(tx.obj, w.T, None, 1.0, 0.0, bias, activation, out, out_dtype, "auto",
                         None, stream)
@@ -490,18 +491,24 @@ def _register():
                                           "bfloat16", None, None, True),
         "quant_stream_q4_1_f16_m1": (1, 1, "affine", None, "float16", "float16", "float16", None,
                                      None, True),
+        "quant_stream_int4_g128_bf16_m1_programmatic": (1, 4, "const", 8, "bfloat16", "bfloat16",
+                                                        "bfloat16", None, None, True),
     }
     for name, (mb, gc, mode, zp, sd, xd, od, bd, act, partial) in stream_variants.items():
+        programmatic = name.endswith("_programmatic")
+
         def build_stream(mb=mb, gc=gc, mode=mode, zp=zp, sd=sd, xd=xd, od=od, bd=bd, act=act,
-                         partial=partial):
+                         partial=partial, programmatic=programmatic):
             return (_quant_stream.kernel_fn(STREAM_WARPS, STREAM_STAGES, mb, gc, mode, zp, sd, xd,
-                                            od, bd, act, partial),
+                                            od, bd, act, partial, programmatic),
                     _quant_stream.signature(mode, sd, xd, od, bd))
 
         compile_check.register(name, build_stream,
                                ptx_must_have=("mma.sync.aligned.m16n8k16",
-                                              "cp.async.bulk.shared::cluster.global"),
-                               sass_must_have=("HMMA", "UBLKCP", "LDS.128"))
+                                              "cp.async.bulk.shared::cluster.global")
+                               + ("griddepcontrol.wait",) * programmatic,
+                               sass_must_have=("HMMA", "UBLKCP", "LDS.128")
+                               + ("ACQBULK",) * programmatic)
     tc_variants = {
         # name: (bits, tile, mode, zero point, scale dtype, x dtype, out dtype, bias, act,
         #        one group)
@@ -535,10 +542,10 @@ def _register():
     }
     for name, (bits, mode, zp, sd, wd) in dequant_variants.items():
         def build_dequant(bits=bits, mode=mode, zp=zp, sd=sd, wd=wd):
-            return (qk.dequant_kernel_fn(bits, mode, zp, sd, wd),
+            return (qk.dequant_kernel_fn(bits, mode, zp, sd, wd, True),
                     qk.dequant_signature(mode, sd, wd))
 
-        compile_check.register(name, build_dequant)
+        compile_check.register(name, build_dequant, sass_must_have=("STG.E.128",))
 
 
 _register()

@@ -36,11 +36,11 @@ import math
 import numpy as np
 from numba import types
 
-from .. import compile_check
+from .. import compile_check, ptx
 from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import no_overlap, one_of_dtypes, output, same_dtype, shape, tensor
 from .._env import cuda
-from .._launch import Kernel, array1d, jit
+from .._launch import Kernel, array1d, jit, programmatic_launch
 from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
@@ -72,11 +72,14 @@ def _schedule(tpr, cpt, has_residual):
     return choice == "interleaved"
 
 
-def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, interleaved=False):
+def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, interleaved=False,
+                        trigger=False):
     """Kernel for storage kinds ``x_kind`` (x, residual, out) / ``w_kind`` (weight), chunks of
     ``vec`` elements, ``tpr`` threads per row, ``rpb`` rows per block, ``cpt`` chunks per thread
     held in registers (0: stream), with or without the residual add, register-held rows
-    scheduled "interleaved" or "loads_first"."""
+    scheduled "interleaved" or "loads_first". ``trigger``: each block first releases the next
+    programmatic kernel's launch (``griddep_launch_dependents``), which then waits for this
+    grid's completion itself."""
     wpc = rw.words_per_chunk(vec)
     load = rw.chunk_words_loader(x_kind, vec)
     store = rw.chunk_words_storer(x_kind, vec)
@@ -102,6 +105,8 @@ def _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, interl
     has_tail = vec > 1
 
     def rms_norm_kernel(x, residual, weight, out, rows, cols, x_stride, r_stride, o_stride, eps):
+        if trigger:
+            ptx.griddep_launch_dependents()
         scratch = cuda.shared.array(slots, np.float32)
         words = cuda.local.array(nwords, np.uint32)     # the row (or one chunk when streaming)
         rwords = cuda.local.array(nwords, np.uint32)    # the residual chunks
@@ -231,8 +236,10 @@ def _options(tpr, rpb, cpt, vec, interleaved=False):
 
 
 @functools.lru_cache(maxsize=None)
-def _rms_norm_kernel(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, interleaved):
-    fn = _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, interleaved)
+def _rms_norm_kernel(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, interleaved,
+                     trigger=False):
+    fn = _rms_norm_kernel_fn(x_kind, w_kind, vec, tpr, rpb, cpt, has_residual, interleaved,
+                             trigger)
     return Kernel(jit(fn, **_options(tpr, rpb, cpt, vec, interleaved)),
                   _signature(x_kind, w_kind), "rms_norm_kernel")
 
@@ -325,7 +332,8 @@ def _rms_norm_checked(x, weight, eps, residual, out, stream):
     tx, tw, tr, to = p["tx"], p["tw"], p["tr"], p["to"]
     tpr, rpb, cpt = p["plan"]
     kernel = _rms_norm_kernel(rw.kind(tx.dtype), rw.kind(tw.dtype), p["vec"], tpr, rpb, cpt,
-                              tr is not None, _schedule(tpr, cpt, tr is not None))
+                              tr is not None, _schedule(tpr, cpt, tr is not None),
+                              programmatic_launch())
     xb = kernel_buffer(tx)
     rb = xb if tr is None else kernel_buffer(tr)
     x_stride, r_stride, o_stride = p["strides"]

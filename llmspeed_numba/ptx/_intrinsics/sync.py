@@ -1,5 +1,6 @@
 """Threads working together: warp shuffles, ``syncwarp`` and leader election; named barriers
-(a subset of the block's warps) and ``setmaxnreg`` (a warpgroup's register reallocation)."""
+(a subset of the block's warps) and ``setmaxnreg`` (a warpgroup's register reallocation); grids
+working together: programmatic dependent launch's ``griddepcontrol``."""
 
 from llvmlite import ir
 from numba import types
@@ -9,7 +10,8 @@ from numba.cuda.extending import intrinsic
 from .common import _F32, _I32, _asm, _literal_first_intrinsic, _literal_int, _unless
 
 __all__ = ["shfl_xor_f32", "shfl_xor_i32", "shfl_idx_i32", "syncwarp", "elect_sync",
-           "named_barrier_sync", "named_barrier_arrive", "setmaxnreg_inc", "setmaxnreg_dec"]
+           "named_barrier_sync", "named_barrier_arrive", "setmaxnreg_inc", "setmaxnreg_dec",
+           "griddep_wait", "griddep_launch_dependents"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -156,3 +158,33 @@ def _make_setmaxnreg(action):
 #: bounds, C7504 for relocatable PTX), which the compile check reports (benchmarks/NOTES.md).
 setmaxnreg_inc = _make_setmaxnreg("inc")
 setmaxnreg_dec = _make_setmaxnreg("dec")
+
+
+# --------------------------------------------------------------------------------------------
+# Programmatic dependent launch (sm_90): a kernel launched with the programmatic
+# stream-serialization attribute (``Kernel(..., programmatic=True)``) may start while the
+# kernel before it on the stream still runs
+# --------------------------------------------------------------------------------------------
+
+def _make_griddepcontrol(action, doc):
+    @intrinsic
+    def griddep(typingctx):
+        def codegen(context, builder, signature, args):
+            _asm(builder, ir.VoidType(), [], f"griddepcontrol.{action};", "~{memory}", [],
+                 side_effect=True)
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    griddep.__doc__ = doc
+    return griddep
+
+
+griddep_wait = _make_griddepcontrol(
+    "wait", "``griddepcontrol.wait``: block until every grid this one depends on has completed "
+    "and its memory is visible. A programmatic kernel runs it before touching anything the "
+    "previous kernel writes or reads; without the launch attribute it returns at once.")
+griddep_launch_dependents = _make_griddepcontrol(
+    "launch_dependents", "``griddepcontrol.launch_dependents``: this block no longer holds back "
+    "the next programmatic kernel's launch (it starts once every block has run this or exited; "
+    "it still waits for this grid's completion at its own ``griddep_wait``).")

@@ -1,5 +1,5 @@
 """Twins of ``_intrinsics/sync.py``: warp shuffles, syncwarp, elect, named barriers,
-setmaxnreg."""
+setmaxnreg, griddepcontrol."""
 
 import weakref
 
@@ -94,3 +94,14 @@ def setmaxnreg_inc(count):
 
 def setmaxnreg_dec(count):
     _setmaxnreg(count, "setmaxnreg_dec")
+
+
+# ---- programmatic dependent launch -----------------------------------------------------------
+# The simulator runs launches one after another: every earlier grid has completed.
+
+def griddep_wait():
+    pass
+
+
+def griddep_launch_dependents():
+    pass
