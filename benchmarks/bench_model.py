@@ -14,9 +14,9 @@ Cases per model shape (``--models``: presets of ``llmspeed_numba.models.random_m
 of the same weights in the same run (issue 21's target: int4 decode at least 2.5x bf16's tokens/s
 on Llama-3-8B shapes).
 
-``--programmatic``: each quantized model also with ``launch.programmatic`` on (the streaming
-kernel launched as a programmatic dependent, fetching its first weight stages while the kernel
-before it runs; rows ``int4+pdl``), in the same run.
+``--plain-launch``: the whole run with ``launch.programmatic`` off (no programmatic dependent
+launches; cases named "... [plain launch]"): run once with and once without, in one device call,
+for the A/B of the decode step.
 
 ``--warm``: run each of our paths once with one layer (compiles every kernel the timed run needs,
 in parallel processes per model) and exit. Rows: ``benchmarks/results/model.csv`` (+ PNG).
@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _harness  # noqa: E402
 
-from llmspeed_numba._overrides import overrides as knob_overrides  # noqa: E402
+from llmspeed_numba._overrides import overrides  # noqa: E402
 from llmspeed_numba.models.model import Model  # noqa: E402
 from llmspeed_numba.models.random_model import preset_config, random_weights  # noqa: E402
 
@@ -137,46 +137,32 @@ def _decode_ms(model, prompt, graphs=True):
     return {"median": ms, "p20": ms, "p80": ms}
 
 
-def _variants(quantizations, programmatic):
-    """(label, quantization, programmatic launches) of each quantized model timed."""
-    return [(f"{q}+pdl" if pdl else q, q, pdl) for q in quantizations
-            for pdl in ((False, True) if programmatic else (False,))]
-
-
-def bench_quantized(name, config, weights, quantizations, results, rep, shape, base,
-                    programmatic=False):
+def bench_quantized(name, config, weights, quantizations, results, rep, shape, base):
     """Our quantized models against our bf16 one (``base``: its prefill 1x2048 and decode ms)."""
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, config.vocab_size, (2048,), generator=gen).tolist()]
     prompt = torch.randint(0, config.vocab_size, (DECODE_PROMPT,), generator=gen).tolist()
-    for label, q, pdl in _variants(quantizations, programmatic):
-        with knob_overrides(launch={"programmatic": pdl}):
-            _bench_one_quantized(name, config, weights, label, q, results, rep, shape, base,
-                                 prompts, prompt)
+    for q in quantizations:
+        model = Model(config, None, weights, quantization=q)
+        t_prefill = _wall(_our_prefill(model, prompts), rep)
+        t_decode = _decode_ms(model, prompt)
+        gpu_ms = _decode_gpu_ms(model, prompt, top=KERNELS_SHOWN)
+        results.add("model", f"{name} prefill 1x2048 {q}", shape, q, t_prefill,
+                    "ours bf16", base["prefill"], "ms", t_prefill["median"],
+                    base["prefill"]["median"], note="time to last-token logits, host included")
+        results.add("model", f"{name} decode b1 {q}", shape, q, t_decode, "ours bf16",
+                    base["decode"], "ms", t_decode["median"], base["decode"]["median"],
+                    note=f"ms a token, CUDA-graph decode (kernels {gpu_ms:.3f} ms of it); "
+                         "ratio = bf16 time / quantized time")
+        print(f"  {name} {q}: prefill 1x2048 {t_prefill['median']:.2f} ms "
+              f"(bf16 {base['prefill']['median']:.2f}), decode {t_decode['median']:.3f} ms a "
+              f"token (bf16 {base['decode']['median']:.3f}), kernels {gpu_ms:.3f} ms", flush=True)
+        model.release()
+        del model
+        torch.cuda.empty_cache()
 
 
-def _bench_one_quantized(name, config, weights, label, q, results, rep, shape, base, prompts,
-                         prompt):
-    model = Model(config, None, weights, quantization=q)
-    t_prefill = _wall(_our_prefill(model, prompts), rep)
-    t_decode = _decode_ms(model, prompt)
-    gpu_ms = _decode_gpu_ms(model, prompt, top=KERNELS_SHOWN)
-    results.add("model", f"{name} prefill 1x2048 {label}", shape, q, t_prefill,
-                "ours bf16", base["prefill"], "ms", t_prefill["median"],
-                base["prefill"]["median"], note="time to last-token logits, host included")
-    results.add("model", f"{name} decode b1 {label}", shape, q, t_decode, "ours bf16",
-                base["decode"], "ms", t_decode["median"], base["decode"]["median"],
-                note=f"ms a token, CUDA-graph decode (kernels {gpu_ms:.3f} ms of it); "
-                     "ratio = bf16 time / quantized time")
-    print(f"  {name} {label}: prefill 1x2048 {t_prefill['median']:.2f} ms "
-          f"(bf16 {base['prefill']['median']:.2f}), decode {t_decode['median']:.3f} ms a "
-          f"token (bf16 {base['decode']['median']:.3f}), kernels {gpu_ms:.3f} ms", flush=True)
-    model.release()
-    del model
-    torch.cuda.empty_cache()
-
-
-def bench(name, results, rep, layers=None, quantizations=(), programmatic=False):
+def bench(name, results, rep, layers=None, quantizations=()):
     overrides = {} if layers is None else {"num_hidden_layers": layers}
     config = preset_config(name, **overrides)
     weights = random_weights(config, seed=0, dtype=torch.bfloat16, device="cuda")
@@ -230,28 +216,26 @@ def bench(name, results, rep, layers=None, quantizations=(), programmatic=False)
     hf = ours = None
     torch.cuda.empty_cache()
     if quantizations:
-        bench_quantized(name, config, weights, quantizations, results, rep, shape, base,
-                        programmatic)
+        bench_quantized(name, config, weights, quantizations, results, rep, shape, base)
 
 
-def warm(name, quantizations=(), programmatic=False):
+def warm(name, quantizations=()):
     """Compile every kernel the benchmark's paths launch (one layer is enough)."""
     config = preset_config(name, num_hidden_layers=1)
     weights = random_weights(config, seed=0, dtype=torch.bfloat16, device="cuda")
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, config.vocab_size, (DECODE_PROMPT,), generator=gen).tolist()
-    for _, q, pdl in [(None, None, False)] + _variants(quantizations, programmatic):
-        with knob_overrides(launch={"programmatic": pdl}):
-            ours = Model(config, None, weights, quantization=q)
-            shapes = ((1, 2048), (8, 512)) if q is None else ((1, 2048),)
-            for batch, length in shapes:
-                prompts = [torch.randint(0, config.vocab_size, (length,), generator=gen).tolist()
-                           for _ in range(batch)]
-                _our_prefill(ours, prompts)()
-            for graphs in ((False, True) if q is None else (True,)):
-                ours.generate_greedy([prompt], 3, stop_at_eos=False, cuda_graphs=graphs)
-            torch.cuda.synchronize()
-            ours.release()
+    for q in (None, *quantizations):
+        ours = Model(config, None, weights, quantization=q)
+        shapes = ((1, 2048), (8, 512)) if q is None else ((1, 2048),)
+        for batch, length in shapes:
+            prompts = [torch.randint(0, config.vocab_size, (length,), generator=gen).tolist()
+                       for _ in range(batch)]
+            _our_prefill(ours, prompts)()
+        for graphs in ((False, True) if q is None else (True,)):
+            ours.generate_greedy([prompt], 3, stop_at_eos=False, cuda_graphs=graphs)
+        torch.cuda.synchronize()
+        ours.release()
 
 
 def main(argv=None):
@@ -265,23 +249,40 @@ def main(argv=None):
                              "model (int4, int8; default: none)")
     parser.add_argument("--layers", type=int, default=None,
                         help="override the layer count (quick runs)")
-    parser.add_argument("--programmatic", action="store_true",
-                        help="also time each quantized model with programmatic launches")
+    parser.add_argument("--plain-launch", action="store_true",
+                        help="programmatic dependent launches off (launch.programmatic)")
     args = parser.parse_args(argv)
-    names = args.models.split(",")
-    quantizations = tuple(q for q in args.quantization.split(",") if q)
-    bad = [q for q in quantizations if q not in ("int4", "int8")]
+    bad = [q for q in args.quantization.split(",") if q and q not in ("int4", "int8")]
     if bad:
         parser.error(f"--quantization: expected int4 or int8, got {bad}")
+    if args.plain_launch:
+        with overrides(launch={"programmatic": False}):
+            return _run(args, " [plain launch]")
+    return _run(args, "")
+
+
+class _Suffixed:
+    """``Results`` whose case names end in ``suffix``."""
+
+    def __init__(self, results, suffix):
+        self.results, self.suffix, self.path = results, suffix, results.path
+
+    def add(self, op, case, *args, **kwargs):
+        self.results.add(op, case + self.suffix, *args, **kwargs)
+
+
+def _run(args, suffix):
+    names = args.models.split(",")
+    quantizations = tuple(q for q in args.quantization.split(",") if q)
     if args.warm:
         for name in names:
             start = time.perf_counter()
-            warm(name, quantizations, args.programmatic)
+            warm(name, quantizations)
             print(f"warm {name}: {time.perf_counter() - start:.1f} s", flush=True)
         return 0
-    results = _harness.Results("model")
+    results = _Suffixed(_harness.Results("model"), suffix)
     for name in names:
-        bench(name, results, args.rep, args.layers, quantizations, args.programmatic)
+        bench(name, results, args.rep, args.layers, quantizations)
     _harness.plot_csv(results.path)
     return 0
 

@@ -129,8 +129,9 @@ _PROGRAMMATIC = (_LaunchAttribute * 1)(_LaunchAttribute(6, 0, 1))
 
 #: ``programmatic``: kernels written for programmatic dependent launch (a ``griddep_wait``
 #: before their first dependent access) are built with it and launched with the attribute
-#: (``programmatic_launch``); off: built without, launched plainly.
-LAUNCH = Knobs("launch", programmatic=False)
+#: (``programmatic_launch``), and the small kernels before them release the launch early; off:
+#: built without, launched plainly (benchmarks/NOTES.md, session 27: 3% off an int4 decode step).
+LAUNCH = Knobs("launch", programmatic=True)
 
 
 def programmatic_launch():

@@ -279,6 +279,21 @@ def test_gemv_bitwise_repeatable(rng):
     assert np.array_equal(f64(gemm(da, db, config=SIM_GEMV, out_dtype="float32")), first)
 
 
+def test_gemv_programmatic_form_equals_the_plain_one(rng):
+    """``launch.programmatic`` (the default where supported): the GEMV's programmatic form
+    (release, then wait, at its start) gives bit for bit the plain kernel's result."""
+    from llmspeed_numba._overrides import overrides
+
+    a = random_array((2, 560), "bfloat16", rng)
+    b = random_array((560, 7), "bfloat16", rng)
+    da, db = place(a, False), place(b, True)
+    got = {}
+    for programmatic in (False, True):
+        with overrides(launch={"programmatic": programmatic}):
+            got[programmatic] = f64(gemm(da, db, config=SIM_GEMV, out_dtype="float32"))
+    assert np.array_equal(got[False], got[True])
+
+
 @pytest.mark.parametrize("M,K,layout", [(3, 72, "NT"), (2, 36, "NT"), (2, 72, "NN"),
                                         (2, 72, "TT")])
 def test_gemv_out_of_reach_runs_another_kernel(M, K, layout, rng):

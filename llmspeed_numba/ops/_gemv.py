@@ -16,6 +16,11 @@ same ``ceil(N / cols)``.
 
 Same kernel parameters as the Tensor Core kernel (``gemm._signature``; the split-K workspace and
 tickets are not used); needs K a multiple of 8 and both operands allowing 16-byte loads.
+
+Launched as a programmatic dependent (``programmatic``), a block first releases the next
+programmatic kernel's launch, then waits for the previous kernel (``griddep_wait``) before any
+memory access: its launch and set-up overlap that kernel's end. (No operand is read before the
+wait: ``b`` may be what that kernel writes.)
 """
 
 import numpy as np
@@ -26,7 +31,8 @@ from ._activations_device import GATED_ACTIVATIONS
 from ._epilogue import GATE_BLOCK, epilogue, gate_column, gated_epilogue, storer
 
 
-def make_kernel(rows, cols, warps, unroll, is_bf16, out_dtype, c_dtype, bias_dtype, act):
+def make_kernel(rows, cols, warps, unroll, is_bf16, out_dtype, c_dtype, bias_dtype, act,
+                programmatic=False):
     """The kernel function (not yet jitted) for M <= ``rows``; ``cols`` rows of W a block of
     ``32 * warps`` threads (grid: ``ceil(N / cols)`` blocks; a gated ``act`` needs ``cols``
     even)."""
@@ -62,8 +68,22 @@ def make_kernel(rows, cols, warps, unroll, is_bf16, out_dtype, c_dtype, bias_dty
             s += x1 * w1
         acc[m * cols + r] = s
 
+    @cuda.jit(device=True, inline="always")
+    def load_weights(b, b_row, ww, ch, hi):
+        # one iteration's weight chunks: unroll steps x cols rows, 16 bytes each
+        for u in range(unroll):
+            k = np.int64(ch + 32 * u) * 8
+            if ch + 32 * u < hi:
+                for r in range(cols):
+                    w = ptx.load_u32x4(b, b_row[r] + k)
+                    for i in range(4):
+                        ww[u, r, i] = w[i]
+
     def gemv_kernel(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, mn, sc_m, sc_n, alpha,
                     beta, k_split, tiles_m, tiles_n, out_vec, ws, tickets):
+        if programmatic:
+            ptx.griddep_launch_dependents()
+            ptx.griddep_wait()
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -90,13 +110,10 @@ def make_kernel(rows, cols, warps, unroll, is_bf16, out_dtype, c_dtype, bias_dty
         ch = lo + lane
         while ch < hi:
             # every load of the iteration first: unroll x (rows + cols) 16-byte loads in flight
+            load_weights(b, b_row, ww, ch, hi)
             for u in range(unroll):
                 k = np.int64(ch + 32 * u) * 8
                 if ch + 32 * u < hi:
-                    for r in range(cols):
-                        w = ptx.load_u32x4(b, b_row[r] + k)
-                        for i in range(4):
-                            ww[u, r, i] = w[i]
                     for m in range(rows):
                         x = ptx.load_u32x4(a, a_row[m] + k)
                         for i in range(4):

@@ -89,13 +89,16 @@ def _check_params(kernel):
     return kernel
 
 
-def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch):
+def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch,
+                      trigger=False):
     """The decode kernel for one compile-time configuration.
 
     ``m16``: 16 query rows a tile (else 8, and the mma's rows 8..15 are zero); ``page8``: block
     size 8, so a 16-key tile spans two pages; ``q_smem``: Q's A fragments are re-read from a
     shared-memory Q tile for every key tile instead of living in registers; ``l2_prefetch``:
-    the cp.async L2 prefetch-size hint in bytes (0: none)."""
+    the cp.async L2 prefetch-size hint in bytes (0: none); ``trigger``: each block first releases
+    the next programmatic kernel's launch (the output projection's streaming kernel, which
+    then fetches weights while this kernel runs)."""
     if stages < 2:
         # the warps' partial O and (max, sum) of the end merge reuse each warp's ring; one
         # stage of unpadded rows is too small for them
@@ -125,6 +128,8 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
                             sob, sot, soh, sod, slb, slh, slt,
                             q_len, nheads, nheads_k, group, rows_total, row_tiles, max_slots,
                             num_blocks, bs_shift, window_left, num_splits, scale_log2, want_lse):
+        if trigger:
+            ptx.griddep_launch_dependents()
         smem = cuda.shared.array(0, np.uint16)
         smem_f = cuda.shared.array(0, np.float32)
         tid = cuda.threadIdx.x
@@ -292,7 +297,8 @@ def _decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_p
 
 
 @functools.lru_cache(maxsize=None)
-def _decode_kernel(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch):
+def _decode_kernel(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch,
+                   trigger=False):
     return Kernel(jit(_decode_kernel_fn(head_dim, m16, page8, is_bf16, warps, stages, q_smem,
-                                        l2_prefetch)),
+                                        l2_prefetch, trigger)),
                   SIGNATURE, "paged_decode_kernel")

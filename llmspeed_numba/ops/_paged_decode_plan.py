@@ -21,7 +21,7 @@ import functools
 
 from .. import _recording, compile_check
 from .._env import SIMULATOR
-from .._launch import sm_count
+from .._launch import programmatic_launch, sm_count
 from ._paged_decode_copy import L2_PREFETCH
 from ._paged_decode_kernel import SIGNATURE, _decode_kernel, _decode_kernel_fn
 from ._paged_decode_layout import Q_IN_SHARED_FROM, TILE, shared_bytes
@@ -65,8 +65,10 @@ FOLDED_MERGE_KEYS_PER_SPLIT = 1
 @functools.lru_cache(maxsize=None)
 def resident_blocks_per_sm(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch):
     """Blocks of the decode kernel one SM holds at once (``Kernel.blocks_per_sm``: the driver's
-    occupancy calculator on the device's limits; compiles the kernel)."""
-    kernel = _decode_kernel(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch)
+    occupancy calculator on the device's limits; compiles the kernel: the variant launched, so
+    no other is built only to be asked)."""
+    kernel = _decode_kernel(head_dim, m16, page8, is_bf16, warps, stages, q_smem, l2_prefetch,
+                            trigger=programmatic_launch())
     return max(1, kernel.blocks_per_sm(32 * warps, shared_bytes(head_dim, warps, stages, q_smem)))
 
 

@@ -151,9 +151,9 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     block each, zero before the launch and left zero) are used only then. ``x_vec``: x is read
     in 16-byte runs (its address, row stride and K allow it), else element by element.
     ``programmatic``: launched as a programmatic dependent (``_launch.programmatic_launch``):
-    the producer issues the first stages of the weight, which no kernel writes, before every
-    thread waits for the previous kernel (``griddep_wait``); x, the outputs and the split-K
-    buffers are touched only after."""
+    a block first releases the next programmatic kernel's launch, the producer issues the first
+    stages of the weight, which no kernel writes, and then every thread waits for the previous
+    kernel (``griddep_wait``); x, the outputs and the split-K buffers are touched only after."""
     block_n = 16 * warps
     m_frags = -(-m_block // 8)
     S = STAGE_CHUNKS
@@ -388,6 +388,8 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
         x_words = kspan * (CHUNK_K // 2) + X_ROW_PAD_WORDS   # x_row_words(kspan)
         xsum_base = x_base + m_block * x_words
         split_units = kspan // unit
+        if programmatic:
+            ptx.griddep_launch_dependents()
         init_stage_barriers(bars, stages, 1, warps, tid)
         if tid == producer_tid:
             for j in range(min(stages, block_stages)):

@@ -43,7 +43,7 @@ from .._arrays import STORAGE, Tensor, empty, kernel_buffer, stream_handle
 from .._checks import (bias_vector, choice, non_negative_strides, output, result_dtype,
                        same_dtype, shape, tensor)
 from .._env import SIMULATOR, cuda
-from .._launch import Kernel, array1d, jit, sm_count
+from .._launch import Kernel, array1d, jit, programmatic_launch, sm_count
 from .._replay import MISS, OpCalls
 from .._tensor_map import tensor_map_2d
 from .._typing import ArrayLike, DTypeLike, StreamLike
@@ -105,12 +105,14 @@ def _min_blocks(cfg, a_vec, b_vec, in_dtype):
 
 
 def _kernel_fn(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_dtype,
-               bias_dtype, act, split_finish=False):
+               bias_dtype, act, split_finish=False, programmatic=False):
     """The kernel function and its ``cuda.jit`` options (launch bounds). ``split_finish``: a
-    Tensor Core kernel for a K split finished in its own launch (``split_tile_finish``)."""
+    Tensor Core kernel for a K split finished in its own launch (``split_tile_finish``);
+    ``programmatic``: the GEMV's programmatic-dependent form."""
     if cfg.gemv:
         return _gemv.make_kernel(cfg.block_m, cfg.block_n, cfg.warps_n, cfg.stages,
-                                 in_dtype == "bfloat16", out_dtype, c_dtype, bias_dtype, act), {}
+                                 in_dtype == "bfloat16", out_dtype, c_dtype, bias_dtype, act,
+                                 programmatic), {}
     min_blocks = _min_blocks(cfg, a_vec, b_vec, in_dtype)
     options = {"launch_bounds": (cfg.threads, min_blocks)} if min_blocks else {}
     if cfg.wgmma:
@@ -131,12 +133,13 @@ def _kernel_fn(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_d
 
 @functools.cache
 def _gemm_kernel(cfg, a_k_inner, b_k_inner, a_vec, b_vec, in_dtype, out_dtype, c_dtype,
-                 bias_dtype, act, split_finish=False):
+                 bias_dtype, act, split_finish=False, programmatic=False):
     fn, options = _kernel_fn(cfg.replace(split_k=None), a_k_inner, b_k_inner, a_vec, b_vec,
-                             in_dtype, out_dtype, c_dtype, bias_dtype, act, split_finish)
+                             in_dtype, out_dtype, c_dtype, bias_dtype, act, split_finish,
+                             programmatic)
     return Kernel(jit(fn, **options),
                   _signature(cfg.backend, in_dtype, out_dtype, c_dtype, bias_dtype, cfg.wgmma),
-                  f"gemm_{cfg.backend}")
+                  f"gemm_{cfg.backend}", programmatic=programmatic)
 
 
 def _splitk_reduce_kernel_fn(out_dtype, c_dtype, bias_dtype, act):
@@ -399,7 +402,8 @@ def _run(p, cfg):
             extra += maps if cfg.tma else (unused(p.ta, np.uint64),) * 2
     if not partials:
         kernel = _gemm_kernel(cfg, p.a_k_inner, p.b_k_inner, a_vec, b_vec, p.ta.dtype,
-                              p.out_dtype, c_dtype, bias_dtype, p.act, split_finish)
+                              p.out_dtype, c_dtype, bias_dtype, p.act, split_finish,
+                              cfg.gemv and programmatic_launch())
         c_buf = kernel_buffer(p.tc if p.tc is not None else p.to)
         bias_buf = kernel_buffer(p.tbias if p.tbias is not None else p.to)
         so_m, so_n = p.to.strides
@@ -558,10 +562,10 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, backen
 # ---- compile-only check ----------------------------------------------------------------------
 
 def _compile_target(cfg, a_k_inner, b_k_inner, in_dtype, out_dtype, c_dtype=None,
-                    bias_dtype=None, act=None, vec=True, split_finish=False):
+                    bias_dtype=None, act=None, vec=True, split_finish=False, programmatic=False):
     def build():
         fn, options = _kernel_fn(cfg, a_k_inner, b_k_inner, vec, vec, in_dtype, out_dtype,
-                                 c_dtype, bias_dtype, act, split_finish)
+                                 c_dtype, bias_dtype, act, split_finish, programmatic)
         return fn, _signature(cfg.backend, in_dtype, out_dtype, c_dtype, bias_dtype,
                               cfg.wgmma), options
 
@@ -646,9 +650,12 @@ for _name, _cfg, _in, _out, _extra in (
         ("gemm_gemv_f16_4x4_epilogue", "gemv_4x4_w4_u2", "float16", "float32",
          {"c_dtype": "float16", "bias_dtype": "float16", "act": "silu"}),
         ("gemm_gemv_bf16_1x4_silu_and_mul", "gemv_1x4_w4_u2", "bfloat16", "bfloat16",
-         {"act": "silu_and_mul"})):
+         {"act": "silu_and_mul"}),
+        ("gemm_gemv_bf16_1x4_programmatic", "gemv_1x4_w4_u2", "bfloat16", "bfloat16",
+         {"programmatic": True})):
     compile_check.register(_name, _compile_target(CONFIGS[_cfg], True, True, _in, _out, **_extra),
-                           sass_must_have=("LDG.E.128", "FFMA"))
+                           sass_must_have=("LDG.E.128", "FFMA")
+                           + ("ACQBULK",) * bool(_extra.get("programmatic")))
 for _name, _out, _bias, _act in (("gemm_splitk_reduce_bf16_silu_and_mul", "bfloat16", None,
                                    "silu_and_mul"),
                                   ("gemm_splitk_reduce_f16_gelu_and_mul", "float16", "float32",

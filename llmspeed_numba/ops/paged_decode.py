@@ -43,6 +43,7 @@ from .. import _checks
 from .._arrays import empty, host_ints, kernel_buffer, stream_handle
 from .._checks import boolean, output, same_dtype, shape, tensor
 from .._env import SIMULATOR
+from .._launch import programmatic_launch
 from .._overrides import Knobs
 from .._typing import ArrayLike, StreamLike
 from .._replay import MISS, OpCalls
@@ -262,7 +263,7 @@ def _paged_decode_attention_checked(q, k_cache, v_cache, block_table, seq_lens, 
         po = pl = unused(tq, np.float32)
         tickets = unused(tq, np.int32)
     lse_buf = kernel_buffer(tl) if return_lse else unused(tq, np.float32)
-    kernel = _decode_kernel(*config)
+    kernel = _decode_kernel(*config, trigger=programmatic_launch())
     sk, sv = tk.strides, tv.strides
     args = DecodeArgs(
         q=kernel_buffer(tq), kc=kernel_buffer(tk), vc=kernel_buffer(tv), bt=kernel_buffer(tbt),

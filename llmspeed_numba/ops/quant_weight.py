@@ -91,6 +91,20 @@ def _device_of(x):
     return None
 
 
+def _synchronize(x):
+    """Wait for the work queued on the current stream of ``x``'s device (torch, CuPy; numba's
+    copies are synchronous)."""
+    module = type(x).__module__
+    if module.startswith("torch") and x.is_cuda:
+        import torch
+
+        torch.cuda.current_stream(x.device).synchronize()
+    elif module.startswith("cupy"):
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+
+
 def _place(host, kind, device):
     """A device copy of a host array: NumPy under the simulator; torch (on ``device``, default
     the current CUDA device), CuPy or numba on a GPU. uint32 travels as int32 in torch (the
@@ -172,6 +186,13 @@ class QuantizedWeight:
     #: (K,) int32 device array or None: the codes' column j is the weight's column
     #: ``k_perm[j]`` (act-order GPTQ, K sorted by group at load); quant_gemm gathers x to match
     k_perm: object = None
+
+    def __post_init__(self):
+        # The streaming kernel reads the weight before it waits for the kernel launched before
+        # it (programmatic dependent launch): every write of these arrays, torch's quantization
+        # kernels included, completes here, once, at load.
+        for array in (self.scales, self.qweight, self.zeros, self.mins, self.k_perm):
+            _synchronize(array)
 
     @property
     def N(self) -> int:
