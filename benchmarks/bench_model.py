@@ -15,8 +15,9 @@ of the same weights in the same run (issue 21's target: int4 decode at least 2.5
 on Llama-3-8B shapes).
 
 ``--plain-launch``: the whole run with ``launch.programmatic`` off (no programmatic dependent
-launches; cases named "... [plain launch]"): run once with and once without, in one device call,
-for the A/B of the decode step.
+launches; cases named "... [plain launch]"); ``--carveout N``: every kernel's preferred
+shared-memory carveout N percent (``launch.carveout``; "... [carveout N]"). Run with and without
+in one device call, for the A/B of the decode step.
 
 ``--warm``: run each of our paths once with one layer (compiles every kernel the timed run needs,
 in parallel processes per model) and exit. Rows: ``benchmarks/results/model.csv`` (+ PNG).
@@ -251,14 +252,20 @@ def main(argv=None):
                         help="override the layer count (quick runs)")
     parser.add_argument("--plain-launch", action="store_true",
                         help="programmatic dependent launches off (launch.programmatic)")
+    parser.add_argument("--carveout", type=int, default=None,
+                        help="preferred shared-memory carveout (percent) of every kernel "
+                             "(launch.carveout; cases named '... [carveout N]')")
     args = parser.parse_args(argv)
     bad = [q for q in args.quantization.split(",") if q and q not in ("int4", "int8")]
     if bad:
         parser.error(f"--quantization: expected int4 or int8, got {bad}")
+    knobs, suffix = {}, ""
     if args.plain_launch:
-        with overrides(launch={"programmatic": False}):
-            return _run(args, " [plain launch]")
-    return _run(args, "")
+        knobs["programmatic"], suffix = False, suffix + " [plain launch]"
+    if args.carveout is not None:
+        knobs["carveout"], suffix = args.carveout, suffix + f" [carveout {args.carveout}]"
+    with overrides(launch=knobs):
+        return _run(args, suffix)
 
 
 class _Suffixed:

@@ -131,7 +131,11 @@ _PROGRAMMATIC = (_LaunchAttribute * 1)(_LaunchAttribute(6, 0, 1))
 #: before their first dependent access) are built with it and launched with the attribute
 #: (``programmatic_launch``), and the small kernels before them release the launch early; off:
 #: built without, launched plainly (benchmarks/NOTES.md, session 27: 3% off an int4 decode step).
-LAUNCH = Knobs("launch", programmatic=True)
+#: ``carveout``: None, or the preferred shared-memory carveout (percent of the SM's unified
+#: L1 / shared memory) set on every kernel resolved while it is active: one carveout for all the
+#: kernels of a decode step, so the SM need not be reconfigured between a kernel of little
+#: shared memory and one of much (an experiment: benchmarks/bench_model.py --carveout).
+LAUNCH = Knobs("launch", programmatic=True, carveout=None)
 
 
 def programmatic_launch():
@@ -278,6 +282,9 @@ class Kernel:
                         handle = self.compiled()._codelibrary.get_cufunc().handle
                     self._raw_handle = int(handle)
                     self._handle = handle
+                    if LAUNCH.carveout is not None:
+                        self._set_attribute("PREFERRED_SHARED_MEMORY_CARVEOUT",
+                                            int(LAUNCH.carveout))
         return self._handle
 
     def _core_kernel(self):
@@ -307,21 +314,26 @@ class Kernel:
         return occupancy.max_active_blocks_per_multiprocessor(threads, shared_bytes)
 
     def _opt_in_shared(self, nbytes):
-        from cuda.bindings import driver
-
         limit = max_shared_per_block_optin()
         if nbytes > limit:
             raise ValueError(f"{self.name}: needs {nbytes} bytes of shared memory per block, "
                              f"the device allows {limit}")
-        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        handle = self.handle()
+        self.handle()
+        self._set_attribute("MAX_DYNAMIC_SHARED_SIZE_BYTES", nbytes)
+        self._shared_optin = nbytes
+
+    def _set_attribute(self, name, value):
+        """``cuKernelSetAttribute`` / ``cuFuncSetAttribute`` of ``CU_FUNC_ATTRIBUTE_<name>``."""
+        from cuda.bindings import driver
+
+        attr = getattr(driver.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
+        handle = self._handle
         if isinstance(handle, driver.CUkernel):  # numba-cuda loads modules as libraries
-            (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle,
+            (err,) = driver.cuKernelSetAttribute(attr, value, handle,
                                                  cuda.get_current_device().id)
         else:
-            (err,) = driver.cuFuncSetAttribute(handle, attr, nbytes)
-        _check(err, "set MAX_DYNAMIC_SHARED_SIZE_BYTES")
-        self._shared_optin = nbytes
+            (err,) = driver.cuFuncSetAttribute(handle, attr, value)
+        _check(err, f"set {name}")
 
     # -- launch ------------------------------------------------------------------------------
     def __call__(self, grid, block, args, stream=0, shared_bytes=0):
