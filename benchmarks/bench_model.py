@@ -14,10 +14,9 @@ Cases per model shape (``--models``: presets of ``llmspeed_numba.models.random_m
 of the same weights in the same run (issue 21's target: int4 decode at least 2.5x bf16's tokens/s
 on Llama-3-8B shapes).
 
-``--plain-launch``: the whole run with ``launch.programmatic`` off (no programmatic dependent
-launches; cases named "... [plain launch]"); ``--carveout N``: every kernel's preferred
-shared-memory carveout N percent (``launch.carveout``; "... [carveout N]"). Run with and without
-in one device call, for the A/B of the decode step.
+``--programmatic``: the whole run with ``launch.programmatic`` on (programmatic dependent
+launches; cases named "... [programmatic launch]"): run with and without in one device call for
+the A/B of the decode step.
 
 ``--warm``: run each of our paths once with one layer (compiles every kernel the timed run needs,
 in parallel processes per model) and exit. Rows: ``benchmarks/results/model.csv`` (+ PNG).
@@ -250,22 +249,16 @@ def main(argv=None):
                              "model (int4, int8; default: none)")
     parser.add_argument("--layers", type=int, default=None,
                         help="override the layer count (quick runs)")
-    parser.add_argument("--plain-launch", action="store_true",
-                        help="programmatic dependent launches off (launch.programmatic)")
-    parser.add_argument("--carveout", type=int, default=None,
-                        help="preferred shared-memory carveout (percent) of every kernel "
-                             "(launch.carveout; cases named '... [carveout N]')")
+    parser.add_argument("--programmatic", action="store_true",
+                        help="programmatic dependent launches on (launch.programmatic)")
     args = parser.parse_args(argv)
     bad = [q for q in args.quantization.split(",") if q and q not in ("int4", "int8")]
     if bad:
         parser.error(f"--quantization: expected int4 or int8, got {bad}")
-    knobs, suffix = {}, ""
-    if args.plain_launch:
-        knobs["programmatic"], suffix = False, suffix + " [plain launch]"
-    if args.carveout is not None:
-        knobs["carveout"], suffix = args.carveout, suffix + f" [carveout {args.carveout}]"
-    with overrides(launch=knobs):
-        return _run(args, suffix)
+    if args.programmatic:
+        with overrides(launch={"programmatic": True}):
+            return _run(args, " [programmatic launch]")
+    return _run(args, "")
 
 
 class _Suffixed:

@@ -129,13 +129,10 @@ _PROGRAMMATIC = (_LaunchAttribute * 1)(_LaunchAttribute(6, 0, 1))
 
 #: ``programmatic``: kernels written for programmatic dependent launch (a ``griddep_wait``
 #: before their first dependent access) are built with it and launched with the attribute
-#: (``programmatic_launch``), and the small kernels before them release the launch early; off:
-#: built without, launched plainly (benchmarks/NOTES.md, session 27: 3% off an int4 decode step).
-#: ``carveout``: None, or the preferred shared-memory carveout (percent of the SM's unified
-#: L1 / shared memory) set on every kernel resolved while it is active: one carveout for all the
-#: kernels of a decode step, so the SM need not be reconfigured between a kernel of little
-#: shared memory and one of much (an experiment: benchmarks/bench_model.py --carveout).
-LAUNCH = Knobs("launch", programmatic=True, carveout=None)
+#: (``programmatic_launch``), and the small kernels before them release the launch early; off
+#: (the default): built without, launched plainly. Off because it measured within the noise of
+#: a decode step (benchmarks/NOTES.md, session 27).
+LAUNCH = Knobs("launch", programmatic=False)
 
 
 def programmatic_launch():
@@ -282,9 +279,6 @@ class Kernel:
                         handle = self.compiled()._codelibrary.get_cufunc().handle
                     self._raw_handle = int(handle)
                     self._handle = handle
-                    if LAUNCH.carveout is not None:
-                        self._set_attribute("PREFERRED_SHARED_MEMORY_CARVEOUT",
-                                            int(LAUNCH.carveout))
         return self._handle
 
     def _core_kernel(self):

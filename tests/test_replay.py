@@ -415,10 +415,10 @@ def test_programmatic_launch_config_carries_the_driver_attribute():
     attr = _launch._LaunchAttribute.from_address(config.attrs)
     assert (attr.id, attr.value) == (6, 1)
     assert _launch._launch_config(False).num_attrs == 0 and not _launch._launch_config(False).attrs
-    with overrides(launch={"programmatic": False}):
-        assert not _launch.programmatic_launch()
-    assert _launch.programmatic_launch() == (
-        _launch.SIMULATOR or _launch.cuda.get_current_device().compute_capability >= (9, 0))
+    assert not _launch.programmatic_launch()
+    with overrides(launch={"programmatic": True}):
+        assert _launch.programmatic_launch() == (
+            _launch.SIMULATOR or _launch.cuda.get_current_device().compute_capability >= (9, 0))
 
 
 def test_a_null_pointer_is_a_constant_and_memory_of_no_owner_is_not_recorded():

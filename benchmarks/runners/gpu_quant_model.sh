@@ -7,7 +7,7 @@
 #   2. alone on the GPU: probes/probe_quant_large_m.py when PROBE=1 (dequantize + gemm against
 #      the Tensor Core kernel and cuBLAS; $PROBE_ARGS), then bench_model (8 layers, bf16 and
 #      int4) once a launch variant of $VARIANTS (';'-separated bench_model flags; default: the
-#      library's defaults, then --plain-launch). TESTS=none skips the tests.
+#      library's defaults, then --programmatic). TESTS=none skips the tests.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -24,7 +24,7 @@ if [ "$TESTS" != none ]; then
     timeout $T python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/test_quant.py \
         tests/test_gemm.py -k "${TESTS_K:-dequant or gemv}" > "$OUT/test_k.log" 2>&1 &
 fi
-for launch in "" --plain-launch; do
+for launch in "" --programmatic; do
     timeout $T python3 benchmarks/bench_model.py --warm --models llama-3-8b --layers "$LAYERS" \
         --quantization int4 $launch > "$OUT/warm$launch.log" 2>&1 &
 done
@@ -38,7 +38,7 @@ if [ "${PROBE:-0}" = 1 ]; then
         > "$OUT/probe_large_m.log" 2>&1
     echo "== probe_quant_large_m"; cut -c1-300 "$OUT/probe_large_m.log"
 fi
-IFS=';' read -ra variants <<< "${VARIANTS:-;--plain-launch}"
+IFS=';' read -ra variants <<< "${VARIANTS:-;--programmatic}"
 [ ${#variants[@]} = 0 ] && variants=("")
 i=0
 for flags in "${variants[@]}"; do

@@ -188,9 +188,9 @@ class QuantizedWeight:
     k_perm: object = None
 
     def __post_init__(self):
-        # The streaming kernel reads the weight before it waits for the kernel launched before
-        # it (programmatic dependent launch): every write of these arrays, torch's quantization
-        # kernels included, completes here, once, at load.
+        # Launched as a programmatic dependent (launch.programmatic), the streaming kernel reads
+        # the weight before it waits for the kernel before it: every write of these arrays,
+        # torch's quantization kernels included, completes here, once, at load.
         for array in (self.scales, self.qweight, self.zeros, self.mins, self.k_perm):
             _synchronize(array)
 
