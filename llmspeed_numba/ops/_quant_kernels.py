@@ -345,19 +345,26 @@ def gather_kernel(x_dtype):
 DEQUANT_THREADS = 256
 
 
+#: Elements a thread of ``dequant_kernel`` writes with one 16-byte store (the vector form).
+DEQUANT_VECTOR = 8
+
+
 def dequant_kernel_fn(bits, mode, zero_point, scale_dtype, w_dtype, vector):
     """Kernel ``(qw, scales, aux, w, N, K, group_shift)``: the weight (N, K) row-major in
     ``w_dtype`` (fp16 / bf16), each element ``(q - z) s`` (affine: ``q s + m``) computed in fp32
     and rounded once, as the Tensor Core kernel's operand is (the large-M path of
-    ``quant_gemm``: this, then ``gemm``). ``group_shift``: ``quant_gemm.group_shift``.
-
-    ``vector`` (K a multiple of 8): a thread takes one row's 16-byte chunk of codes (one load:
-    32 int4 or 16 int8 codes, one group) and writes it with 16-byte stores, so a warp reads 512
-    contiguous bytes and writes whole 32-byte sectors of 32 rows. Otherwise one packed word a
-    thread, in the layout's order, an element at a time."""
+    ``quant_gemm``: this, then ``gemm``). Threads walk the packed words in the layout's order
+    (four words of a row, then the next row), so a warp reads contiguous bytes.
+    ``vector`` (K a multiple of 8): a thread takes the words of 8 codes (one int4 word, two
+    int8 words) and writes them with one 16-byte store, a warp 64 contiguous bytes in each of
+    8 rows: whole 32-byte sectors an instruction (2-byte stores, or a thread a row's whole
+    chunk, write half sectors and ran 5x slower); otherwise one word a thread, an element at a
+    time. ``group_shift``:
+    ``quant_gemm.group_shift``."""
     per_word = 32 // bits
     chunk = 4 * per_word
-    stores = chunk // 8
+    words_per_thread = DEQUANT_VECTOR // per_word if vector else 1
+    threads_per_chunk_row = 4 // words_per_thread
     mask = np.uint32((1 << bits) - 1)
     code = _code(bits, 0)
     offset = _group_offset(mode, zero_point)
@@ -367,28 +374,23 @@ def dequant_kernel_fn(bits, mode, zero_point, scale_dtype, w_dtype, vector):
     pack = ptx.pack_bf16x2 if w_dtype == "bfloat16" else ptx.pack_f16x2
 
     @cuda.jit(device=True, inline="always")
-    def element(w0, w1, w2, w3, e, off, s, m):
-        # e: a constant after inlining, so the word and its shift are chosen at compile time
-        q = e // per_word
-        word = w0 if q == 0 else (w1 if q == 1 else (w2 if q == 2 else w3))
-        value = code(word >> np.uint32(bits * (e % per_word)) & mask, off)
-        return value * s + m if affine else value * s
+    def element(word0, word1, e, off, s, m):
+        # e: a constant after inlining, so the word and shift are chosen at compile time
+        word = word0 if e < per_word else word1
+        q = code(word >> np.uint32(bits * (e % per_word)) & mask, off)
+        return q * s + m if affine else q * s
 
-    @cuda.jit(device=True, inline="always")
-    def store8(w, at, w0, w1, w2, w3, e, off, s, m):
-        # elements e .. e + 7 of the chunk as one 16-byte store at element ``at``
-        ptx.store_u32x4(
-            w, at,
-            pack(element(w0, w1, w2, w3, e, off, s, m), element(w0, w1, w2, w3, e + 1, off, s, m)),
-            pack(element(w0, w1, w2, w3, e + 2, off, s, m),
-                 element(w0, w1, w2, w3, e + 3, off, s, m)),
-            pack(element(w0, w1, w2, w3, e + 4, off, s, m),
-                 element(w0, w1, w2, w3, e + 5, off, s, m)),
-            pack(element(w0, w1, w2, w3, e + 6, off, s, m),
-                 element(w0, w1, w2, w3, e + 7, off, s, m)))
-
-    @cuda.jit(device=True, inline="always")
-    def group_params(scales, aux, k0, n, N, group_shift):
+    def dequant_weight_kernel(qw, scales, aux, w, N, K, group_shift):
+        t = cuda.grid(1)
+        if t >= ((K + chunk - 1) // chunk) * N * threads_per_chunk_row:
+            return
+        i = t * words_per_thread
+        c = udiv(i, 4 * N)   # the layout's words number below 2^31
+        rest = np.int32(i - c * (4 * N))
+        n = rest >> 2
+        k0 = np.int32(c) * chunk + (rest & 3) * per_word
+        if k0 >= K:
+            return
         g = (k0 >> group_shift) * N + n
         s = load_scale(scales, g)
         off = _TWO23
@@ -397,43 +399,20 @@ def dequant_kernel_fn(bits, mode, zero_point, scale_dtype, w_dtype, vector):
             m = load_scale(aux, g)
         else:
             off = offset(aux, g)
-        return s, off, m
-
-    def dequant_weight_kernel(qw, scales, aux, w, N, K, group_shift):
-        t = cuda.grid(1)
-        chunks = (K + chunk - 1) // chunk
+        row = np.int64(n) * K
+        word0 = qw[i]
         if vector:
-            if t >= chunks * N:
-                return
-            c = udiv(t, N)   # the layout's chunks x N rows number below 2^31
-            n = np.int32(t - c * N)
-            k0 = np.int32(c) * chunk
-            s, off, m = group_params(scales, aux, k0, n, N, group_shift)
-            w0, w1, w2, w3 = ptx.load_u32x4(qw, np.int64(t) * 4)
-            at = np.int64(n) * K + k0
-            store8(w, at, w0, w1, w2, w3, 0, off, s, m)   # K % 8 == 0: whole 8-element runs
-            if k0 + 8 < K:
-                store8(w, at + 8, w0, w1, w2, w3, 8, off, s, m)
-            if stores > 2:
-                if k0 + 16 < K:
-                    store8(w, at + 16, w0, w1, w2, w3, 16, off, s, m)
-                if k0 + 24 < K:
-                    store8(w, at + 24, w0, w1, w2, w3, 24, off, s, m)
+            word1 = qw[i + 1] if words_per_thread == 2 else word0
+            ptx.store_u32x4(
+                w, row + k0,
+                pack(element(word0, word1, 0, off, s, m), element(word0, word1, 1, off, s, m)),
+                pack(element(word0, word1, 2, off, s, m), element(word0, word1, 3, off, s, m)),
+                pack(element(word0, word1, 4, off, s, m), element(word0, word1, 5, off, s, m)),
+                pack(element(word0, word1, 6, off, s, m), element(word0, word1, 7, off, s, m)))
         else:
-            if t >= chunks * N * 4:
-                return
-            c = udiv(t, 4 * N)
-            rest = np.int32(t - c * (4 * N))
-            n = rest >> 2
-            k0 = np.int32(c) * chunk + (rest & 3) * per_word
-            if k0 >= K:
-                return
-            s, off, m = group_params(scales, aux, k0, n, N, group_shift)
-            word = qw[t]
-            row = np.int64(n) * K
             for e in range(per_word):
                 if k0 + e < K:
-                    store(w, row + k0 + e, element(word, word, word, word, e, off, s, m))
+                    store(w, row + k0 + e, element(word0, word0, e, off, s, m))
 
     return dequant_weight_kernel
 
@@ -441,7 +420,7 @@ def dequant_kernel_fn(bits, mode, zero_point, scale_dtype, w_dtype, vector):
 def dequant_threads(bits, K_padded, N, vector):
     """Threads of a ``dequant_kernel`` launch over a weight of ``K_padded`` columns."""
     words = K_padded // (32 // bits) * N
-    return words // 4 if vector else words
+    return words // (DEQUANT_VECTOR // (32 // bits)) if vector else words
 
 
 def dequant_signature(mode, scale_dtype, w_dtype):

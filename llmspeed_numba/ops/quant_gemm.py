@@ -323,7 +323,7 @@ def _dequant_gemm(tx, qw, bias, activation, out, out_dtype, stream):
     N, K = qw.shape
     w = empty(tx, (N, K), tx.dtype)
     codes, scales, aux = _buffers(qw)
-    vector = K % 8 == 0
+    vector = K % qk.DEQUANT_VECTOR == 0
     threads = qk.dequant_threads(qw.bits, qw.K_padded, N, vector)
     kernel = qk.dequant_kernel(qw.bits, qw.mode, qw.zero_point, qw.scale_dtype, tx.dtype, vector)
     kernel((_cdiv(threads, qk.DEQUANT_THREADS),), qk.DEQUANT_THREADS,
@@ -545,7 +545,7 @@ def _register():
             return (qk.dequant_kernel_fn(bits, mode, zp, sd, wd, True),
                     qk.dequant_signature(mode, sd, wd))
 
-        compile_check.register(name, build_dequant, sass_must_have=("LDG.E.128", "STG.E.128"))
+        compile_check.register(name, build_dequant, sass_must_have=("STG.E.128",))
 
 
 _register()
