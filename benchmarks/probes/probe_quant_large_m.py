@@ -5,6 +5,7 @@ float64 product. One line a case (us, and cuBLAS / ours); CSV rows to
 ``$OUT/quant_large_m.csv`` (or benchmarks/results/).
 
     python benchmarks/probes/probe_quant_large_m.py [--m 64,128,256,2048]
+    python benchmarks/probes/probe_quant_large_m.py --plot-only   # the CSV's PNG beside it
 """
 
 import argparse
@@ -29,7 +30,13 @@ def main(argv=None):
     parser.add_argument("--m", default="64,128,256,2048")
     parser.add_argument("--shapes", default="4096x14336,14336x4096,28672x4096")
     parser.add_argument("--formats", default="int4g128,int8")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG and exit")
     args = parser.parse_args(argv)
+    out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "..", "results")
+    path = os.path.join(out_dir, "quant_large_m.csv")
+    if args.plot_only:
+        plot(path)
+        return 0
     rows = []
     for shape in args.shapes.split(","):
         N, K = map(int, shape.split("x"))
@@ -62,8 +69,6 @@ def main(argv=None):
                 for p, t in us.items():
                     rows.append([commit(), fmt, M, N, K, p, f"{t:.2f}", f"{us['cublas'] / t:.3f}"])
             del qw, w_bf16
-    out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "..", "results")
-    path = os.path.join(out_dir, "quant_large_m.csv")
     new = not os.path.exists(path)
     with open(path, "a", newline="") as f:
         writer = csv.writer(f)
@@ -71,7 +76,44 @@ def main(argv=None):
             writer.writerow(["commit", "format", "M", "N", "K", "path", "us", "cublas_over_path"])
         writer.writerows(rows)
     print(f"wrote {path}")
+    plot(path)
     return 0
+
+
+def plot(path):
+    """cuBLAS time / ours against M, a panel a (format, N, K): the dequantize-then-gemm path
+    of every commit in the CSV, the Tensor Core kernel of the first."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    commits = list(dict.fromkeys(r["commit"] for r in rows))
+    cases = sorted({(r["format"], r["N"], r["K"]) for r in rows})
+    fig, axes = plt.subplots(1, len(cases), figsize=(4 * len(cases), 4), sharey=True,
+                             squeeze=False)
+    for ax, case in zip(axes[0], cases):
+        for commit in commits:
+            for p, style in (("dequant+gemm", "-o"), ("tc", "--s")):
+                if p == "tc" and commit != commits[0]:
+                    continue
+                pts = sorted((int(r["M"]), float(r["cublas_over_path"])) for r in rows
+                             if r["commit"] == commit and r["path"] == p
+                             and (r["format"], r["N"], r["K"]) == case)
+                if pts:
+                    label = f"dequant+gemm {commit}" if p != "tc" else "Tensor Core kernel"
+                    ax.plot(*zip(*pts), style, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{case[0]} {case[1]}x{case[2]}")
+        ax.set_xlabel("M")
+        ax.axhline(1, color="gray", lw=0.5)
+    axes[0][0].set_ylabel("cuBLAS time / ours (higher is faster)")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("quant_gemm at prefill sizes (probe_quant_large_m.py)")
+    fig.tight_layout()
+    fig.savefig(path.replace(".csv", ".png"), dpi=90)
 
 
 if __name__ == "__main__":
