@@ -68,17 +68,6 @@ def make_kernel(rows, cols, warps, unroll, is_bf16, out_dtype, c_dtype, bias_dty
             s += x1 * w1
         acc[m * cols + r] = s
 
-    @cuda.jit(device=True, inline="always")
-    def load_weights(b, b_row, ww, ch, hi):
-        # one iteration's weight chunks: unroll steps x cols rows, 16 bytes each
-        for u in range(unroll):
-            k = np.int64(ch + 32 * u) * 8
-            if ch + 32 * u < hi:
-                for r in range(cols):
-                    w = ptx.load_u32x4(b, b_row[r] + k)
-                    for i in range(4):
-                        ww[u, r, i] = w[i]
-
     def gemv_kernel(a, b, out, c, bias, M, N, K, lda, ldb, so_m, so_n, mn, sc_m, sc_n, alpha,
                     beta, k_split, tiles_m, tiles_n, out_vec, ws, tickets):
         if programmatic:
@@ -110,10 +99,13 @@ def make_kernel(rows, cols, warps, unroll, is_bf16, out_dtype, c_dtype, bias_dty
         ch = lo + lane
         while ch < hi:
             # every load of the iteration first: unroll x (rows + cols) 16-byte loads in flight
-            load_weights(b, b_row, ww, ch, hi)
             for u in range(unroll):
                 k = np.int64(ch + 32 * u) * 8
                 if ch + 32 * u < hi:
+                    for r in range(cols):
+                        w = ptx.load_u32x4(b, b_row[r] + k)
+                        for i in range(4):
+                            ww[u, r, i] = w[i]
                     for m in range(rows):
                         x = ptx.load_u32x4(a, a_row[m] + k)
                         for i in range(4):
