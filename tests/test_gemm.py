@@ -302,6 +302,23 @@ def test_gemv_out_of_reach_runs_another_kernel(M, K, layout, rng):
     run_and_check(M, 9, K, "float16", layout, "gemv_2x4_w4_u2", rng, out_dtype="float32")
 
 
+@pytest.mark.parametrize("M,N,K,want", [
+    (1024, 1024, 1024, "wg_64x128x64_s8"),      # neither large tile gives a wave: 64 x 128
+    (2048, 1024, 1024, "wg_128x128x64_s5"), (1024, 2048, 2048, "wg_128x128x64_s5"),
+    (2048, 2048, 2048, "wg_128x256x64_s4"), (384, 512, 4096, "tc_128x128x64_w2x2_s3")])
+def test_heuristic_tiles_above_256_rows_on_an_h200(M, N, K, want, monkeypatch):
+    """The heuristic's tile by shape on Hopper (132 SMs): the largest wgmma tile giving about a
+    wave of blocks, the 64 x 128 wgmma tile where only it does (1024^3), else 128 x 128 with
+    split K."""
+    from llmspeed_numba._overrides import overrides
+    from llmspeed_numba.ops import gemm_configs
+
+    monkeypatch.setattr(gemm_configs, "SIMULATOR", False)
+    monkeypatch.setattr(gemm_configs, "wgmma_supported", lambda: True)
+    with overrides(device={"sm_count": 132}):
+        assert gemm_configs.heuristic("tensor_core", M, N, K).name == want
+
+
 def test_gemv_config_checked():
     with pytest.raises(ValueError, match="gemv needs"):
         resolve_config(dict(SIM_GEMV, block_m=3))

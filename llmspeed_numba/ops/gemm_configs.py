@@ -227,6 +227,9 @@ CONFIGS = {c.name: c for c in (
 LARGE_CONFIG = "tc_128x256x64_w2x4_s3"
 #: Hopper's large tiles, most promising first (128x256 well ahead of 128x128 and of mma.sync).
 WGMMA_CONFIGS = ("wg_128x256x64_s4", "wg_128x128x64_s5")
+#: Hopper's tile above 256 rows where neither large tile gives about a wave (1024^3): 0.74x
+#: cuBLAS against the mma.sync 64 x 128 tile's 0.63x (benchmarks/NOTES.md, session 27).
+WGMMA_WAVE_CONFIG = "wg_64x128x64_s8"
 #: The autotuner's candidates for M > 32, most promising first (256x128x64 is the transpose
 #: of 128x256x64).
 LARGE_CANDIDATES = ("tc_128x128x64_w2x2_s3", "tc_128x256x64_w2x4_s3", "tc_256x128x64_w4x2_s3",
@@ -312,7 +315,7 @@ def heuristic(backend, M, N, K, wgmma=True, gemv=True):
     # not 16-byte aligned)
     names = (LARGE_CONFIG, "tc_128x128x64_w2x2_s3", "tc_64x128x64_w1x4_s4")
     if wgmma:
-        names = WGMMA_CONFIGS + names
+        names = WGMMA_CONFIGS + (WGMMA_WAVE_CONFIG,) + names
     for name in names:
         cfg = CONFIGS[name]
         if _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n) >= 0.75 * sm_count():
@@ -393,7 +396,7 @@ def candidates(p):
     else:
         pool = [CONFIGS[n] for n in LARGE_CANDIDATES]
         if wgmma_supported() and p.a_vec and p.b_vec:
-            pool = [CONFIGS[n] for n in WGMMA_CONFIGS] + pool
+            pool = [CONFIGS[n] for n in (*WGMMA_CONFIGS, WGMMA_WAVE_CONFIG)] + pool
     if wgmma_supported() and p.a_vec and p.b_vec and 16 < p.M <= SMALL_M_WGMMA_MAX:
         pool = [CONFIGS[n] for n in SMALL_M_WGMMA_CANDIDATES] + pool
     if not SIMULATOR and p.backend == "tensor_core" and p.M <= 4 and \
