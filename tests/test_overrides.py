@@ -4,11 +4,15 @@ every recorded call plan, so a fast path never replays a kernel chosen under oth
 
 import pytest
 
-from llmspeed_numba import _replay
+from llmspeed_numba import _replay, compile_check
 from llmspeed_numba._overrides import Knobs, known, overrides
 from llmspeed_numba._launch import sm_count
 from llmspeed_numba.ops import _paged_decode_plan, _rowwise, paged_decode
 from llmspeed_numba.ops import softmax as sm_mod
+
+
+# every ops module imported, as in the whole suite: each declares its scope at import
+compile_check._import_ops()
 
 
 def test_every_op_scope_is_declared():
