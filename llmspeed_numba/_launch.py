@@ -308,26 +308,21 @@ class Kernel:
         return occupancy.max_active_blocks_per_multiprocessor(threads, shared_bytes)
 
     def _opt_in_shared(self, nbytes):
+        from cuda.bindings import driver
+
         limit = max_shared_per_block_optin()
         if nbytes > limit:
             raise ValueError(f"{self.name}: needs {nbytes} bytes of shared memory per block, "
                              f"the device allows {limit}")
-        self.handle()
-        self._set_attribute("MAX_DYNAMIC_SHARED_SIZE_BYTES", nbytes)
-        self._shared_optin = nbytes
-
-    def _set_attribute(self, name, value):
-        """``cuKernelSetAttribute`` / ``cuFuncSetAttribute`` of ``CU_FUNC_ATTRIBUTE_<name>``."""
-        from cuda.bindings import driver
-
-        attr = getattr(driver.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
-        handle = self._handle
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        handle = self.handle()
         if isinstance(handle, driver.CUkernel):  # numba-cuda loads modules as libraries
-            (err,) = driver.cuKernelSetAttribute(attr, value, handle,
+            (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle,
                                                  cuda.get_current_device().id)
         else:
-            (err,) = driver.cuFuncSetAttribute(handle, attr, value)
-        _check(err, f"set {name}")
+            (err,) = driver.cuFuncSetAttribute(handle, attr, nbytes)
+        _check(err, "set MAX_DYNAMIC_SHARED_SIZE_BYTES")
+        self._shared_optin = nbytes
 
     # -- launch ------------------------------------------------------------------------------
     def __call__(self, grid, block, args, stream=0, shared_bytes=0):

@@ -359,8 +359,7 @@ def dequant_kernel_fn(bits, mode, zero_point, scale_dtype, w_dtype, vector):
     int8 words) and writes them with one 16-byte store, a warp 64 contiguous bytes in each of
     8 rows: whole 32-byte sectors an instruction (2-byte stores, or a thread a row's whole
     chunk, write half sectors and ran 5x slower); otherwise one word a thread, an element at a
-    time. ``group_shift``:
-    ``quant_gemm.group_shift``."""
+    time. ``group_shift``: ``quant_gemm.group_shift``."""
     per_word = 32 // bits
     chunk = 4 * per_word
     words_per_thread = DEQUANT_VECTOR // per_word if vector else 1

@@ -190,9 +190,9 @@ class QuantizedWeight:
     def __post_init__(self):
         # Launched as a programmatic dependent (launch.programmatic), the streaming kernel reads
         # the weight before it waits for the kernel before it: every write of these arrays,
-        # torch's quantization kernels included, completes here, once, at load.
-        for array in (self.scales, self.qweight, self.zeros, self.mins, self.k_perm):
-            _synchronize(array)
+        # torch's quantization kernels included, completes here, once, at load (the arrays
+        # share a device: one wait on its current stream covers them all).
+        _synchronize(self.qweight)
 
     @property
     def N(self) -> int:
