@@ -14,6 +14,10 @@ GEMM cases (bf16, x (M, K) times a Linear weight W (N, K), b = W.T): ``gemm:M:N:
 CONFIG a name of ``gemm_configs.CONFIGS`` (``_kS`` for S splits), ``auto`` (the heuristic) or
 ``cublas`` (torch.matmul); several joined with ``+`` are profiled in one run, in order.
 
+Attention cases (bf16, (batch, seq, heads, dim) tensors): ``fa:B:H:HK:S:D:CAUSAL:IMPL``, IMPL
+``auto`` (the planner's kernel), ``wgmma`` / ``tc`` (forced) or ``cudnn`` / ``flash2`` (SDPA's
+backend); several joined with ``+``.
+
 Quantized GEMM cases (bf16 x, an int4 weight of groups of 128): ``quant:M:N:K:PATH``, PATH
 ``stream``, ``decode`` or ``tc`` (the kernel forced) or ``cublas`` (bf16 torch.matmul on the
 dequantized weight); several joined with ``+``.
@@ -75,6 +79,38 @@ def _gemm_case(spec):
     return lambda: gemm(x, w.T, out=out, config=config)
 
 
+def _attention_case(spec):
+    import torch
+
+    from llmspeed_numba._overrides import overrides
+    from llmspeed_numba.ops.flash_attn import flash_attn
+
+    _, B, H, HK, S, D, causal, impl = spec.split(":")
+    B, H, HK, S, D, causal = int(B), int(H), int(HK), int(S), int(D), causal == "1"
+    q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(B, S, HK, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    if impl in ("cudnn", "flash2"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash2": SDPBackend.FLASH_ATTENTION}
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+        def sdpa():
+            with sdpa_kernel(backend[impl]):
+                torch.nn.functional.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=causal, enable_gqa=H != HK)
+
+        return sdpa
+    out = torch.empty_like(q)
+    knobs = {} if impl == "auto" else {"impl": impl}
+
+    def call():
+        with overrides(flash_attn=knobs):
+            flash_attn(q, k, v, causal=causal, out=out)
+
+    return call
+
+
 def _quant_case(spec):
     import torch
 
@@ -102,6 +138,9 @@ def _quant_case(spec):
 def _case(name):
     if name.startswith("quant:"):
         fns = [_quant_case(spec) for spec in name.split("+")]
+        return lambda: [fn() for fn in fns]
+    if name.startswith("fa:"):
+        fns = [_attention_case(spec) for spec in name.split("+")]
         return lambda: [fn() for fn in fns]
     if name.startswith("gemm:"):
         fns = [_gemm_case(spec) for spec in name.split("+")]
