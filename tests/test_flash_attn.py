@@ -40,12 +40,15 @@ TC_ONE_WARP = (1, 1, 16)
 TC_TWO_WARPS = (2, 1, 16)
 TC_TWO_TILES = (1, 2, 16)
 # ... and of the wgmma kernel: (consumer warpgroups, keys per block, ring stages, launch-bounds
-# blocks, producer warpgroup, ping-pong): the warp-specialised form (with the ping-pong schedule
-# of its consumer groups), and the all-threads-copy ring ("RING")
+# blocks, producer warpgroup, ping-pong, tma): the warp-specialised form (with the ping-pong
+# schedule of its consumer groups; with its producer's whole key blocks copied by the Tensor
+# Memory Accelerator, "TMA"), and the all-threads-copy ring ("RING")
 WG_ONE = (1, 32, 2, 0, 1)
 WG_SHORT_3 = (1, 16, 3, 0, 1)
 WG_TWO_GROUPS = (2, 16, 2, 0, 1)
 WG_PINGPONG = (2, 16, 2, 0, 1, 1)
+WG_TMA = (1, 32, 2, 0, 1, 0, 1)
+WG_TMA_PINGPONG = (2, 16, 3, 0, 1, 1, 1)
 WG_RING = (1, 32, 2, 0, 0)
 WG_RING_3 = (1, 16, 3, 0, 0)
 WG_RING_TWO_GROUPS = (2, 16, 2, 0, 0)
@@ -77,7 +80,7 @@ def _check(out, lse, q, k, v, dtype, reference=attention, lse_name="lse", **opti
 def _run(q, k, v, impl=None, config=None, poisoned=True, **options):
     qd, kd, vd = (to_device(x, KIND) for x in (q, k, v))
     out = poison(to_device(np.empty(q.shape, q.dtype), KIND)) if poisoned else None
-    with overrides(flash_attn={"impl": impl, "config": config}):
+    with overrides(flash_attn={"impl": impl, "config": config, "tma_min_work": 0}):
         got, lse = flash_attn(qd, kd, vd, return_lse=True, out=out, **options)
     return to_host(got), to_host(lse)
 
@@ -207,6 +210,9 @@ WGMMA_CASES = [
     (1, 20, 37, 3, 1, 128, "float16", True, (5, -1), WG_ONE),             # MQA, headdim 128
     (1, 130, 70, 1, 1, 64, "float16", False, (-1, -1), WG_PINGPONG),      # ping-pong, 5 blocks
     (1, 150, 20, 1, 1, 64, "bfloat16", True, (-1, -1), WG_PINGPONG),      # ... a block of none
+    (2, 40, 70, 2, 1, 64, "float16", False, (-1, -1), WG_TMA),            # TMA: 2 sequences,
+    (1, 70, 96, 2, 2, 64, "bfloat16", True, (-1, -1), WG_TMA),            # ... whole blocks only
+    (1, 130, 45, 1, 1, 128, "float16", True, (20, -1), WG_TMA_PINGPONG),  # ... ping-pong, edge
     (1, 40, 50, 2, 1, 64, "bfloat16", False, (-1, -1), WG_RING),          # the ring form ...
     (1, 33, 70, 1, 1, 40, "float16", True, (9, -1), WG_RING_3),
     (1, 100, 40, 1, 1, 64, "float16", True, (-1, -1), WG_RING_TWO_GROUPS),
@@ -220,6 +226,22 @@ def test_wgmma_kernel(case):
     q, k, v = _qkv(rng, batch, sq, sk, h, hk, d, dtype)
     out, lse = _run(q, k, v, impl="wgmma", config=config, causal=causal, window_size=window)
     _check(out, lse, q, k, v, dtype, causal=causal, window_size=window)
+
+
+def test_tma_maps_only_for_layouts_a_map_holds(rng):
+    """K and V get tensor maps (the TMA producer's) when sequences are whole token rows apart
+    and each token's heads fit in its row; other layouts copy with cp.async (no map)."""
+    from llmspeed_numba.ops.flash_attn import _kv_tensor_maps
+
+    k = tensor(to_device(random_array((2, 40, 3, 64), "float16", rng), KIND), "k")
+    strides = k.strides[:3]
+    assert _kv_tensor_maps(k, k, strides, strides, 2, 40, 3, 32, None) is not None
+    varlen = (0,) + strides[1:]
+    assert _kv_tensor_maps(k, k, varlen, varlen, 1, 80, 3, 32, None) is not None
+    ragged = (strides[0] + 8,) + strides[1:]      # sequences not a whole number of rows apart
+    assert _kv_tensor_maps(k, k, ragged, ragged, 2, 40, 3, 32, None) is None
+    wide = (strides[0], strides[1], strides[1])   # a token's heads overrun its row
+    assert _kv_tensor_maps(k, k, wide, wide, 2, 40, 3, 32, None) is None
 
 
 def test_wgmma_register_split_fits_the_block():
@@ -304,7 +326,7 @@ def _run_varlen(q, k, v, cu_q, cu_k, impl=None, config=None, **options):
     out = poison(to_device(np.empty(q.shape, q.dtype), KIND))
     max_q = int(np.diff(cu_q).max()) if len(cu_q) > 1 else 0
     max_k = int(np.diff(cu_k).max()) if len(cu_k) > 1 else 0
-    with overrides(flash_attn={"impl": impl, "config": config}):
+    with overrides(flash_attn={"impl": impl, "config": config, "tma_min_work": 0}):
         got, lse = flash_attn_varlen(*args, max_q, max_k, return_lse=True, out=out, **options)
     return to_host(got), to_host(lse)
 
@@ -334,7 +356,7 @@ def _check_varlen_case(lengths, group, headdim, causal, window, dtype, seed, **r
 
 
 @pytest.mark.parametrize("impl,config,headdim", [("tc", TC_ONE_WARP, 16),
-                                                ("wgmma", WG_SHORT_3, 64)])
+                                                ("wgmma", WG_SHORT_3, 64), ("wgmma", WG_TMA, 64)])
 def test_varlen_tensor_core_kernels(rng, impl, config, headdim):
     q, k, v, cu_q, cu_k = _varlen_problem(rng, [3, 0, 18], [20, 4, 17], 2, 1, headdim,
                                           "bfloat16")
@@ -450,7 +472,7 @@ def test_varlen_any_offsets_are_memory_safe(rng, impl, config):
     cases = (([-4, 6, 2], [0, 30, 5], []), ([3, 99, 100], [-9, -2, 12], []),
              ([0, 10, 10], [12, 0, 12], []), ([-4, 6, 2], [0, 5, 12], range(0, 6)),
              ([3, 99, 100], [0, 12, 12], range(3, 10)))
-    with overrides(flash_attn={"impl": impl, "config": config}):
+    with overrides(flash_attn={"impl": impl, "config": config, "tma_min_work": 0}):
         for cu_q, cu_k, rows in cases:
             out = to_device(np.full((10, 2, dim), np.nan, np.float16), KIND)
             flash_attn_varlen(q, k, v, to_device(np.array(cu_q, np.int32), KIND),
@@ -559,6 +581,16 @@ def test_gpu_wgmma_d256_two_accumulators(config, problem):
 
 
 @pytest.mark.gpu
+@settings(max_examples=25)
+@given(problem=attention_problems(max_seqlen=300, headdims=(64, 128), max_batch=3))
+@pytest.mark.parametrize("config", [(2, 128, 3, 1, 1, 1, 1), (2, 128, 3, 1, 1, 0, 1)])
+def test_gpu_wgmma_tma_matches_reference(config, problem):
+    """The TMA producer forced, with and without ping-pong (whole key blocks by TMA, the
+    sequence's last partial block by cp.async)."""
+    _solve(problem, impl="wgmma", config=config)
+
+
+@pytest.mark.gpu
 def test_gpu_planner_takes_wgmma_on_hopper():
     from llmspeed_numba.ops.gemm_configs import wgmma_supported
 
@@ -587,6 +619,12 @@ _RACECHECK_SCRIPT = textwrap.dedent("""
         q, k, v = (torch.randn(300, 2, 128, dtype=torch.bfloat16, device="cuda")
                    for _ in range(3))
         flash_attn_varlen(q, k, v, cu, cu, 170, 170, causal=True)
+    with overrides(flash_attn={"impl": "wgmma", "config": (2, 128, 3, 1, 1, 1, 1),
+                               "tma_min_work": 0}):  # TMA
+        for d in (64, 128):
+            q, k, v = (torch.randn(2, 300, 2, d, dtype=torch.bfloat16, device="cuda")
+                       for _ in range(3))
+            flash_attn(q, k, v, causal=True)
     with overrides(flash_attn={"impl": "wgmma", "config": (2, 128, 2, 1, 0)}):  # ring form
         q, k, v = (torch.randn(1, 200, 2, 128, dtype=torch.float16, device="cuda")
                    for _ in range(3))

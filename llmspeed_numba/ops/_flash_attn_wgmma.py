@@ -97,15 +97,19 @@ def shared_bytes(dim, groups, block_n, stages):
 
 
 def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen, min_blocks=0,
-                     producer=False, pingpong=False):
+                     producer=False, pingpong=False, tma=False):
     """The kernel for a padded head dimension ``dim`` (multiple of 64) holding ``head_dim``;
     parameters as ``_flash_attn_tc._tc_kernel_fn`` (the block table and its numbers unused).
     ``min_blocks`` (launch bounds) only enters the closure, for numba's disk cache key.
     ``producer``: the warp-specialised form (``producer_kernel``), else every thread copies
     (``ring_kernel``); ``pingpong`` (warp-specialised, two or more consumer groups): the
     groups take turns issuing their MMAs, so one group's softmax runs while another's MMAs
-    do (FlashAttention 3's ping-pong schedule)."""
+    do (FlashAttention 3's ping-pong schedule); ``tma`` (warp-specialised, ``head_dim`` a
+    multiple of 64): the producer copies whole key blocks with the Tensor Memory Accelerator
+    from the tensor maps ``k_map`` / ``v_map`` (``tma_producer``; the kernels of other forms
+    take the two arguments and ignore them)."""
     assert not pingpong or (producer and groups >= 2)
+    assert not tma or (producer and head_dim == dim)
     assert dim % PANEL == 0 and head_dim <= dim <= 256
     assert block_n % 16 == 0 and 16 <= block_n <= 256 and stages >= 2
     block_m = 64 * groups
@@ -135,6 +139,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
     n_bars = 2 * stages              # producer kernel: full[s], then empty[s]
     two_in_flight = stages >= 3      # ... the producer's copies of two blocks run at once
     sched0 = 2 + groups              # ... ping-pong: named barrier of group g's turn: sched0 + g
+    stage_bytes = 2 * kv_elems * 2   # producer kernel with tma: K and V tiles of a stage
     lead = stages - 1                # ring kernel: key blocks loaded ahead of the one computed
     pending = stages - 2             # ... cp.async groups that may run when a block is needed
     producer_regs, consumer_regs = maxnreg_split(groups, dim)
@@ -153,6 +158,60 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             load_edge(tiles, s_k, k, k_base + col * k_sn, k_sn, seqlen_k - col, head_dim, tid)
             load_edge(tiles, s_k + kv_elems, v, v_base + col * v_sn, v_sn, seqlen_k - col,
                       head_dim, tid)
+
+    @_device
+    def tma_block(tiles, bars, k_map, v_map, s, k_col0, v_col0, k_row, v_row, tid):
+        """Key block rows ``k_row`` / ``v_row`` of K and V into stage ``s`` by TMA: thread 0
+        announces the stage's bytes and issues the boxes, the other producer threads arrive."""
+        if tid == 0:
+            ptx.mbarrier_arrive_expect_tx(bars, s, stage_bytes)
+            s_k = s_kv + s * 2 * kv_elems
+            for p in range(dim // PANEL):
+                ptx.cp_async_bulk_tensor_2d_g2s(tiles, s_k + p * kv_panel, k_map,
+                                                k_col0 + p * PANEL, k_row, bars, s)
+                ptx.cp_async_bulk_tensor_2d_g2s(tiles, s_k + kv_elems + p * kv_panel, v_map,
+                                                v_col0 + p * PANEL, v_row, bars, s)
+        else:
+            ptx.mbarrier_arrive(bars, s)
+
+    @_device
+    def tma_producer(tiles, bars, k, v, k_map, v_map, k_base, v_base, batch, k_start, head_k,
+                     k_sb, k_sn, k_sh, v_sb, v_sn, v_sh, n_end, n_blocks, seqlen_k, tid):
+        """The producer warpgroup with the Tensor Memory Accelerator: a key block wholly inside
+        the sequence is ``DIM / 64`` boxes of K and of V (``block_n`` rows of 128 bytes, the
+        128-byte swizzle the descriptors read) from the maps of K and V seen as 2-D (token rows
+        of the packed batch, ``k_sb / k_sn`` rows a sequence; head ``h`` at column ``h * k_sh``),
+        issued by one thread that announces the stage's bytes; the other 127 arrive at once, so
+        ``full`` keeps its count of 128 and completes when the bytes have landed. Only the last
+        key block of a sequence can end past ``seqlen_k``, and it is the first visited: that one
+        is copied with cp.async by all 128, zero-filled as in the cp.async form, so no row of
+        the next sequence is read."""
+        k_row0 = np.int32(batch * (k_sb // k_sn) + k_start)   # K's row of key 0
+        v_row0 = np.int32(batch * (v_sb // v_sn) + k_start)
+        k_col0 = np.int32(head_k * k_sh)
+        v_col0 = np.int32(head_k * v_sh)
+        if n_blocks > 0:             # stage 0 starts empty: no wait
+            col = np.int32((n_end - 1) * block_n)
+            if col + block_n <= seqlen_k:
+                tma_block(tiles, bars, k_map, v_map, 0, k_col0, v_col0, k_row0 + col,
+                          v_row0 + col, tid)
+            else:
+                load_kv(tiles, 0, k, v, k_base, v_base, k_sn, v_sn, col, seqlen_k, tid)
+                ptx.cp_async_commit()
+                ptx.cp_async_wait(0)
+                ptx.fence_proxy_async()
+                ptx.mbarrier_arrive(bars, 0)
+        s = np.int32(0)
+        phase = np.int32(1)          # the first pass waits on already completed phases
+        for b in range(1, n_blocks):
+            s += 1
+            if s == stages:
+                s = 0
+                phase ^= 1
+            ptx.mbarrier_wait_parity(bars, stages + s, phase)
+            col = np.int32((n_end - 1 - b) * block_n)
+            tma_block(tiles, bars, k_map, v_map, s, k_col0, v_col0, k_row0 + col, v_row0 + col,
+                      tid)
 
     @_device
     def swizzled(row, col, rows):
@@ -175,27 +234,35 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             rows[SUM, h] = zero
 
     @_device
-    def issue_s(tiles, stage, q_desc0, acc_s):
-        """Issue S = Q K^T of the K tile in ``stage`` as one wgmma group (S overwritten)."""
-        s_k = s_kv + stage * 2 * kv_elems
+    def stage_descs(tiles, stage):
+        """wgmma descriptors of the K and V tiles of ring stage ``stage`` (their first k16
+        step; the others are constant byte offsets on, ``issue_s`` / ``issue_pv``)."""
+        dk = ptx.smem_desc(tiles, s_kv + stage * 2 * kv_elems, 16, 1024, 1)
+        dv = ptx.smem_desc(tiles, s_kv + stage * 2 * kv_elems + kv_elems, v_lbo, 1024, 1)
+        return dk, dv
+
+    @_device
+    def issue_s(dq, dk, acc_s):
+        """Issue S = Q K^T as one wgmma group (S overwritten); ``dq``: this warpgroup's Q rows,
+        ``dk``: the stage's K tile."""
         for j in range(k_steps):
-            dq = ptx.smem_desc(tiles, q_desc0 + (j // 4) * q_panel + (j % 4) * 16, 16, 1024, 1)
-            dk = ptx.smem_desc(tiles, s_k + (j // 4) * kv_panel + (j % 4) * 16, 16, 1024, 1)
-            ptx.wgmma_m64k16(acc_s, dq, dk, 0 if j == 0 else 1, block_n, is_bf16, 0, 0)
+            step = 2 * ((j // 4) * q_panel + (j % 4) * 16)       # bytes into the Q tile
+            kstep = 2 * ((j // 4) * kv_panel + (j % 4) * 16)     # ... into the K tile
+            ptx.wgmma_m64k16(acc_s, ptx.smem_desc_advance(dq, step),
+                             ptx.smem_desc_advance(dk, kstep), 0 if j == 0 else 1, block_n,
+                             is_bf16, 0, 0)
         ptx.wgmma_commit()
 
     @_device
-    def issue_pv(tiles, stage, p_frag, acc_o, acc_o2):
-        """Issue O += P V of the V tile in ``stage`` as one wgmma group (the second O
+    def issue_pv(dv, p_frag, acc_o, acc_o2):
+        """Issue O += P V of the stage's V tile ``dv`` as one wgmma group (the second O
         accumulator: V's columns from ``o_n`` on, ``o_n / 64`` panels further)."""
-        s_v = s_kv + stage * 2 * kv_elems + kv_elems
         for kk in range(p_steps):
-            dv = ptx.smem_desc(tiles, s_v + kk * 16 * PANEL, v_lbo, 1024, 1)
             ptx.wgmma_m64k16_rs(acc_o, p_frag[4 * kk], p_frag[4 * kk + 1], p_frag[4 * kk + 2],
-                                p_frag[4 * kk + 3], dv, 1, o_n, is_bf16, 1)
+                                p_frag[4 * kk + 3], ptx.smem_desc_advance(dv, kk * 32 * PANEL),
+                                1, o_n, is_bf16, 1)
             if o_parts == 2:
-                dv2 = ptx.smem_desc(tiles, s_v + (o_n // PANEL) * kv_panel + kk * 16 * PANEL,
-                                    v_lbo, 1024, 1)
+                dv2 = ptx.smem_desc_advance(dv, 2 * ((o_n // PANEL) * kv_panel + kk * 16 * PANEL))
                 ptx.wgmma_m64k16_rs(acc_o2, p_frag[4 * kk], p_frag[4 * kk + 1],
                                     p_frag[4 * kk + 2], p_frag[4 * kk + 3], dv2, 1, o_n,
                                     is_bf16, 1)
@@ -257,6 +324,21 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             p = ptx.ex2_approx(cuda.fma(acc_s[i], scale_log2, -rows[SCALED, (i // 2) % 2]))
             acc_s[i] = p
             rows[SUM, (i // 2) % 2] += p
+
+    @_device
+    def rescale_o(acc_o, acc_o2, rows):
+        """O *= the rows' factors (the last softmax step's)."""
+        for i in range(o_regs):
+            acc_o[i] *= rows[ALPHA, (i // 2) % 2]
+        if o_parts == 2:
+            for i in range(o_regs):
+                acc_o2[i] *= rows[ALPHA, (i // 2) % 2]
+
+    @_device
+    def pack_p(acc_s, p_frag):
+        """P packed to b16 pairs (the A fragments of P V)."""
+        for i in range(p_regs):
+            p_frag[i] = pack(acc_s[2 * i], acc_s[2 * i + 1])
 
     @_device
     def rescale_and_pack(acc_o, acc_o2, acc_s, p_frag, rows):
@@ -322,7 +404,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
     def ring_kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table, seqlen_q_arg,
                     seqlen_k_arg, q_sb, q_sn, q_sh, k_sb, k_sn, k_sh, v_sb, v_sn, v_sh, o_sb,
                     o_sn, o_sh, lse_sb, lse_sh, bt_sb, bt_ss, group, softmax_scale, scale_log2,
-                    window_left, window_right, num_pages, bs_shift):
+                    window_left, window_right, num_pages, bs_shift, k_map, v_map):
         """Every thread copies and computes: ``stages - 1`` key blocks are loaded ahead by
         cp.async into the ring, and a block barrier per key block hands a stage from the
         copies to the MMAs and back. Each warpgroup runs S, softmax and P V of a block in
@@ -370,7 +452,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                         seqlen_k, tid)
             ptx.cp_async_commit()
 
-        q_desc0 = wg * 64 * PANEL            # this warpgroup's rows of Q
+        dq = ptx.smem_desc(tiles, wg * 64 * PANEL, 16, 1024, 1)   # this warpgroup's rows of Q
         stage = 0
         for it in range(n_blocks):
             col0 = (n_end - 1 - it) * block_n
@@ -382,14 +464,15 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                 load_kv(tiles, (stage + lead) % stages, k, v, k_base, v_base, k_sn, v_sn,
                         (n_end - 1 - nxt) * block_n, seqlen_k, tid)
             ptx.cp_async_commit()
+            dk, dv = stage_descs(tiles, stage)
             ptx.wgmma_fence()
-            issue_s(tiles, stage, q_desc0, acc_s)
+            issue_s(dq, dk, acc_s)
             ptx.wgmma_wait(acc_s, s_regs, 0)
             softmax(acc_s, rows, warp_row0, g, t, col0, offset, seqlen_k, window_left,
                     window_right, scale_log2)
             rescale_and_pack(acc_o, acc_o2, acc_s, p_frag, rows)
             ptx.wgmma_fence()
-            issue_pv(tiles, stage, p_frag, acc_o, acc_o2)
+            issue_pv(dv, p_frag, acc_o, acc_o2)
             wait_o(acc_o, acc_o2)
             stage = stage + 1 if stage < stages - 1 else 0
 
@@ -404,7 +487,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                         seqlen_q_arg, seqlen_k_arg, q_sb, q_sn, q_sh, k_sb, k_sn, k_sh, v_sb,
                         v_sn, v_sh, o_sb, o_sn, o_sh, lse_sb, lse_sh, bt_sb, bt_ss, group,
                         softmax_scale, scale_log2, window_left, window_right, num_pages,
-                        bs_shift):
+                        bs_shift, k_map, v_map):
         """Warp-specialised: warpgroup 0 copies K / V blocks (cp.async) into the ring and
         hands each stage over through mbarriers; the consumer warpgroups only compute, each at
         its own pace, with the S = Q K^T of block j + 1 in flight while block j's P V is
@@ -439,6 +522,11 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             ptx.setmaxnreg_dec(producer_regs)
             k_base = batch * k_sb + k_start * k_sn + head_k * k_sh
             v_base = batch * v_sb + k_start * v_sn + head_k * v_sh
+            if tma:
+                tma_producer(tiles, bars, k, v, k_map, v_map, k_base, v_base, batch, k_start,
+                             head_k, k_sb, k_sn, k_sh, v_sb, v_sn, v_sh, n_end, n_blocks,
+                             seqlen_k, tid)
+                return
             for b in range(n_blocks):
                 s = b % stages
                 ptx.mbarrier_wait_parity(bars, stages + s, ((b // stages) & 1) ^ 1)
@@ -461,7 +549,9 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
 
         ptx.setmaxnreg_inc(consumer_regs)
         ctid = tid - 128
-        wg = ctid // 128
+        # lane 0's value: ptxas then knows it is warp-uniform and keeps the descriptors built
+        # from it in uniform registers (offline sm_90a: no R2UR a wgmma)
+        wg = ptx.shfl_idx_i32(ctid // 128, 0)
         warp = (ctid % 128) // 32
         lane = ctid % 32
         g = lane // 4
@@ -480,41 +570,51 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         ptx.cp_async_wait(0)
         ptx.fence_proxy_async()
         ptx.named_barrier_sync(1, consumer_threads)    # the whole Q tile landed
-        q_desc0 = wg * 64 * PANEL            # this warpgroup's rows of Q
+        dq = ptx.smem_desc(tiles, wg * 64 * PANEL, 16, 1024, 1)   # this warpgroup's rows of Q
 
         if n_blocks > 0:
             if pingpong and wg == groups - 1:
                 ptx.named_barrier_arrive(sched0, 256)   # group 0 goes first
             ptx.mbarrier_wait_parity(bars, 0, 0)
+            dk, dv = stage_descs(tiles, 0)
             turn_begin(wg)
             ptx.wgmma_fence()
-            issue_s(tiles, 0, q_desc0, acc_s)
+            issue_s(dq, dk, acc_s)
             turn_end(wg, False)
             ptx.wgmma_wait(acc_s, s_regs, 0)
             softmax(acc_s, rows, warp_row0, g, t, (n_end - 1) * block_n, offset, seqlen_k,
                     window_left, window_right, scale_log2)
             rescale_and_pack(acc_o, acc_o2, acc_s, p_frag, rows)
-        # block j: S of j + 1 and P V of j in flight together, then the softmax of j + 1
+        # block j (in stage s): S of j + 1 (in stage s_next) and P V of j in flight together,
+        # then the softmax of j + 1
+        s = np.int32(0)
+        phase = np.int32(0)                    # parity of the ring's current pass
         for j in range(n_blocks - 1):
-            s = j % stages
-            s_next = (j + 1) % stages
-            ptx.mbarrier_wait_parity(bars, s_next, ((j + 1) // stages) & 1)
+            s_next = s + 1 if s < stages - 1 else 0
+            if s_next == 0:
+                phase ^= 1
+            ptx.mbarrier_wait_parity(bars, s_next, phase)
+            dk_next, dv_next = stage_descs(tiles, s_next)
             turn_begin(wg)
             ptx.wgmma_fence()
-            issue_s(tiles, s_next, q_desc0, acc_s)
-            issue_pv(tiles, s, p_frag, acc_o, acc_o2)
+            issue_s(dq, dk_next, acc_s)
+            rescale_o(acc_o, acc_o2, rows)         # under S's MMAs (FlashAttention 3's order)
+            ptx.wgmma_fence()
+            issue_pv(dv, p_frag, acc_o, acc_o2)
             turn_end(wg, False)
             ptx.wgmma_wait(acc_s, s_regs, 1)       # S of j + 1 is done, P V of j may run
             softmax(acc_s, rows, warp_row0, g, t, (n_end - 2 - j) * block_n, offset, seqlen_k,
                     window_left, window_right, scale_log2)
             wait_o(acc_o, acc_o2)
             ptx.mbarrier_arrive(bars, stages + s)  # K and V of block j are no longer read
-            rescale_and_pack(acc_o, acc_o2, acc_s, p_frag, rows)
+            pack_p(acc_s, p_frag)
+            s = s_next
+            dv = dv_next
         if n_blocks > 0:
-            s = (n_blocks - 1) % stages
             turn_begin(wg)
+            rescale_o(acc_o, acc_o2, rows)
             ptx.wgmma_fence()
-            issue_pv(tiles, s, p_frag, acc_o, acc_o2)
+            issue_pv(dv, p_frag, acc_o, acc_o2)
             turn_end(wg, True)
             wait_o(acc_o, acc_o2)
             ptx.mbarrier_arrive(bars, stages + s)
@@ -557,9 +657,9 @@ def launch_options(groups, min_blocks, producer):
 
 @functools.lru_cache(maxsize=None)
 def wgmma_kernel(signature, head_dim, dim, groups, block_n, stages, min_blocks, producer,
-                 pingpong, is_bf16, is_varlen):
+                 pingpong, is_bf16, is_varlen, tma=False):
     """The wgmma kernel for one configuration; ``min_blocks`` 0 leaves registers to ptxas."""
     return Kernel(jit(_wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16,
-                                       is_varlen, min_blocks, producer, pingpong),
+                                       is_varlen, min_blocks, producer, pingpong, tma),
                       **launch_options(groups, min_blocks, producer)),
                   signature, "flash_attn_wgmma_kernel")

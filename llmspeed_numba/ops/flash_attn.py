@@ -34,15 +34,16 @@ import numpy as np
 from numba import types
 
 from .. import _checks, _recording, compile_check
-from .._arrays import Buffer, empty, host_ints, kernel_buffer, stream_handle
+from .._arrays import Buffer, Tensor, empty, host_ints, kernel_buffer, stream_handle
 from .._checks import (aligned, contiguous, last_dim_contiguous, non_negative_strides, output,
                        same_dtype, shape, tensor)
 from .._env import SIMULATOR
 from .._launch import array1d, collecting
 from .._overrides import Knobs
 from .._replay import MISS, OpCalls
+from .._tensor_map import tensor_map_2d
 from .._typing import ArrayLike, StreamLike
-from .._workspace import workspace
+from .._workspace import capturing, workspace
 from ._attention_common import LOG2E
 from . import _flash_attn_simt, _flash_attn_tc, _flash_attn_wgmma
 from .gemm_configs import wgmma_supported
@@ -64,20 +65,29 @@ TC_CONFIGS = {64: (4, 2, 64, 0), 128: (4, 1, 64, 3), 256: (4, 1, 64, 0)}
 #: emulated mma costs ~0.2 s per warp).
 SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 
-#: wgmma configurations ``(groups, block_n, stages, min_blocks, producer, pingpong)`` by head
+#: wgmma configurations ``(groups, block_n, stages, min_blocks, producer, pingpong, tma)`` by head
 #: dimension (the kernel pads to a multiple of 64; other head dimensions take the mma.sync
 #: kernel on Hopper too): a block owns ``64 * groups`` query rows (one consumer warpgroup each)
 #: and streams ``block_n`` keys at a time through a ring of ``stages`` K / V buffers;
 #: ``min_blocks`` > 0 sets launch bounds; ``producer`` 1: a producer warpgroup copies K / V
 #: (mbarrier hand-over, setmaxnreg split), 0: every thread copies (block barrier a key block);
-#: ``pingpong`` 1 (with a producer, 2+ groups): the groups take turns issuing their MMAs.
+#: ``pingpong`` 1 (with a producer, 2+ groups): the groups take turns issuing their MMAs;
+#: ``tma`` 1 (with a producer): whole key blocks come by the Tensor Memory Accelerator when K and
+#: V allow a tensor map (``_kv_tensor_maps``; else that call copies with cp.async) and the call
+#: is not replayed (a map holds the operands' addresses).
 #: Registers a consumer thread: S ``block_n / 2`` + O ``headdim / 2`` fp32 + P ``block_n / 4``.
 #: 64 / 128: 128-key blocks (S 64 registers; the consumers get 176 / 200 registers, see
 #: ``_flash_attn_wgmma.maxnreg_split``, and use them without spilling, offline). Head dimension 256
 #: stays with the mma.sync kernel: O alone is 128 registers a thread, and with 64-key blocks the
 #: kernel (255 registers) keeps its accumulators on a 544-byte stack (offline sm_90a).
-#: Head dimension 128 takes turns (ping-pong: +2-3% on the H200, benchmarks/NOTES.md).
-WGMMA_CONFIGS = {64: (2, 128, 3, 1, 1), 128: (2, 128, 3, 1, 1, 1)}
+#: Head dimension 128 takes turns (ping-pong: +2-3% on the H200) and copies by TMA (+7-13%; at
+#: head dimension 64 neither gained: benchmarks/NOTES.md, session 28).
+WGMMA_CONFIGS = {64: (2, 128, 3, 1, 1), 128: (2, 128, 3, 1, 1, 1, 1)}
+
+#: A call takes the TMA form (``tma`` 1) only from this much work on (heads x query rows x key
+#: rows x sequences): its tensor maps keep it off the replayed fast path, whose host time
+#: (~10 us against ~50) matters to calls of tens of microseconds, not to these (~0.2 ms and up).
+TMA_MIN_WORK = 2**28
 
 #: Simulator configuration of the wgmma kernel: one consumer warpgroup, 32-key blocks.
 SIMULATOR_WGMMA_CONFIG = (1, 32, 2, 0, 1)
@@ -86,14 +96,16 @@ SIMULATOR_WGMMA_CONFIG = (1, 32, 2, 0, 1)
 SIMT_CONFIG = (_flash_attn_simt.BLOCK_M, _flash_attn_simt.BLOCK_N)
 SIMULATOR_SIMT_CONFIG = (16, 16)
 
-#: The kernel forced (None: chosen): ``impl`` "tc" / "simt", ``config`` its configuration.
+#: The kernel forced (None: chosen): ``impl`` "tc" / "simt", ``config`` its configuration;
+#: ``tma_min_work`` the work from which a ``tma`` configuration copies by TMA (tests set 0).
 TUNING = Knobs("flash_attn", choices={"impl": (None, "wgmma", "tc", "simt")}, impl=None,
-               config=None)
+               config=None, tma_min_work=TMA_MIN_WORK)
 
 #: Kernel parameters (see ``_flash_attn_tc._tc_kernel_fn``): q, k, v, out, lse, cu_seqlens_q,
 #: cu_seqlens_k, block_table, seqlen_q, seqlen_k, the strides of q, k, v, out (3 each), lse and
 #: block_table (2 each), group, softmax_scale, scale_log2, window_left, window_right, num_pages,
 #: bs_shift. The block table and its numbers serve the paged variant (``ops/paged_prefill.py``).
+#: The wgmma kernels take two more: the tensor maps of K and V (``_WGMMA_SIGNATURE``).
 _SIGNATURE = (
     (array1d(np.uint16),) * 4
     + (array1d(np.float32), array1d(np.int32), array1d(np.int32), array1d(np.int32))
@@ -102,6 +114,8 @@ _SIGNATURE = (
     + (types.int32, types.float32, types.float32, types.int32, types.int32)
     + (types.int32, types.int32)
 )
+
+_WGMMA_SIGNATURE = _SIGNATURE + (array1d(np.uint64),) * 2
 
 _GRID_YZ_LIMIT = 65535
 _INT32_MAX = 2**31 - 1
@@ -127,9 +141,9 @@ def wgmma_config(dim):
 
 
 def _wgmma_fields(config):
-    """The six fields of a wgmma configuration (missing trailing ones 0)."""
+    """The seven fields of a wgmma configuration (missing trailing ones 0)."""
     config = tuple(config)
-    return config + (0,) * (6 - len(config))
+    return config + (0,) * (7 - len(config))
 
 
 def tc_config(headdim):
@@ -239,6 +253,39 @@ def _dummy_int32(like):
     return Buffer(like.ptr, 1, np.dtype(np.int32), like.obj)   # never read (not varlen)
 
 
+def _dummy_uint64(like):
+    if SIMULATOR:
+        return np.zeros(1, np.uint64)
+    return Buffer(like.ptr, 1, np.dtype(np.uint64), like.obj)   # never read (no tensor map)
+
+
+def _kv_tensor_maps(tk, tv, k_strides, v_strides, batch, seqlen_k, nheads_k, block_n, stream):
+    """Tensor maps of K and V for the wgmma kernel's TMA producer, each seen as a 2-D tensor:
+    token rows (``sb / sn`` rows a sequence, so the batch must be whole rows apart; varlen
+    passes ``sb`` 0 and its packed total as ``seqlen_k``), head ``h`` at column ``h * sh``,
+    boxes of ``block_n`` rows and 64 columns. None (the call copies with cp.async) when the
+    layout does not fit a map, or inside a torch CUDA-graph capture before the maps exist."""
+    _recording.not_replayable("its tensor maps hold the addresses of k and v")
+    maps = []
+    for name, t, (sb, sn, sh) in (("k", tk, k_strides), ("v", tv, v_strides)):
+        if sn <= 0 or sb % sn:
+            return None
+        rows = (batch - 1) * (sb // sn) + seqlen_k
+        cols = (nheads_k - 1) * sh + t.shape[-1]
+        if cols > sn or rows >= 2**31:
+            return None
+        make = SIMULATOR or t.kind != "torch" or not capturing(t.obj.device.index, stream)
+        view = Tensor(t.obj, t.kind, t.ptr, (rows, cols), (sn, 1), t.dtype, t.host)
+        try:
+            maps.append(tensor_map_2d(view, block_n, _flash_attn_wgmma.PANEL, name=name,
+                                      make=make))
+        except ValueError:
+            return None
+        if maps[-1] is None:
+            return None
+    return tuple(maps)
+
+
 def _pick_impl(tensors, headdim=None):
     impl = TUNING.impl
     if impl is not None:
@@ -272,11 +319,17 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
     if impl == "wgmma":
         dim = _flash_attn_wgmma.padded_dim(headdim)
         config = tuple(config or (SIMULATOR_WGMMA_CONFIG if SIMULATOR else wgmma_config(dim)))
-        groups, block_n, stages, min_blocks, producer, pingpong = _wgmma_fields(config)
+        groups, block_n, stages, min_blocks, producer, pingpong, tma = _wgmma_fields(config)
         block_m = 64 * groups
-        kernel = _flash_attn_wgmma.wgmma_kernel(_SIGNATURE, headdim, dim, groups, block_n,
-                                                stages, min_blocks, bool(producer),
-                                                bool(pingpong), is_bf16, is_varlen)
+        work = nheads * max_seqlen_q * seqlen_k * (1 if is_varlen else batch)
+        maps = (_kv_tensor_maps(tk, tv, k_strides, v_strides, batch, seqlen_k, nheads_k,
+                                block_n, stream_handle(stream, (tq, tk, tv)))
+                if tma and producer and headdim == dim and work >= TUNING.tma_min_work
+                else None)
+        kernel = _flash_attn_wgmma.wgmma_kernel(_WGMMA_SIGNATURE, headdim, dim, groups,
+                                                block_n, stages, min_blocks, bool(producer),
+                                                bool(pingpong), is_bf16, is_varlen,
+                                                maps is not None)
         threads = _flash_attn_wgmma.threads_for(groups, producer)
         shared = _flash_attn_wgmma.shared_bytes(dim, groups, block_n, stages)
     elif impl == "tc":
@@ -307,6 +360,8 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
             seqlen_q, seqlen_k, *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
             0, 0, nheads // nheads_k, np.float32(scale), np.float32(scale * LOG2E), left, right,
             0, 0)
+    if impl == "wgmma":
+        args += maps or (_dummy_uint64(tq),) * 2
     if impl != "simt" and not SIMULATOR:
         _prefer_shared_memory(kernel)
     kernel(grid, threads, args, stream_handle(stream, (tq, tk, tv)), shared)
@@ -540,13 +595,13 @@ def _wgmma_compile_target(headdim, is_bf16, is_varlen, config=None):
     linked whole-program as numba does there, which setmaxnreg needs)."""
     def build():
         dim = _flash_attn_wgmma.padded_dim(headdim)
-        groups, block_n, stages, min_blocks, producer, pingpong = _wgmma_fields(
+        groups, block_n, stages, min_blocks, producer, pingpong, tma = _wgmma_fields(
             config or wgmma_config(dim))
         fn = _flash_attn_wgmma._wgmma_kernel_fn(headdim, dim, groups, block_n, stages, is_bf16,
                                                 is_varlen, min_blocks, bool(producer),
-                                                bool(pingpong))
+                                                bool(pingpong), bool(tma))
         options = _flash_attn_wgmma.launch_options(groups, min_blocks, producer)
-        return fn, _SIGNATURE, dict(options, lto=True)
+        return fn, _WGMMA_SIGNATURE, dict(options, lto=True)
 
     return build
 
@@ -556,15 +611,23 @@ _WGMMA_SASS = ("HGMMA", "LDGSTS", "MUFU.EX2")
 # causal and windows are run-time arguments of the same kernel; fp16 and bf16 differ in the
 # instruction's type only (bf16 is checked with varlen)
 for _headdim, _bf16, _varlen in ((64, False, False), (128, False, False), (128, True, True)):
-    _producer = wgmma_config(_headdim)[4]
+    _producer, _tma = _wgmma_fields(wgmma_config(_headdim))[4::2]
     compile_check.register(
         f"flash_attn_wgmma_d{_headdim}_{'bf16' if _bf16 else 'f16'}"
         f"{'_varlen' if _varlen else ''}",
         _wgmma_compile_target(_headdim, _bf16, _varlen),
         ptx_must_have=_WGMMA_PTX + (("setmaxnreg.inc", "mbarrier.try_wait.parity")
-                                    if _producer else ()),
+                                    if _producer else ())
+        + (("cp.async.bulk.tensor.2d",) if _tma else ()),
         sass_must_have=_WGMMA_SASS + (("USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC")
-                                      if _producer else ()))
+                                      if _producer else ()) + (("UTMALDG",) if _tma else ()))
+# the cp.async producer at head dimension 128 (the TMA form's fallback for layouts a tensor map
+# cannot hold and for small calls)
+compile_check.register(
+    "flash_attn_wgmma_cp_async_d128_bf16",
+    _wgmma_compile_target(128, True, False, WGMMA_CONFIGS[128][:6] + (0,)),
+    ptx_must_have=_WGMMA_PTX + ("setmaxnreg.inc",),
+    sass_must_have=_WGMMA_SASS + ("USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC"))
 # the all-threads-copy form (no producer), kept as the simpler fallback configuration
 compile_check.register(
     "flash_attn_wgmma_ring_d128_f16", _wgmma_compile_target(128, False, False, (2, 128, 2, 1, 0)),

@@ -10,7 +10,8 @@ from numba.cuda.extending import intrinsic
 from .common import (_F32, _I32, _I64, _asm, _check_memory_operand, _element_pointer,
                      _literal_int, _make_plain, _shared_address)
 
-__all__ = ["wgmma_fence", "wgmma_commit", "fence_proxy_async", "smem_desc", "wgmma_m64k16",
+__all__ = ["wgmma_fence", "wgmma_commit", "fence_proxy_async", "smem_desc", "smem_desc_advance",
+           "wgmma_m64k16",
            "wgmma_m64k16_rs", "wgmma_m64k32_e4m3", "wgmma_wait"]
 
 
@@ -61,6 +62,26 @@ def smem_desc(typingctx, smem, offset, lbo_bytes, sbo_bytes, swizzle):
         return builder.or_(field, ir.Constant(_I64, high))
 
     return types.uint64(smem, offset, lbo_bytes, sbo_bytes, swizzle), codegen
+
+
+@intrinsic
+def smem_desc_advance(typingctx, desc, byte_offset):
+    """The descriptor ``desc`` moved ``byte_offset`` bytes further (a multiple of 16, 0 to
+    2**18: 16-byte units added to the address field; the tile must still end below 256 KB, so
+    nothing carries out of the field). Descriptors of a tile's k-steps and stages built from one
+    ``smem_desc`` this way cost one integer add each where ``smem_desc`` costs an address
+    computation, a shift and two masks (offline sm_90a: 11 instructions a wgmma in the attention
+    kernel's issue loop before, 2-3 after). ``byte_offset`` may be a run-time value."""
+    if not isinstance(desc, types.Integer) or not isinstance(byte_offset, types.Integer):
+        raise TypingError(f"smem_desc_advance: (uint64 descriptor, integer offset) expected, "
+                          f"got ({desc}, {byte_offset})")
+
+    def codegen(context, builder, signature, args):
+        d = context.cast(builder, args[0], signature.args[0], types.uint64)
+        off = context.cast(builder, args[1], signature.args[1], types.uint64)
+        return builder.add(d, builder.lshr(off, ir.Constant(_I64, 4)))
+
+    return types.uint64(desc, byte_offset), codegen
 
 
 def _accumulator_pointers(context, builder, array_type, array_value, count):

@@ -55,6 +55,10 @@ def smem_desc(smem, offset, lbo_bytes, sbo_bytes, swizzle):
     return _SmemDesc(smem, int(offset) * smem.dtype.itemsize, lbo_bytes, sbo_bytes, swizzle)
 
 
+def smem_desc_advance(desc, byte_offset):
+    return _SmemDesc(desc.smem, desc.start + int(byte_offset), desc.lbo, desc.sbo, desc.swizzle)
+
+
 def _b16_values(desc, mn, k, mn_major, is_bf16):
     bits = np.asarray(desc.smem).reshape(-1).view(np.uint16)
     raw = bits[desc.byte_addresses(mn, k, mn_major) // 2]
