@@ -30,9 +30,13 @@ fills Q, K and V and only the descriptors differ: K-major (Q, K) steps 32 bytes 
 row per k16 step and 8-row groups are 1024 bytes apart; N-major V steps 16 rows (2048 bytes) per
 k16 step, its 64-column panels ``BLOCK_N * 128`` bytes apart.
 
-Loads: cp.async 16-byte copies by every thread into a ring of ``STAGES`` (K, V) buffers,
+Loads, two forms: the ring (every thread copies with cp.async into ``STAGES`` (K, V) buffers,
 ``STAGES - 1`` key blocks ahead; a block barrier per key block hands a stage from the copies
-to the MMAs (``fence.proxy.async`` makes the copies visible to wgmma's async proxy) and back.
+to the MMAs, ``fence.proxy.async`` making the copies visible to wgmma's async proxy, and back),
+and the warp-specialised one (``producer_kernel``: a producer warpgroup fills the stages, with
+cp.async or, for whole key blocks, the Tensor Memory Accelerator, and hands them over through
+mbarriers). wgmma descriptors are built once per tile and stage; each k16 step's is the tile's
+moved a constant number of bytes (``ptx.smem_desc_advance``).
 Edges: rows past ``seqlen_q`` / ``seqlen_k`` and columns past ``head_dim`` are zero-filled by
 cp.async's ``src_bytes``. Q, K, V and out must allow 16-byte copies (pointers and strides
 multiples of 8 elements): the caller runs another kernel otherwise.
@@ -488,11 +492,13 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                         v_sn, v_sh, o_sb, o_sn, o_sh, lse_sb, lse_sh, bt_sb, bt_ss, group,
                         softmax_scale, scale_log2, window_left, window_right, num_pages,
                         bs_shift, k_map, v_map):
-        """Warp-specialised: warpgroup 0 copies K / V blocks (cp.async) into the ring and
-        hands each stage over through mbarriers; the consumer warpgroups only compute, each at
-        its own pace, with the S = Q K^T of block j + 1 in flight while block j's P V is
-        issued and the softmax of j + 1 runs while that P V is (FlashAttention 3's
-        intra-warpgroup overlap)."""
+        """Warp-specialised: warpgroup 0 copies K / V blocks (cp.async, or TMA with ``tma``)
+        into the ring and hands each stage over through mbarriers; the consumer warpgroups only
+        compute, each at its own pace: S = Q K^T of block j + 1 is issued, O rescaled under it,
+        then block j's P V, and the softmax of j + 1 follows S's wait. (FlashAttention 3 runs
+        that softmax under the P V; here ptxas moves the P V wait to the top of the softmax's
+        basic block, and the order forced with a branch ran 13% slower on the H200: NOTES,
+        session 28.)"""
         min_blocks  # noqa: B018  (cache key only, see the factory)
         tiles = _tiles(cuda.shared.array(0, np.uint16))
         bars = cuda.shared.array(n_bars, np.uint64)   # full[s] = bars[s], empty: + stages
