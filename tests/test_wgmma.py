@@ -1,5 +1,5 @@
-"""The Hopper warpgroup MMA ops (``wgmma_m64k16``, ``wgmma_m64k16_rs``, ``smem_desc``, fences,
-commit / wait) against NumPy: one warpgroup computes C (64 x n) = A (64 x K) @ B (K x n) through
+"""The Hopper warpgroup MMA ops (``wgmma_m64k16``, ``wgmma_m64k16_rs``, ``smem_desc``,
+``smem_desc_advance``, fences, commit / wait) against NumPy: one warpgroup computes C (64 x n) = A (64 x K) @ B (K x n) through
 128-byte-swizzled shared tiles, for every operand orientation (K-major or M- / N-major), and with
 A from registers (``_rs``: mma.sync's A fragment layout, B K- or N-major).
 
@@ -166,8 +166,9 @@ def _register_a_kernel(n, is_bf16, b_mn_major):
                 a1 = pair(a, row + 8 * k_total)
                 a2 = pair(a, row + 8)
                 a3 = pair(a, row + 8 * k_total + 8)
+                # built once, moved to each k16 step (the attention kernel's way)
                 step = j * 16 * 64 if b_mn_major else j * 16
-                db = ptx.smem_desc(smem, base + step, b_lbo, 1024, 1)
+                db = ptx.smem_desc_advance(ptx.smem_desc(smem, base, b_lbo, 1024, 1), 2 * step)
                 ptx.wgmma_m64k16_rs(acc, a0, a1, a2, a3, db, 0 if k0 == 0 and j == 0 else 1,
                                     n, is_bf16, b_mn_major)
             ptx.wgmma_commit()
