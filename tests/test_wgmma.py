@@ -1,7 +1,8 @@
 """The Hopper warpgroup MMA ops (``wgmma_m64k16``, ``wgmma_m64k16_rs``, ``smem_desc``,
 ``smem_desc_advance``, fences, commit / wait) against NumPy: one warpgroup computes
-C (64 x n) = A (64 x K) @ B (K x n) through 128-byte-swizzled shared tiles, for every operand orientation (K-major or M- / N-major), and with
-A from registers (``_rs``: mma.sync's A fragment layout, B K- or N-major).
+C (64 x n) = A (64 x K) @ B (K x n) through 128-byte-swizzled shared tiles, for every operand
+orientation (K-major or M- / N-major), and with A from registers (``_rs``: mma.sync's A fragment
+layout, B K- or N-major).
 
 Under the simulator the twins run (each thread decodes the descriptors and reads the swizzled
 tiles itself); on the H200 the same kernel runs the real instructions, which ties the twin's
