@@ -7,7 +7,7 @@ import pytest
 from llmspeed_numba import _replay, compile_check
 from llmspeed_numba._overrides import Knobs, known, overrides
 from llmspeed_numba._launch import sm_count
-from llmspeed_numba.ops import _paged_decode_plan, _rowwise, paged_decode
+from llmspeed_numba.ops import _paged_decode_plan, _rowwise, flash_attn, paged_decode
 from llmspeed_numba.ops import softmax as sm_mod
 
 
@@ -19,7 +19,8 @@ def test_every_op_scope_is_declared():
     scopes = known()
     assert {"flash_attn", "paged_prefill", "paged_decode", "softmax", "rms_norm", "rotary",
             "activations", "sample", "rowwise", "split_rows", "device"} <= set(scopes)
-    assert scopes["flash_attn"] == {"impl": None, "config": None}
+    assert scopes["flash_attn"] == {"impl": None, "config": None,
+                                    "tma_min_work": flash_attn.TMA_MIN_WORK}
     assert scopes["rowwise"]["min_block_threads"] == _rowwise.MIN_BLOCK_THREADS
 
 
