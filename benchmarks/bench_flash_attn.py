@@ -40,10 +40,10 @@ VARLEN_HEADS, VARLEN_HEADDIM = 32, 128
 SWEEP_CONFIGS = [(4, 1, 64, 3), (4, 1, 64, 0), (4, 2, 64, 0), (4, 2, 32, 0), (8, 1, 64, 0),
                  (4, 1, 128, 0), (4, 1, 32, 4)]
 #: wgmma configurations (consumer warpgroups, keys per block, stages, launch-bounds blocks,
-#: producer warpgroup, ping-pong) for --sweep (see WGMMA_CONFIGS in ops/flash_attn.py)
-WGMMA_SWEEP_CONFIGS = [(2, 128, 3, 1, 1, 0), (2, 128, 3, 1, 1, 1), (2, 128, 2, 1, 1, 1),
-                       (2, 64, 3, 1, 1, 1), (3, 64, 3, 1, 1, 1), (2, 128, 2, 1, 0, 0),
-                       (2, 128, 3, 1, 0, 0), (1, 128, 3, 1, 0, 0)]
+#: producer warpgroup, ping-pong, tma) for --sweep (see WGMMA_CONFIGS in ops/flash_attn.py)
+WGMMA_SWEEP_CONFIGS = [(2, 128, 3, 1, 1, 1, 1), (2, 128, 3, 1, 1, 0, 1), (2, 128, 3, 1, 1, 1),
+                       (2, 128, 3, 1, 1, 0), (2, 128, 2, 1, 1, 1, 1), (2, 64, 3, 1, 1, 1),
+                       (3, 64, 4, 1, 1, 1), (3, 64, 4, 1, 1, 1, 1), (2, 128, 2, 1, 0, 0)]
 BACKENDS = ("sdpa-flash2", "sdpa-cudnn")
 
 
