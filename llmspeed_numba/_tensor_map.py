@@ -14,6 +14,7 @@ import numpy as np
 
 from ._arrays import STORAGE, Buffer, Tensor, device_address
 from ._env import SIMULATOR, cuda
+from ._workspace import capturing
 
 #: Swizzle spans (bytes) a map can have: 0 (rows stored as they are) or 128 (the layout wgmma's
 #: 128-byte-swizzle descriptors read: each 128-byte row's 16-byte chunks XOR-ed with the row
@@ -23,6 +24,15 @@ MAP_BYTES = 128
 _MAX_BOX = 256   # elements along each box dimension
 
 _DEVICE_MAPS = {}
+
+
+def may_make_map(t: Tensor, stream):
+    """Whether a missing map of ``t`` may be made now (``tensor_map_2d``'s ``make``): not inside
+    a torch CUDA-graph capture of ``stream`` (a raw handle), which refuses the map's synchronous
+    host-to-device copy."""
+    if SIMULATOR or t.kind != "torch":
+        return True
+    return not capturing(t.obj.device.index, stream)
 
 
 def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", make=True):

@@ -347,13 +347,8 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
     @_device
     def rescale_and_pack(acc_o, acc_o2, acc_s, p_frag, rows):
         """O *= the rows' factors; P packed to b16 pairs (the A fragments of P V)."""
-        for i in range(o_regs):
-            acc_o[i] *= rows[ALPHA, (i // 2) % 2]
-        if o_parts == 2:
-            for i in range(o_regs):
-                acc_o2[i] *= rows[ALPHA, (i // 2) % 2]
-        for i in range(p_regs):
-            p_frag[i] = pack(acc_s[2 * i], acc_s[2 * i + 1])
+        rescale_o(acc_o, acc_o2, rows)
+        pack_p(acc_s, p_frag)
 
     @_device
     def stage_row(tiles, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start, seqlen_q,

@@ -41,9 +41,9 @@ from .._env import SIMULATOR
 from .._launch import array1d, collecting
 from .._overrides import Knobs
 from .._replay import MISS, OpCalls
-from .._tensor_map import tensor_map_2d
+from .._tensor_map import may_make_map, tensor_map_2d
 from .._typing import ArrayLike, StreamLike
-from .._workspace import capturing, workspace
+from .._workspace import workspace
 from ._attention_common import LOG2E
 from . import _flash_attn_simt, _flash_attn_tc, _flash_attn_wgmma
 from .gemm_configs import wgmma_supported
@@ -247,16 +247,11 @@ def _check_max_seqlen(name, value):
 
 # ---- launch -------------------------------------------------------------------------------
 
-def _dummy_int32(like):
+def _dummy(like, dtype=np.int32):
+    """A one-element array argument the kernel never reads (no offsets, no tensor map)."""
     if SIMULATOR:
-        return np.zeros(1, np.int32)
-    return Buffer(like.ptr, 1, np.dtype(np.int32), like.obj)   # never read (not varlen)
-
-
-def _dummy_uint64(like):
-    if SIMULATOR:
-        return np.zeros(1, np.uint64)
-    return Buffer(like.ptr, 1, np.dtype(np.uint64), like.obj)   # never read (no tensor map)
+        return np.zeros(1, dtype)
+    return Buffer(like.ptr, 1, np.dtype(dtype), like.obj)
 
 
 def _kv_tensor_maps(tk, tv, k_strides, v_strides, batch, seqlen_k, nheads_k, block_n, stream):
@@ -274,11 +269,10 @@ def _kv_tensor_maps(tk, tv, k_strides, v_strides, batch, seqlen_k, nheads_k, blo
         cols = (nheads_k - 1) * sh + t.shape[-1]
         if cols > sn or rows >= 2**31:
             return None
-        make = SIMULATOR or t.kind != "torch" or not capturing(t.obj.device.index, stream)
         view = Tensor(t.obj, t.kind, t.ptr, (rows, cols), (sn, 1), t.dtype, t.host)
         try:
             maps.append(tensor_map_2d(view, block_n, _flash_attn_wgmma.PANEL, name=name,
-                                      make=make))
+                                      make=may_make_map(t, stream)))
         except ValueError:
             return None
         if maps[-1] is None:
@@ -312,6 +306,7 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
             max_seqlen_q, q_strides, k_strides, v_strides, o_strides, lse_strides, scale,
             left, right, stream):
     headdim = tq.shape[-1]
+    handle = stream_handle(stream, (tq, tk, tv))
     is_bf16 = tq.dtype == "bfloat16"
     is_varlen = cu_q is not None
     impl = _pick_impl({"q": tq, "k": tk, "v": tv, "out": to}, headdim)
@@ -323,7 +318,7 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
         block_m = 64 * groups
         work = nheads * max_seqlen_q * seqlen_k * (1 if is_varlen else batch)
         maps = (_kv_tensor_maps(tk, tv, k_strides, v_strides, batch, seqlen_k, nheads_k,
-                                block_n, stream_handle(stream, (tq, tk, tv)))
+                                block_n, handle)
                 if tma and producer and headdim == dim and work >= TUNING.tma_min_work
                 else None)
         kernel = _flash_attn_wgmma.wgmma_kernel(_WGMMA_SIGNATURE, headdim, dim, groups,
@@ -352,7 +347,7 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
     if nheads > _GRID_YZ_LIMIT or batch > _GRID_YZ_LIMIT:
         raise NotImplementedError(f"q: at most {_GRID_YZ_LIMIT} heads and sequences, got "
                                   f"{nheads} heads, {batch} sequences")
-    dummy = _dummy_int32(tq)
+    dummy = _dummy(tq)
     args = (kernel_buffer(tq), kernel_buffer(tk), kernel_buffer(tv), kernel_buffer(to),
             lse_buf,
             kernel_buffer(cu_q) if is_varlen else dummy,
@@ -361,10 +356,10 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
             0, 0, nheads // nheads_k, np.float32(scale), np.float32(scale * LOG2E), left, right,
             0, 0)
     if impl == "wgmma":
-        args += maps or (_dummy_uint64(tq),) * 2
+        args += maps or (_dummy(tq, np.uint64),) * 2
     if impl != "simt" and not SIMULATOR:
         _prefer_shared_memory(kernel)
-    kernel(grid, threads, args, stream_handle(stream, (tq, tk, tv)), shared)
+    kernel(grid, threads, args, handle, shared)
 
 
 _CARVEOUT_SET = set()

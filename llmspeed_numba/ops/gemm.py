@@ -42,12 +42,12 @@ from .. import _recording, compile_check
 from .._arrays import STORAGE, Tensor, empty, kernel_buffer, stream_handle
 from .._checks import (bias_vector, choice, non_negative_strides, output, result_dtype,
                        same_dtype, shape, tensor)
-from .._env import SIMULATOR, cuda
+from .._env import cuda
 from .._launch import Kernel, array1d, jit, programmatic_launch, sm_count
 from .._replay import MISS, OpCalls
-from .._tensor_map import tensor_map_2d
+from .._tensor_map import may_make_map, tensor_map_2d
 from .._typing import ArrayLike, DTypeLike, StreamLike
-from .._workspace import capturing, unused, workspace
+from .._workspace import unused, workspace
 from .. import _tuning_cache
 from . import _gemm_simt, _gemm_tensor_core, _gemm_wgmma, _gemv
 from ._activations_device import ACTIVATIONS, GATED_ACTIVATIONS
@@ -437,9 +437,9 @@ def _tensor_maps(p, cfg):
     holds the operands' addresses, so a recorded call may not be replayed with others."""
     _recording.not_replayable("its tensor maps hold the operands' addresses")
     ta, tb = p.ta, p.tb
-    make = SIMULATOR or ta.kind != "torch" or not capturing(ta.obj.device.index, p.stream)
     a_rows = Tensor(ta.obj, ta.kind, ta.ptr, (p.M, p.K), (p.lda, 1), ta.dtype, ta.host)
     b_rows = Tensor(tb.obj, tb.kind, tb.ptr, (p.N, p.K), (p.ldb, 1), tb.dtype, tb.host)
+    make = may_make_map(ta, p.stream)
     maps = (tensor_map_2d(a_rows, cfg.block_m, cfg.block_k, name="a", make=make),
             tensor_map_2d(b_rows, cfg.block_n, cfg.block_k, name="b", make=make))
     return None if maps[0] is None or maps[1] is None else maps
