@@ -244,9 +244,36 @@ def test_tma_maps_only_for_layouts_a_map_holds(rng):
     assert _kv_tensor_maps(k, k, wide, wide, 2, 40, 3, 32, None) is None
 
 
+class _Launched(Exception):
+    """Raised by a stand-in kernel factory: which kernel the planner built, and how."""
+
+
+@pytest.mark.parametrize("map_fits", [True, False])
+def test_planned_d256_runs_wgmma_only_by_tma(monkeypatch, rng, map_fits):
+    """The planner's head-dimension-256 wgmma kernel takes the TMA form at any size (the
+    cp.async form spills), and a call whose K / V no tensor map holds runs mma.sync instead."""
+    from llmspeed_numba.ops import _flash_attn_tc, _flash_attn_wgmma
+    from llmspeed_numba.ops import flash_attn as fa
+
+    def factory(kind):
+        def build(*args):
+            raise _Launched(kind, args[-1])
+        return build
+
+    monkeypatch.setattr(fa, "SIMULATOR", False)  # the GPU's configurations (nothing launches)
+    monkeypatch.setattr(fa, "_pick_impl", lambda tensors, headdim=None: "wgmma")
+    monkeypatch.setattr(fa, "_kv_tensor_maps", lambda *a: ("k map", "v map") if map_fits else None)
+    monkeypatch.setattr(_flash_attn_wgmma, "wgmma_kernel", factory("wgmma"))
+    monkeypatch.setattr(_flash_attn_tc, "tc_kernel", factory("tc"))
+    q, k, v = (to_device(x, KIND) for x in _qkv(rng, 1, 3, 5, 2, 2, 256, "bfloat16"))
+    with pytest.raises(_Launched) as launched:
+        flash_attn(q, k, v)
+    assert launched.value.args == (("wgmma", True) if map_fits else ("tc", False))
+
+
 def test_tma_never_mixes_in_the_next_sequence():
-    """The TMA producer's boxes may run past a sequence into the next one's keys; nothing of
-    them may reach this sequence's output: a next sequence holding inf leaves this one exact."""
+    """The TMA producer's boxes run past a sequence into the next one's keys: masked in S, and
+    the rows of V zeroed before P V, so a next sequence holding inf leaves this one exact."""
     rng = np.random.default_rng(7)
     q, k, v = _qkv(rng, 2, 40, 70, 1, 1, 64, "float16")
     v[1] = np.inf
@@ -263,10 +290,11 @@ def test_wgmma_register_split_fits_the_block():
         threads = threads_for(groups, True)
         at_launch = 65536 // threads // 8 * 8
         for dim in PRODUCER_REGS:
-            producer, consumer = maxnreg_split(groups, dim)
-            assert 128 * producer + 128 * groups * consumer <= threads * at_launch
-            assert producer % 8 == 0 and consumer % 8 == 0 and 24 <= consumer <= 256
-            assert consumer >= at_launch, "the consumers should gain registers, not lose them"
+            for tma in (False, True):
+                producer, consumer = maxnreg_split(groups, dim, tma)
+                assert 128 * producer + 128 * groups * consumer <= threads * at_launch
+                assert producer % 8 == 0 and consumer % 8 == 0 and 24 <= consumer <= 256
+                assert consumer >= at_launch, "the consumers should gain registers"
 
 
 # ---- masks, layouts, options ---------------------------------------------------------------
@@ -583,10 +611,11 @@ def test_gpu_wgmma_matches_reference(problem):
 @pytest.mark.gpu
 @settings(max_examples=20)
 @given(problem=attention_problems(max_seqlen=200, headdims=(200, 256), max_batch=2))
-@pytest.mark.parametrize("config", [(1, 64, 2, 1, 1, 0), (2, 64, 2, 1, 1, 0)])
+@pytest.mark.parametrize("config", [WGMMA_CONFIGS[256], WGMMA_CONFIGS[256][:6] + (0,),
+                                    (1, 64, 2, 1, 1, 0)])
 def test_gpu_wgmma_d256_two_accumulators(config, problem):
-    """The wgmma kernel at head dimension 256 (200 padded to it), O in two accumulators of 128
-    columns, forced (the planner keeps d256 on mma.sync until it is measured faster)."""
+    """The wgmma kernel at head dimension 256 (200 padded to it, which copies by cp.async), O in
+    two accumulators of 128 columns: the planner's TMA form, its cp.async fallback, one group."""
     _solve(problem, impl="wgmma", config=config)
 
 
@@ -607,8 +636,9 @@ def test_gpu_planner_takes_wgmma_on_hopper():
     q = tensor(to_device(np.zeros((1, 8, 2, 128), np.float16), "torch"), "q")
     expected = "wgmma" if wgmma_supported() else "tc"
     assert _pick_impl({"q": q}, 128) == expected
+    assert _pick_impl({"q": q}, 256) == expected
     assert _pick_impl({"q": q}, 96) == "tc"
-    assert 128 in WGMMA_CONFIGS and 256 not in WGMMA_CONFIGS
+    assert set(WGMMA_CONFIGS) == {64, 128, 256}
 
 
 # every compiled variant of the wgmma kernel (causal and windows are run-time arguments)
@@ -618,7 +648,7 @@ _RACECHECK_SCRIPT = textwrap.dedent("""
     from llmspeed_numba.ops.flash_attn import flash_attn, flash_attn_varlen
     torch.manual_seed(0)
     with overrides(flash_attn={"impl": "wgmma"}):
-        for d in (64, 128):
+        for d in (64, 128, 256):
             for dtype in (torch.float16, torch.bfloat16):
                 q, k, v = (torch.randn(1, 200, 2, d, dtype=dtype, device="cuda")
                            for _ in range(3))
@@ -635,6 +665,10 @@ _RACECHECK_SCRIPT = textwrap.dedent("""
             q, k, v = (torch.randn(2, 300, 2, d, dtype=torch.bfloat16, device="cuda")
                        for _ in range(3))
             flash_attn(q, k, v, causal=True)
+    with overrides(flash_attn={"impl": "wgmma", "tma_min_work": 0}):  # d256's TMA form
+        q, k, v = (torch.randn(2, 300, 2, 256, dtype=torch.bfloat16, device="cuda")
+                   for _ in range(3))
+        flash_attn(q, k, v, causal=True)
     with overrides(flash_attn={"impl": "wgmma", "config": (2, 128, 2, 1, 0)}):  # ring form
         q, k, v = (torch.randn(1, 200, 2, 128, dtype=torch.float16, device="cuda")
                    for _ in range(3))

@@ -68,6 +68,8 @@ _ALIGN_BYTES = 1024   # the 128-byte swizzle repeats every 8 rows of 128 bytes
 #: these (offline sm_90a: d64 36 B at 120, d128 4 B at 64, varlen d128 8 B at 80); the
 #: consumers get the rest (``maxnreg_split``: 176 at d64, 200 at d128, two consumer groups).
 PRODUCER_REGS = {64: 144, 128: 96, 192: 96, 256: 96}
+#: ... and of the TMA producer (``tma_producer``: one thread's issue loop, no copy addresses)
+TMA_PRODUCER_REGS = 40
 
 _device = cuda.jit(device=True, inline="always")
 
@@ -82,15 +84,16 @@ def threads_for(groups, producer):
     return 128 * (groups + (1 if producer else 0))
 
 
-def maxnreg_split(groups, dim):
+def maxnreg_split(groups, dim, tma=False):
     """``setmaxnreg`` counts (producer, consumer) of the warp-specialised kernel. The block
     starts with ``65536 / threads`` registers a thread (rounded down to 8: the launch bounds);
     ``setmaxnreg.inc`` takes only what ``.dec`` gave back to the block's pool, so the producer
-    warpgroup keeps ``PRODUCER_REGS[dim]`` (at most what it starts with) and the consumers share
-    the rest of the block's allocation (a larger ``inc`` would wait forever)."""
+    warpgroup keeps ``PRODUCER_REGS[dim]`` (``TMA_PRODUCER_REGS`` with ``tma``; at most what it
+    starts with) and the consumers share the rest of the block's allocation (a larger ``inc``
+    would wait forever)."""
     threads = threads_for(groups, True)
     at_launch = 65536 // threads // 8 * 8
-    producer = min(PRODUCER_REGS[dim], at_launch)
+    producer = min(TMA_PRODUCER_REGS if tma else PRODUCER_REGS[dim], at_launch)
     consumer = min(256, (threads * at_launch - 128 * producer) // (128 * groups) // 8 * 8)
     return producer, consumer
 
@@ -146,7 +149,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
     stage_bytes = 2 * kv_elems * 2   # producer kernel with tma: K and V tiles of a stage
     lead = stages - 1                # ring kernel: key blocks loaded ahead of the one computed
     pending = stages - 2             # ... cp.async groups that may run when a block is needed
-    producer_regs, consumer_regs = maxnreg_split(groups, dim)
+    producer_regs, consumer_regs = maxnreg_split(groups, dim, tma)
     load_q = tile_loader(block_m, dim, 128 * groups, True, False, panels=True)
     load_edge = tile_loader(block_n, dim, copy_threads, True, False, panels=True)
     load_full = tile_loader(block_n, dim, copy_threads, True, True, panels=True)
@@ -179,43 +182,55 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             ptx.mbarrier_arrive(bars, s)
 
     @_device
-    def tma_producer(tiles, bars, k, v, k_map, v_map, k_base, v_base, batch, k_start, head_k,
-                     k_sb, k_sn, k_sh, v_sb, v_sn, v_sh, n_end, n_blocks, seqlen_k, tid):
-        """The producer warpgroup with the Tensor Memory Accelerator: a key block wholly inside
-        the sequence is ``DIM / 64`` boxes of K and of V (``block_n`` rows of 128 bytes, the
-        128-byte swizzle the descriptors read) from the maps of K and V seen as 2-D (token rows
-        of the packed batch, ``k_sb / k_sn`` rows a sequence; head ``h`` at column ``h * k_sh``),
-        issued by one thread that announces the stage's bytes; the other 127 arrive at once, so
-        ``full`` keeps its count of 128 and completes when the bytes have landed. Only the last
-        key block of a sequence can end past ``seqlen_k``, and it is the first visited: that one
-        is copied with cp.async by all 128, zero-filled as in the cp.async form, so no row of
-        the next sequence is read."""
+    def tma_producer(tiles, bars, k_map, v_map, batch, k_start, head_k, k_sb, k_sn, k_sh, v_sb,
+                     v_sn, v_sh, n_end, n_blocks, tid):
+        """The producer warpgroup with the Tensor Memory Accelerator: a key block is ``DIM / 64``
+        boxes of K and of V (``block_n`` rows of 128 bytes, the 128-byte swizzle the descriptors
+        read) from the maps of K and V seen as 2-D (token rows of the packed batch, ``k_sb /
+        k_sn`` rows a sequence; head ``h`` at column ``h * k_sh``), issued by one thread that
+        announces the stage's bytes; the other 127 arrive at once, so ``full`` keeps its count
+        of 128 and completes when the bytes have landed. Rows past the tensor arrive as zeros;
+        rows past the sequence but inside the tensor (the next sequence's) do not: the consumers
+        zero those rows of V (``zero_v_tail``) and mask those of K."""
         k_row0 = np.int32(batch * (k_sb // k_sn) + k_start)   # K's row of key 0
         v_row0 = np.int32(batch * (v_sb // v_sn) + k_start)
         k_col0 = np.int32(head_k * k_sh)
         v_col0 = np.int32(head_k * v_sh)
-        if n_blocks > 0:             # stage 0 starts empty: no wait
-            col = np.int32((n_end - 1) * block_n)
-            if col + block_n <= seqlen_k:
-                tma_block(tiles, bars, k_map, v_map, 0, k_col0, v_col0, k_row0 + col,
-                          v_row0 + col, tid)
-            else:
-                load_kv(tiles, 0, k, v, k_base, v_base, k_sn, v_sn, col, seqlen_k, tid)
-                ptx.cp_async_commit()
-                ptx.cp_async_wait(0)
-                ptx.fence_proxy_async()
-                ptx.mbarrier_arrive(bars, 0)
         s = np.int32(0)
         phase = np.int32(1)          # the first pass waits on already completed phases
-        for b in range(1, n_blocks):
+        for b in range(n_blocks):
+            ptx.mbarrier_wait_parity(bars, stages + s, phase)
+            col = np.int32((n_end - 1 - b) * block_n)
+            if tid == 0:
+                ptx.mbarrier_arrive_expect_tx(bars, s, stage_bytes)
+                s_k = s_kv + s * 2 * kv_elems
+                for p in range(dim // PANEL):
+                    ptx.cp_async_bulk_tensor_2d_g2s(tiles, s_k + p * kv_panel, k_map,
+                                                    k_col0 + p * PANEL, k_row0 + col, bars, s)
+                    ptx.cp_async_bulk_tensor_2d_g2s(tiles, s_k + kv_elems + p * kv_panel, v_map,
+                                                    v_col0 + p * PANEL, v_row0 + col, bars, s)
+            else:
+                ptx.mbarrier_arrive(bars, s)
             s += 1
             if s == stages:
                 s = 0
                 phase ^= 1
-            ptx.mbarrier_wait_parity(bars, stages + s, phase)
-            col = np.int32((n_end - 1 - b) * block_n)
-            tma_block(tiles, bars, k_map, v_map, s, k_col0, v_col0, k_row0 + col, v_row0 + col,
-                      tid)
+
+    @_device
+    def zero_v_tail(tiles, first, ctid):
+        """Zero rows ``first ..`` of stage 0's V tile (the first key block visited, the only one
+        that can end past ``seqlen_k``), so that P's zeros there meet zeros and not another
+        sequence's values (0 * inf would be NaN); then make the writes visible to wgmma and wait
+        for every consumer's."""
+        chunks = (block_n - first) * (dim // PANEL) * 8      # 16-byte chunks to zero
+        for i in range(ctid, chunks, consumer_threads):
+            row = first + i // (8 * (dim // PANEL))
+            rest = i % (8 * (dim // PANEL))
+            ptx.store_u32x4(tiles, s_kv + kv_elems + (rest // 8) * kv_panel + row * PANEL
+                            + (rest % 8) * 8, np.uint32(0), np.uint32(0), np.uint32(0),
+                            np.uint32(0))
+        ptx.fence_proxy_async()
+        ptx.named_barrier_sync(1, consumer_threads)
 
     @_device
     def swizzled(row, col, rows):
@@ -521,13 +536,12 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             # hold block j until they have block j + 1, so announcing j + 1 must not wait for
             # a stage that only j's release frees (a deadlock).
             ptx.setmaxnreg_dec(producer_regs)
+            if tma:
+                tma_producer(tiles, bars, k_map, v_map, batch, k_start, head_k, k_sb, k_sn,
+                             k_sh, v_sb, v_sn, v_sh, n_end, n_blocks, tid)
+                return
             k_base = batch * k_sb + k_start * k_sn + head_k * k_sh
             v_base = batch * v_sb + k_start * v_sn + head_k * v_sh
-            if tma:
-                tma_producer(tiles, bars, k, v, k_map, v_map, k_base, v_base, batch, k_start,
-                             head_k, k_sb, k_sn, k_sh, v_sb, v_sn, v_sh, n_end, n_blocks,
-                             seqlen_k, tid)
-                return
             for b in range(n_blocks):
                 s = b % stages
                 ptx.mbarrier_wait_parity(bars, stages + s, ((b // stages) & 1) ^ 1)
@@ -577,6 +591,8 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             if pingpong and wg == groups - 1:
                 ptx.named_barrier_arrive(sched0, 256)   # group 0 goes first
             ptx.mbarrier_wait_parity(bars, 0, 0)
+            if tma and n_end * block_n > seqlen_k:
+                zero_v_tail(tiles, seqlen_k - (n_end - 1) * block_n, ctid)
             dk, dv = stage_descs(tiles, 0)
             turn_begin(wg)
             ptx.wgmma_fence()

@@ -76,18 +76,25 @@ SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 #: V allow a tensor map (``_kv_tensor_maps``; else that call copies with cp.async) and the call
 #: is not replayed (a map holds the operands' addresses).
 #: Registers a consumer thread: S ``block_n / 2`` + O ``headdim / 2`` fp32 + P ``block_n / 4``.
-#: 64 / 128: 128-key blocks (S 64 registers; the consumers get 176 / 200 registers, see
-#: ``_flash_attn_wgmma.maxnreg_split``, and use them without spilling, offline). Head dimension 256
-#: stays with the mma.sync kernel: O alone is 128 registers a thread, and with 64-key blocks the
-#: kernel (255 registers) keeps its accumulators on a 544-byte stack (offline sm_90a).
-#: Head dimension 128 takes turns (ping-pong: +2-3% on the H200) and copies by TMA (+7-13%; at
-#: head dimension 64 neither gained: benchmarks/NOTES.md, session 28).
-WGMMA_CONFIGS = {64: (2, 128, 3, 1, 1), 128: (2, 128, 3, 1, 1, 1, 1)}
+#: 64 / 128: 128-key blocks (S 64 registers; the consumers get 176 / 200 registers, 232 with the
+#: TMA producer, see ``_flash_attn_wgmma.maxnreg_split``, and use them without spilling, offline). 256: O alone is
+#: 128 registers a thread; 80-key blocks (FlashAttention 3's tile), two stages (229 KB of shared
+#: memory), and the TMA producer's 232 consumer registers keep the key-block loop spill-free (the
+#: epilogue spills ~270 B). Head dimension 128 and 256 take turns (ping-pong: +2-3% / +1.5%) and
+#: copy by TMA (d128 +7-13%; at head dimension 64 neither gained): benchmarks/NOTES.md,
+#: sessions 28-29.
+WGMMA_CONFIGS = {64: (2, 128, 3, 1, 1), 128: (2, 128, 3, 1, 1, 1, 1),
+                 256: (2, 80, 2, 1, 1, 1, 1)}
 
 #: A call takes the TMA form (``tma`` 1) only from this much work on (heads x query rows x key
 #: rows x sequences): its tensor maps keep it off the replayed fast path, whose host time
 #: (~10 us against ~50) matters to calls of tens of microseconds, not to these (~0.2 ms and up).
 TMA_MIN_WORK = 2**28
+
+#: Head dimensions whose planned wgmma kernel runs only in the TMA form, at any size: the
+#: cp.async producer's register split leaves d256's consumers spilling, slower than the mma.sync
+#: kernel, which takes the calls a tensor map cannot serve (benchmarks/NOTES.md, session 29).
+WGMMA_TMA_ONLY = frozenset({256})
 
 #: Simulator configuration of the wgmma kernel: one consumer warpgroup, 32-key blocks.
 SIMULATOR_WGMMA_CONFIG = (1, 32, 2, 0, 1)
@@ -311,16 +318,21 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
     is_varlen = cu_q is not None
     impl = _pick_impl({"q": tq, "k": tk, "v": tv, "out": to}, headdim)
     config = TUNING.config
+    maps = None
     if impl == "wgmma":
         dim = _flash_attn_wgmma.padded_dim(headdim)
+        planned = config is None and TUNING.impl is None
         config = tuple(config or (SIMULATOR_WGMMA_CONFIG if SIMULATOR else wgmma_config(dim)))
         groups, block_n, stages, min_blocks, producer, pingpong, tma = _wgmma_fields(config)
-        block_m = 64 * groups
         work = nheads * max_seqlen_q * seqlen_k * (1 if is_varlen else batch)
-        maps = (_kv_tensor_maps(tk, tv, k_strides, v_strides, batch, seqlen_k, nheads_k,
-                                block_n, handle)
-                if tma and producer and headdim == dim and work >= TUNING.tma_min_work
-                else None)
+        tma_only = planned and dim in WGMMA_TMA_ONLY
+        if tma and producer and headdim == dim and (tma_only or work >= TUNING.tma_min_work):
+            maps = _kv_tensor_maps(tk, tv, k_strides, v_strides, batch, seqlen_k, nheads_k,
+                                   block_n, handle)
+        if tma_only and maps is None:
+            impl, config = "tc", None
+    if impl == "wgmma":
+        block_m = 64 * groups
         kernel = _flash_attn_wgmma.wgmma_kernel(_WGMMA_SIGNATURE, headdim, dim, groups,
                                                 block_n, stages, min_blocks, bool(producer),
                                                 bool(pingpong), is_bf16, is_varlen,
@@ -605,7 +617,8 @@ _WGMMA_PTX = ("wgmma.mma_async.sync.aligned", "cp.async.cg.shared.global", "ex2.
 _WGMMA_SASS = ("HGMMA", "LDGSTS", "MUFU.EX2")
 # causal and windows are run-time arguments of the same kernel; fp16 and bf16 differ in the
 # instruction's type only (bf16 is checked with varlen)
-for _headdim, _bf16, _varlen in ((64, False, False), (128, False, False), (128, True, True)):
+for _headdim, _bf16, _varlen in ((64, False, False), (128, False, False), (128, True, True),
+                                 (256, True, False)):
     _producer, _tma = _wgmma_fields(wgmma_config(_headdim))[4::2]
     compile_check.register(
         f"flash_attn_wgmma_d{_headdim}_{'bf16' if _bf16 else 'f16'}"
@@ -615,7 +628,12 @@ for _headdim, _bf16, _varlen in ((64, False, False), (128, False, False), (128, 
                                     if _producer else ())
         + (("cp.async.bulk.tensor.2d",) if _tma else ()),
         sass_must_have=_WGMMA_SASS + (("USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC")
-                                      if _producer else ()) + (("UTMALDG",) if _tma else ()))
+                                      if _producer else ()) + (("UTMALDG",) if _tma else ()),
+        # d256: O's 128 registers leave the epilogue (normalise, stage, store) ~270 B of spills;
+        # the key-block loop is clean, and the kernel ran 1.8x the mma.sync kernel (session 29)
+        allowed_local_bytes=320 if _headdim == 256 else 0,
+        why="d256 epilogue spills; 464 vs 257 TFLOP/s for mma.sync (NOTES, session 29)"
+        if _headdim == 256 else "")
 # the cp.async producer at head dimension 128 (the TMA form's fallback for layouts a tensor map
 # cannot hold and for small calls)
 compile_check.register(
