@@ -303,20 +303,26 @@ def test_gemv_out_of_reach_runs_another_kernel(M, K, layout, rng):
 
 
 @pytest.mark.parametrize("M,N,K,want", [
-    (1024, 1024, 1024, "wg_64x128x64_s8"),      # neither large tile gives a wave: 64 x 128
+    (1024, 1024, 1024, "wg_64x128x64_s8_p"),    # one wave of 64 x 128, under half of larger
+    (512, 2048, 4096, "wg_64x128x64_s8_p"), (384, 1024, 1024, "wg_64x128x64_s8_p"),
     (2048, 1024, 1024, "wg_128x128x64_s5"), (1024, 2048, 2048, "wg_128x128x64_s5"),
-    (2048, 2048, 2048, "wg_128x256x64_s4"), (384, 512, 4096, "tc_128x128x64_w2x2_s3")])
+    (512, 4096, 4096, "wg_128x128x64_s5"),      # one wave of 128 x 128, two of 64 x 128
+    (768, 4096, 4096, "wg_128x256x64_s4"),      # one wave of 128 x 256, two of 128 x 128
+    (2048, 2048, 2048, "wg_128x256x64_s4"), (4096, 4096, 4096, "wg_128x256x64_s4"),
+    (1024, 14336, 4096, "wg_128x256x64_s4")])
 def test_heuristic_tiles_above_256_rows_on_an_h200(M, N, K, want, monkeypatch):
-    """The heuristic's tile by shape on Hopper (132 SMs): the largest wgmma tile giving about a
-    wave of blocks, the 64 x 128 wgmma tile where only it does (1024^3), else 128 x 128 with
-    split K."""
+    """The heuristic's tile by shape on Hopper (132 SMs): the wgmma tile of least waves times
+    the cost of a wave (``WGMMA_WAVE_COSTS``), no K split where the tiles fill a wave."""
     from llmspeed_numba._overrides import overrides
     from llmspeed_numba.ops import gemm_configs
 
     monkeypatch.setattr(gemm_configs, "SIMULATOR", False)
     monkeypatch.setattr(gemm_configs, "wgmma_supported", lambda: True)
     with overrides(device={"sm_count": 132}):
-        assert gemm_configs.heuristic("tensor_core", M, N, K).name == want
+        cfg = gemm_configs.heuristic("tensor_core", M, N, K)
+        assert cfg.name == want
+        if -(-M // cfg.block_m) * -(-N // cfg.block_n) > 66:   # over half a wave
+            assert gemm_configs.split_count(cfg, M, N, K) == 1
 
 
 def test_gemv_config_checked():

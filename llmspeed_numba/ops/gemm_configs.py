@@ -225,11 +225,13 @@ CONFIGS = {c.name: c for c in (
 #: constant to switch when ``bench_gemm.py --only-sweep`` finds a faster one (the fastest
 #: mma.sync tile of the sweep at 4096^3 / 8192^3, fp16 and bf16).
 LARGE_CONFIG = "tc_128x256x64_w2x4_s3"
-#: Hopper's large tiles, most promising first (128x256 well ahead of 128x128 and of mma.sync).
-WGMMA_CONFIGS = ("wg_128x256x64_s4", "wg_128x128x64_s5")
-#: Hopper's tile above 256 rows where neither large tile gives about a wave (1024^3): 0.74x
-#: cuBLAS against the mma.sync 64 x 128 tile's 0.63x (benchmarks/NOTES.md, session 27).
-WGMMA_WAVE_CONFIG = "wg_64x128x64_s8"
+#: Hopper's tiles above ``SMALL_M_WGMMA_MAX`` rows and the cost of one wave of each (one block
+#: an SM, all blocks of a wave in step): ``(fixed us, us per 1024 of K)``, fitted to every tile
+#: at 384-1024 rows and N x K of 1024^2-14336 x 4096 on the H200 (benchmarks/NOTES.md, session
+#: 29). ``_wave_wgmma`` takes the tile of least ``waves * (fixed + per_k * K / 1024)``: the
+#: largest tile is the most efficient a wave, a smaller one wins where it saves a wave.
+WGMMA_WAVE_COSTS = {"wg_128x256x64_s4": (7.3, 10.6), "wg_128x128x64_s5": (7.3, 6.0),
+                    "wg_64x128x64_s8_p": (7.3, 3.33)}
 #: The autotuner's candidates for M > 32, most promising first (256x128x64 is the transpose
 #: of 128x256x64).
 LARGE_CANDIDATES = ("tc_128x128x64_w2x2_s3", "tc_128x256x64_w2x4_s3", "tc_256x128x64_w4x2_s3",
@@ -310,13 +312,12 @@ def heuristic(backend, M, N, K, wgmma=True, gemv=True):
     # than 128x128x64 at M = 128 except with the longest K)
     if M <= 128 or N <= 64:
         return CONFIGS["tc_64x128x64_w1x4_s4"]
-    # the largest tile that still gives about a wave of blocks; else 128 x 128 with split-K.
-    # Hopper: the wgmma kernel first (``_run`` swaps it for LARGE_CONFIG when an operand is
-    # not 16-byte aligned)
-    names = (LARGE_CONFIG, "tc_128x128x64_w2x2_s3", "tc_64x128x64_w1x4_s4")
+    # Hopper: the wgmma tile of fewest wave-costs (``_run`` swaps it for an mma.sync tile when
+    # an operand is not 16-byte aligned)
     if wgmma:
-        names = WGMMA_CONFIGS + (WGMMA_WAVE_CONFIG,) + names
-    for name in names:
+        return _wave_wgmma(M, N, K)
+    # the largest tile that still gives about a wave of blocks; else 128 x 128 with split-K
+    for name in (LARGE_CONFIG, "tc_128x128x64_w2x2_s3", "tc_64x128x64_w1x4_s4"):
         cfg = CONFIGS[name]
         if _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n) >= 0.75 * sm_count():
             return cfg
@@ -363,18 +364,30 @@ def _few_rows_wgmma(M, N, K):
     return CONFIGS["wg_64x128x64_s8"]
 
 
+def _wave_wgmma(M, N, K):
+    """Hopper's tile above ``SMALL_M_WGMMA_MAX`` rows: the least cost by ``WGMMA_WAVE_COSTS``."""
+    def cost(name):
+        cfg = CONFIGS[name]
+        fixed, per_k = WGMMA_WAVE_COSTS[name]
+        waves = _cdiv(_cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n), sm_count())
+        return waves * (fixed + per_k * K / 1024)
+
+    return CONFIGS[min(WGMMA_WAVE_COSTS, key=cost)]
+
+
 def split_count(cfg, M, N, K):
     """K splits of ``cfg`` for this shape: ``cfg.split_k``, or enough blocks for two waves of
     the GPU, bounded so each split keeps at least two K tiles and the fp32 workspace traffic
-    (written and read once) stays below the traffic of B. wgmma tiles for few rows (one block
-    an SM: their shared memory) aim at one wave, with at least ``SPLIT_MIN_K_WGMMA`` of K a
-    split (a split costs its partial tile's round trip through L2 at the end)."""
+    (written and read once) stays below the traffic of B. wgmma tiles (one block an SM: their
+    shared memory) aim at one wave, with at least ``SPLIT_MIN_K_WGMMA`` of K a split (a split
+    costs its partial tile's round trip through L2 at the end; above 256 rows, splits to fill
+    two waves ran 1.2-1.6x slower than none: benchmarks/NOTES.md, session 29)."""
     if cfg.gemv:
         return 1  # its warps split K inside the block
     if cfg.split_k is not None:
         return max(1, min(cfg.split_k, _cdiv(K, cfg.block_k)))
     tiles = _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n)
-    if cfg.wgmma and M <= SMALL_M_WGMMA_MAX:
+    if cfg.wgmma:
         return max(1, min(sm_count() // tiles, K // SPLIT_MIN_K_WGMMA, 32))
     want = (2 * sm_count()) // tiles
     cap = min(K // (2 * cfg.block_k), max(1, K // (4 * M)), 32)
@@ -396,7 +409,7 @@ def candidates(p):
     else:
         pool = [CONFIGS[n] for n in LARGE_CANDIDATES]
         if wgmma_supported() and p.a_vec and p.b_vec:
-            pool = [CONFIGS[n] for n in (*WGMMA_CONFIGS, WGMMA_WAVE_CONFIG)] + pool
+            pool = [CONFIGS[n] for n in WGMMA_WAVE_COSTS] + pool
     if wgmma_supported() and p.a_vec and p.b_vec and 16 < p.M <= SMALL_M_WGMMA_MAX:
         pool = [CONFIGS[n] for n in SMALL_M_WGMMA_CANDIDATES] + pool
     if not SIMULATOR and p.backend == "tensor_core" and p.M <= 4 and \
