@@ -1,5 +1,11 @@
 """Plot every ``benchmarks/results/<name>.csv`` to ``<name>.png``: for the newest commit in each
-file, our value and the baseline's per case (bars), with the ratio written above each pair."""
+file, our value and the baseline's per case (bars), with the ratio written above each pair.
+
+    python benchmarks/plot.py [CSV ...]
+    python benchmarks/plot.py --compare OLD NEW CASE CSV     # -> <name>_OLD_NEW.png
+
+``--compare``: the ratio to the baseline of one case (e.g. "small M heuristic") per shape at two
+commits side by side (a change's before and after, measured in one run)."""
 
 import csv
 import glob
@@ -43,8 +49,33 @@ def plot(path):
     return out
 
 
-def main(paths):
-    for path in paths or sorted(glob.glob(os.path.join(RESULTS, "*.csv"))):
+def compare(old, new, case, path):
+    with open(path) as f:
+        rows = [r for r in csv.DictReader(f) if r["case"] == case]
+    ratio = {(r["commit"], r["shape"]): float(r["ratio"]) for r in rows}
+    shapes = list(dict.fromkeys(r["shape"] for r in rows if r["commit"] == new))
+    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(shapes)), 4.5))
+    for offset, commit in ((-0.2, old), (0.2, new)):
+        values = [ratio.get((commit, s), float("nan")) for s in shapes]
+        ax.bar([i + offset for i in range(len(shapes))], values, 0.4, label=commit)
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xticks(range(len(shapes)))
+    ax.set_xticklabels(shapes, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel(f"ratio to {rows[0]['baseline']}" if rows else "ratio")
+    ax.set_title(f"{os.path.basename(path)[:-4]}: {case}, {old} vs {new}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = f"{path[:-4]}_{old}_{new}.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv):
+    if argv[:1] == ["--compare"]:
+        print(compare(*argv[1:5]))
+        return
+    for path in argv or sorted(glob.glob(os.path.join(RESULTS, "*.csv"))):
         print(plot(path))
 
 

@@ -724,6 +724,20 @@ def test_gpu_simt_vector_loads(layout, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K, want", [(384, 1000, 1032, "wg_64x128x64_s8_p"),
+                                           (300, 1000, 14344, "wg_64x128x64_s8_p"),
+                                           (777, 4096, 4104, "wg_128x256x64_s4")])
+def test_gpu_wave_tiles_through_the_heuristic(M, N, K, want, rng):
+    """Above 256 rows the heuristic's wave-cost pick through ``gemm``'s own choice: ragged row,
+    column and K tiles, and a K split (300 x 1000 x 14344: 40 tiles, three splits)."""
+    from llmspeed_numba.ops.gemm_configs import heuristic, sm_count, wgmma_supported
+
+    if wgmma_supported() and sm_count() == 132:
+        assert heuristic("tensor_core", M, N, K).name == want
+    run_and_check(M, N, K, "bfloat16", "NT", None, rng)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("M, N, K", [(64, 28672, 1024), (256, 4096, 2048), (200, 4096, 1088),
                                      (256, 4096, 14336)])
 def test_gpu_few_row_producer_tiles_through_the_heuristic(M, N, K, rng):
