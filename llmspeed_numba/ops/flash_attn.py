@@ -16,7 +16,8 @@ whose mask is empty gets output 0 and lse ``-inf``.
 
 Kernels (``_flash_attn_wgmma.py``, ``_flash_attn_tc.py``, ``_flash_attn_simt.py``), when q, k, v
 and out are 16-byte aligned (pointers and strides multiples of 8 elements): on Hopper (sm_90) the
-wgmma kernel for the head dimensions of ``WGMMA_CONFIGS``; else the Tensor Core kernel (mma.sync,
+wgmma kernel for the head dimensions of ``WGMMA_CONFIGS`` (at ``WGMMA_TMA_ONLY`` ones only where
+K and V fit a tensor map); else the Tensor Core kernel (mma.sync,
 cp.async, ldmatrix, online softmax in registers), every head dimension (padded up to a multiple
 of 16). Misaligned inputs, and the CUDA simulator, run the SIMT kernel of the same algorithm.
 The grid is (query blocks, nheads, batch); query blocks run longest-first.
