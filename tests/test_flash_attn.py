@@ -286,12 +286,12 @@ def test_wgmma_register_split_fits_the_block():
     block's launch allocation (else the consumers wait forever), in multiples of 8."""
     from llmspeed_numba.ops._flash_attn_wgmma import PRODUCER_REGS, maxnreg_split, threads_for
 
-    for groups in (1, 2, 3):
+    for groups, min_blocks in ((1, 1), (2, 1), (3, 1), (1, 2)):
         threads = threads_for(groups, True)
-        at_launch = 65536 // threads // 8 * 8
+        at_launch = 65536 // (threads * min_blocks) // 8 * 8
         for dim in PRODUCER_REGS:
             for tma in (False, True):
-                producer, consumer = maxnreg_split(groups, dim, tma)
+                producer, consumer = maxnreg_split(groups, dim, tma, min_blocks)
                 assert 128 * producer + 128 * groups * consumer <= threads * at_launch
                 assert producer % 8 == 0 and consumer % 8 == 0 and 24 <= consumer <= 256
                 assert consumer >= at_launch, "the consumers should gain registers"

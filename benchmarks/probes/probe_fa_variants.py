@@ -3,12 +3,13 @@ process each, against SDPA's cuDNN / FlashAttention-2 backends in the same run (
 
     python benchmarks/probes/probe_fa_variants.py --variants FILE [--shapes SPEC] [--rounds 2]
 
-FILE has a variant a line, ``name tree impl config shapes [knob=value ...]``: ``tree`` the directory holding the
-``llmspeed_numba`` to import (``.`` this one, e.g. ``.gpu/base`` an older commit's copy from
-``git archive``); ``impl`` ``wgmma`` / ``tc`` / ``planned`` (the planner's choice) or
-``cudnn`` / ``fa2`` (SDPA); ``config`` a comma-separated tuple or ``-``; ``shapes`` the comma-
-separated shape names it runs (``--shapes``: ``name=batch,heads,heads_k,seqlen,headdim;...``);
-then integer ``flash_attn`` knobs, e.g. ``tma_min_work=0``.
+FILE has a variant a line, ``name tree impl config shapes [knob=value ...]``: ``tree`` the
+directory holding the ``llmspeed_numba`` to import (``.`` this one; e.g. ``.gpu/base``, an older
+commit's copy from ``git archive``); ``impl`` ``wgmma`` / ``tc`` / ``planned`` (the planner's
+choice) or ``cudnn`` / ``fa2`` (SDPA); ``config`` a comma-separated tuple or ``-``; ``shapes``
+the comma-separated shape names it runs (``--shapes``:
+``name=batch,heads,heads_k,seqlen,headdim;...``); then integer ``flash_attn`` knobs, e.g.
+``tma_min_work=0``.
 
 Every variant first compiles in its own process, all at once (each with its own numba and kernel
 caches); then, one process at a time, each checks its output against SDPA (a ragged causal case

@@ -66,7 +66,8 @@ _ALIGN_BYTES = 1024   # the 128-byte swizzle repeats every 8 rows of 128 bytes
 #: setmaxnreg count of the producer warpgroup by padded head dimension: its copy loops keep every
 #: chunk's address offsets live across the key-block loop (LLVM hoists them), so it spills below
 #: these (offline sm_90a: d64 36 B at 120, d128 4 B at 64, varlen d128 8 B at 80); the
-#: consumers get the rest (``maxnreg_split``: 176 at d64, 200 at d128, two consumer groups).
+#: consumers get the rest (``maxnreg_split``: 176 at d64, 200 at d128, two consumer groups;
+#: 232 with the TMA producer).
 PRODUCER_REGS = {64: 144, 128: 96, 192: 96, 256: 96}
 #: ... and of the TMA producer (``tma_producer``: one thread's issue loop, no copy addresses)
 TMA_PRODUCER_REGS = 40
@@ -84,15 +85,16 @@ def threads_for(groups, producer):
     return 128 * (groups + (1 if producer else 0))
 
 
-def maxnreg_split(groups, dim, tma=False):
+def maxnreg_split(groups, dim, tma=False, min_blocks=1):
     """``setmaxnreg`` counts (producer, consumer) of the warp-specialised kernel. The block
-    starts with ``65536 / threads`` registers a thread (rounded down to 8: the launch bounds);
+    starts with ``65536 / (threads * min_blocks)`` registers a thread (rounded down to 8: the
+    launch bounds);
     ``setmaxnreg.inc`` takes only what ``.dec`` gave back to the block's pool, so the producer
     warpgroup keeps ``PRODUCER_REGS[dim]`` (``TMA_PRODUCER_REGS`` with ``tma``; at most what it
     starts with) and the consumers share the rest of the block's allocation (a larger ``inc``
     would wait forever)."""
     threads = threads_for(groups, True)
-    at_launch = 65536 // threads // 8 * 8
+    at_launch = 65536 // (threads * max(1, min_blocks)) // 8 * 8
     producer = min(TMA_PRODUCER_REGS if tma else PRODUCER_REGS[dim], at_launch)
     consumer = min(256, (threads * at_launch - 128 * producer) // (128 * groups) // 8 * 8)
     return producer, consumer
@@ -149,7 +151,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
     stage_bytes = 2 * kv_elems * 2   # producer kernel with tma: K and V tiles of a stage
     lead = stages - 1                # ring kernel: key blocks loaded ahead of the one computed
     pending = stages - 2             # ... cp.async groups that may run when a block is needed
-    producer_regs, consumer_regs = maxnreg_split(groups, dim, tma)
+    producer_regs, consumer_regs = maxnreg_split(groups, dim, tma, min_blocks)
     load_q = tile_loader(block_m, dim, 128 * groups, True, False, panels=True)
     load_edge = tile_loader(block_n, dim, copy_threads, True, False, panels=True)
     load_full = tile_loader(block_n, dim, copy_threads, True, True, panels=True)

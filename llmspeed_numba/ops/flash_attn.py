@@ -78,12 +78,12 @@ SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 #: is not replayed (a map holds the operands' addresses).
 #: Registers a consumer thread: S ``block_n / 2`` + O ``headdim / 2`` fp32 + P ``block_n / 4``.
 #: 64 / 128: 128-key blocks (S 64 registers; the consumers get 176 / 200 registers, 232 with the
-#: TMA producer, see ``_flash_attn_wgmma.maxnreg_split``, and use them without spilling, offline). 256: O alone is
+#: TMA producer, see ``_flash_attn_wgmma.maxnreg_split``; no spills, offline). 256: O alone is
 #: 128 registers a thread; 80-key blocks (FlashAttention 3's tile), two stages (229 KB of shared
 #: memory), and the TMA producer's 232 consumer registers keep the key-block loop spill-free (the
-#: epilogue spills ~270 B). Head dimension 128 and 256 take turns (ping-pong: +2-3% / +1.5%) and
-#: copy by TMA (d128 +7-13%; at head dimension 64 neither gained): benchmarks/NOTES.md,
-#: sessions 28-29.
+#: epilogue spills ~270 B; ``WGMMA_TMA_ONLY``). Head dimensions 128 and 256 take turns
+#: (ping-pong: +2-3% / +1.5%) and copy by TMA (d128 +7-13%; at head dimension 64 neither
+#: gained): benchmarks/NOTES.md, sessions 28-29.
 WGMMA_CONFIGS = {64: (2, 128, 3, 1, 1), 128: (2, 128, 3, 1, 1, 1, 1),
                  256: (2, 80, 2, 1, 1, 1, 1)}
 
