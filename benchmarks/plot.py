@@ -23,8 +23,8 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 def plot(path):
     with open(path) as f:
         rows = list(csv.DictReader(f))
-    if not rows:
-        return None
+    if not rows or not {"case", "ours_value", "baseline_value"} <= rows[0].keys():
+        return None   # empty, or a probe's own columns (quant_stream.csv and the like)
     newest = rows[-1]["commit"]
     rows = [r for r in rows if r["commit"] == newest]
     labels = [f"{r['case']}\n{r['dtype']}" for r in rows]
@@ -52,15 +52,18 @@ def plot(path):
 def compare(old, new, case, path):
     with open(path) as f:
         rows = [r for r in csv.DictReader(f) if r["case"] == case]
-    ratio = {(r["commit"], r["shape"]): float(r["ratio"]) for r in rows}
-    shapes = list(dict.fromkeys(r["shape"] for r in rows if r["commit"] == new))
+    for commit in (old, new):
+        if not any(r["commit"] == commit for r in rows):
+            raise SystemExit(f"{path}: no {case!r} rows of commit {commit}")
+    ratio = {(r["commit"], r["shape"], r["dtype"]): float(r["ratio"]) for r in rows}
+    shapes = list(dict.fromkeys((r["shape"], r["dtype"]) for r in rows if r["commit"] == new))
     fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(shapes)), 4.5))
     for offset, commit in ((-0.2, old), (0.2, new)):
-        values = [ratio.get((commit, s), float("nan")) for s in shapes]
+        values = [ratio.get((commit, *s), float("nan")) for s in shapes]
         ax.bar([i + offset for i in range(len(shapes))], values, 0.4, label=commit)
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xticks(range(len(shapes)))
-    ax.set_xticklabels(shapes, rotation=60, ha="right", fontsize=7)
+    ax.set_xticklabels([f"{s} {d}" for s, d in shapes], rotation=60, ha="right", fontsize=7)
     ax.set_ylabel(f"ratio to {rows[0]['baseline']}" if rows else "ratio")
     ax.set_title(f"{os.path.basename(path)[:-4]}: {case}, {old} vs {new}")
     ax.legend(fontsize=7)
@@ -73,7 +76,9 @@ def compare(old, new, case, path):
 
 def main(argv):
     if argv[:1] == ["--compare"]:
-        print(compare(*argv[1:5]))
+        if len(argv) != 5:
+            raise SystemExit("usage: plot.py --compare OLD NEW CASE CSV")
+        print(compare(*argv[1:]))
         return
     for path in argv or sorted(glob.glob(os.path.join(RESULTS, "*.csv"))):
         print(plot(path))

@@ -248,16 +248,18 @@ class _Launched(Exception):
     """Raised by a stand-in kernel factory: which kernel the planner built, and how."""
 
 
-@pytest.mark.parametrize("map_fits", [True, False])
-def test_planned_d256_runs_wgmma_only_by_tma(monkeypatch, rng, map_fits):
+@pytest.mark.parametrize("map_fits, forced, expected", [
+    (True, False, ("wgmma", True)), (False, False, ("tc",)), (False, True, ("wgmma", False))])
+def test_planned_d256_runs_wgmma_only_by_tma(monkeypatch, rng, map_fits, forced, expected):
     """The planner's head-dimension-256 wgmma kernel takes the TMA form at any size (the
-    cp.async form spills), and a call whose K / V no tensor map holds runs mma.sync instead."""
+    cp.async form spills), and a call whose K / V no tensor map holds runs mma.sync instead;
+    a forced wgmma kernel stays wgmma (its cp.async form)."""
     from llmspeed_numba.ops import _flash_attn_tc, _flash_attn_wgmma
     from llmspeed_numba.ops import flash_attn as fa
 
     def factory(kind):
-        def build(*args):
-            raise _Launched(kind, args[-1])
+        def build(*args):   # the wgmma factory's last argument: the TMA form
+            raise _Launched(*((kind, args[-1]) if kind == "wgmma" else (kind,)))
         return build
 
     monkeypatch.setattr(fa, "SIMULATOR", False)  # the GPU's configurations (nothing launches)
@@ -266,16 +268,20 @@ def test_planned_d256_runs_wgmma_only_by_tma(monkeypatch, rng, map_fits):
     monkeypatch.setattr(_flash_attn_wgmma, "wgmma_kernel", factory("wgmma"))
     monkeypatch.setattr(_flash_attn_tc, "tc_kernel", factory("tc"))
     q, k, v = (to_device(x, KIND) for x in _qkv(rng, 1, 3, 5, 2, 2, 256, "bfloat16"))
-    with pytest.raises(_Launched) as launched:
-        flash_attn(q, k, v)
-    assert launched.value.args == (("wgmma", True) if map_fits else ("tc", False))
+    with overrides(flash_attn={"impl": "wgmma" if forced else None}):
+        with pytest.raises(_Launched) as launched:
+            flash_attn(q, k, v)
+    assert launched.value.args == expected
 
 
 def test_tma_never_mixes_in_the_next_sequence():
     """The TMA producer's boxes run past a sequence into the next one's keys: masked in S, and
-    the rows of V zeroed before P V, so a next sequence holding inf leaves this one exact."""
+    the rows of V zeroed before P V, so a next sequence holding huge keys and inf values leaves
+    this one exact."""
     rng = np.random.default_rng(7)
     q, k, v = _qkv(rng, 2, 40, 70, 1, 1, 64, "float16")
+    q = np.abs(q)
+    k[1] = 60000.0     # a leaked key of the next sequence would outweigh all of this one's
     v[1] = np.inf
     out, lse = _run(q, k, v, impl="wgmma", config=WG_TMA)
     _check(out[:1], lse[:1], q[:1], k[:1], v[:1], "float16")

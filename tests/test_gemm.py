@@ -325,6 +325,21 @@ def test_heuristic_tiles_above_256_rows_on_an_h200(M, N, K, want, monkeypatch):
             assert gemm_configs.split_count(cfg, M, N, K) == 1
 
 
+def test_heuristic_splits_above_256_rows_on_an_h200(monkeypatch):
+    """A wgmma tile above 256 rows splits K only up to one wave (at least 3072 of K a split),
+    and a problem of under a quarter wave of tiles keeps the two-wave rule."""
+    from llmspeed_numba._overrides import overrides
+    from llmspeed_numba.ops import gemm_configs
+
+    monkeypatch.setattr(gemm_configs, "SIMULATOR", False)
+    monkeypatch.setattr(gemm_configs, "wgmma_supported", lambda: True)
+    with overrides(device={"sm_count": 132}):
+        for (M, N, K), splits in (((300, 1000, 14344), 3), ((512, 1024, 14336), 2),
+                                  ((257, 128, 4096), 3), ((512, 4096, 16384), 1)):
+            cfg = gemm_configs.heuristic("tensor_core", M, N, K)
+            assert gemm_configs.split_count(cfg, M, N, K) == splits, (M, N, K, cfg.name)
+
+
 def test_gemv_config_checked():
     with pytest.raises(ValueError, match="gemv needs"):
         resolve_config(dict(SIM_GEMV, block_m=3))

@@ -142,6 +142,8 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(json.loads(args.worker))
+    if not args.variants:
+        parser.error("--variants FILE is required")
     shapes = parse_shapes(args.shapes)
     variants = parse_variants(args.variants)
     pending = list(variants)

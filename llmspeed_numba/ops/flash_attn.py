@@ -268,7 +268,6 @@ def _kv_tensor_maps(tk, tv, k_strides, v_strides, batch, seqlen_k, nheads_k, blo
     passes ``sb`` 0 and its packed total as ``seqlen_k``), head ``h`` at column ``h * sh``,
     boxes of ``block_n`` rows and 64 columns. None (the call copies with cp.async) when the
     layout does not fit a map, or inside a torch CUDA-graph capture before the maps exist."""
-    _recording.not_replayable("its tensor maps hold the addresses of k and v")
     maps = []
     for name, t, (sb, sn, sh) in (("k", tk, k_strides), ("v", tv, v_strides)):
         if sn <= 0 or sb % sn:
@@ -285,6 +284,7 @@ def _kv_tensor_maps(tk, tv, k_strides, v_strides, batch, seqlen_k, nheads_k, blo
             return None
         if maps[-1] is None:
             return None
+    _recording.not_replayable("its tensor maps hold the addresses of k and v")
     return tuple(maps)
 
 
@@ -619,7 +619,7 @@ _WGMMA_SASS = ("HGMMA", "LDGSTS", "MUFU.EX2")
 # causal and windows are run-time arguments of the same kernel; fp16 and bf16 differ in the
 # instruction's type only (bf16 is checked with varlen)
 for _headdim, _bf16, _varlen in ((64, False, False), (128, False, False), (128, True, True),
-                                 (256, True, False)):
+                                 (256, True, False), (256, True, True)):
     _producer, _tma = _wgmma_fields(wgmma_config(_headdim))[4::2]
     compile_check.register(
         f"flash_attn_wgmma_d{_headdim}_{'bf16' if _bf16 else 'f16'}"

@@ -381,13 +381,14 @@ def split_count(cfg, M, N, K):
     (written and read once) stays below the traffic of B. wgmma tiles (one block an SM: their
     shared memory) aim at one wave, with at least ``SPLIT_MIN_K_WGMMA`` of K a split (a split
     costs its partial tile's round trip through L2 at the end; above 256 rows, splits to fill
-    two waves ran 1.2-1.6x slower than none: benchmarks/NOTES.md, session 29)."""
+    two waves ran 1.2-1.6x slower than none at 12-448 tiles: benchmarks/NOTES.md, session 29;
+    narrower problems, under a quarter wave of tiles, keep the two-wave rule)."""
     if cfg.gemv:
         return 1  # its warps split K inside the block
     if cfg.split_k is not None:
         return max(1, min(cfg.split_k, _cdiv(K, cfg.block_k)))
     tiles = _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n)
-    if cfg.wgmma:
+    if cfg.wgmma and (M <= SMALL_M_WGMMA_MAX or tiles >= sm_count() // 4):
         return max(1, min(sm_count() // tiles, K // SPLIT_MIN_K_WGMMA, 32))
     want = (2 * sm_count()) // tiles
     cap = min(K // (2 * cfg.block_k), max(1, K // (4 * M)), 32)
@@ -416,7 +417,7 @@ def candidates(p):
             gemv_fits(p, gemv_config(p.M)):
         pool = [gemv_config(p.M)] + pool
     out = []
-    for cfg in pool:
+    for cfg in dict.fromkeys(pool):   # a tile in two of the lists is timed once
         out.append(cfg)
         if cfg.gemv:    # no K split: its warps split K inside the block
             continue
