@@ -180,10 +180,12 @@ def compile_kernel(check: KernelCheck) -> CompileReport:
     for s, n in sass_found.items():
         if n == 0:
             report.problems.append(f"SASS lacks {s}")
-    # e.g. C7515 "wgmma ... serialized": the kernel would run, several times slower
+    # e.g. C7515 "wgmma ... serialized": the kernel would run, several times slower (C7509
+    # "Extern calls" and C7511 "insufficient register resources" say it in info lines)
     # ... and C7504 / C7508 (info lines): setmaxnreg dropped, the register split silently lost
     for line in log.splitlines():
-        if "warning" in line.lower() or "'setmaxnreg' ignored" in line:
+        if ("warning" in line.lower() or "'setmaxnreg' ignored" in line
+                or "instructions are serialized" in line):
             report.problems.append(f"ptxas: {line.strip()}")
     worst = max(report.spill_store_bytes, report.spill_load_bytes, report.stack_frame_bytes)
     tolerated = 0 < check.allowed_local_bytes and worst <= check.allowed_local_bytes

@@ -384,6 +384,27 @@ def test_rcp_approx(rng):
 
 
 @cuda.jit
+def _div_full_kernel(x, y, z):
+    i = cuda.grid(1)
+    if i < x.size:
+        z[i] = ptx.div_full(x[i], y[i])
+
+
+def test_div_full(rng):
+    x = (rng.standard_normal(120) * 10.0 ** rng.integers(-20, 20, 120)).astype(np.float32)
+    y = (rng.standard_normal(120) * 10.0 ** rng.integers(-20, 20, 120)).astype(np.float32)
+    x = np.concatenate([x, [3.0, -88.0, 1.0, 0.0]]).astype(np.float32)
+    y = np.concatenate([y, [np.inf, np.inf, 2.0 ** 127, 5.0]]).astype(np.float32)
+    z = np.full_like(x, np.nan)
+    _div_full_kernel[1, x.size](x, y, z)
+    expected = x.astype(np.float64) / y.astype(np.float64)
+    normal = np.abs(expected) >= np.finfo(np.float32).tiny
+    # div.full.f32: full range, max 2 ulp (PTX ISA); silu's x / inf must stay 0
+    assert np.all(np.abs(z[normal] - expected[normal]) <= 2.0 ** -22 * np.abs(expected[normal]))
+    assert np.all(np.abs(z[~normal]) <= np.finfo(np.float32).tiny)
+
+
+@cuda.jit
 def _shfl_idx_kernel(x, src, y):
     lane = cuda.threadIdx.x
     y[lane] = ptx.shfl_idx_i32(x[lane], src[lane])

@@ -54,8 +54,9 @@ def gelu_tanh(x):
 
 @cuda.jit(device=True, inline="always")
 def silu(x):
-    # exp(-x) overflows to inf for x < -88: x / inf = -0, the right limit.
-    return x / (_ONE + math.exp(-x))
+    # exp(-x) overflows to inf for x < -88: x / inf = -0, the right limit. div.full, not ``/``:
+    # IEEE division's slow-path call serialises every wgmma of a GEMM with this epilogue.
+    return ptx.div_full(x, _ONE + math.exp(-x))
 
 
 _NEG_LOG2E = np.float32(-math.log2(math.e))

@@ -1,12 +1,12 @@
 """Fast math on the SFU (the special function unit): approximate exp2, sin / cos and reciprocal
-(softmax, rotary embedding, activations)."""
+(softmax, rotary embedding, activations); a division without IEEE rounding's slow path."""
 
 from numba import types
 from numba.cuda.extending import intrinsic
 
 from .common import _F32, _asm
 
-__all__ = ["ex2_approx", "sin_approx", "cos_approx", "rcp_approx"]
+__all__ = ["ex2_approx", "sin_approx", "cos_approx", "rcp_approx", "div_full"]
 
 
 @intrinsic
@@ -50,3 +50,16 @@ def rcp_approx(typingctx, x):
         return _asm(builder, _F32, [_F32], "rcp.approx.ftz.f32 $0, $1;", "=f,f", [value])
 
     return types.float32(x), codegen
+
+
+@intrinsic
+def div_full(typingctx, x, y):
+    """x / y by ``div.full.f32`` (full range, max 2 ulp): inline instructions, where ``/``
+    (``div.rn.f32``) calls a slow-path subroutine for edge operands, and a kernel with a call
+    has every wgmma serialised by ptxas (C7509)."""
+    def codegen(context, builder, signature, args):
+        a = context.cast(builder, args[0], signature.args[0], types.float32)
+        b = context.cast(builder, args[1], signature.args[1], types.float32)
+        return _asm(builder, _F32, [_F32, _F32], "div.full.f32 $0, $1, $2;", "=f,f,f", [a, b])
+
+    return types.float32(x, y), codegen

@@ -1,4 +1,5 @@
-"""Twins of ``_intrinsics/fast_math.py``: the SFU's approximate exp2, sin / cos, reciprocal."""
+"""Twins of ``_intrinsics/fast_math.py``: the SFU's approximate exp2, sin / cos, reciprocal, and
+division without the IEEE slow path."""
 
 import numpy as np
 
@@ -22,3 +23,8 @@ def cos_approx(x):
 def rcp_approx(x):
     with np.errstate(divide="ignore"):
         return np.float32(np.float32(1.0) / np.float32(x))
+
+
+def div_full(x, y):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return np.float32(np.float32(x) / np.float32(y))
