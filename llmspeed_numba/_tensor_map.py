@@ -12,6 +12,7 @@ entry tells the twin what the hardware would copy.
 
 import numpy as np
 
+from . import _recording
 from ._arrays import STORAGE, Buffer, Tensor, device_address
 from ._env import SIMULATOR, cuda
 from ._workspace import capturing
@@ -42,7 +43,8 @@ def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", mak
     multiples of 16; box dimensions 1-256, a box row a multiple of 16 bytes, exactly 128 bytes
     with the 128-byte swizzle. ``ValueError`` naming ``name`` otherwise. ``make=False``: None
     unless the map is already cached (a new map is a synchronous host-to-device copy, which a
-    CUDA-graph capture refuses)."""
+    CUDA-graph capture refuses). A call that gets a map is not replayed (``_recording``): the
+    map holds ``t``'s address."""
     if t.ndim != 2:
         raise ValueError(f"{name}: expected a 2-D array, got {t.ndim} dimensions")
     rows, cols = t.shape
@@ -65,6 +67,7 @@ def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", mak
         raise ValueError(f"box: a row must be a multiple of 16 bytes (exactly {swizzle} with "
                          f"the {swizzle}-byte swizzle), got {row_bytes} bytes")
     if SIMULATOR:
+        _recording.not_replayable("its tensor maps hold the operands' addresses")
         return _twin_map(t, rows, cols, row_stride, box_rows, box_cols, swizzle)
     key = (cuda.get_current_device().id, t.ptr, rows, cols, row_stride, item, box_rows,
            box_cols, swizzle)
@@ -74,6 +77,8 @@ def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", mak
         owner = cuda.to_device(words)
         # the fast launch path takes a Buffer for an array parameter
         buf = _DEVICE_MAPS[key] = Buffer(device_address(owner), words.size, words.dtype, owner)
+    if buf is not None:
+        _recording.not_replayable("its tensor maps hold the operands' addresses")
     return buf
 
 

@@ -203,16 +203,8 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         for b in range(n_blocks):
             ptx.mbarrier_wait_parity(bars, stages + s, phase)
             col = np.int32((n_end - 1 - b) * block_n)
-            if tid == 0:
-                ptx.mbarrier_arrive_expect_tx(bars, s, stage_bytes)
-                s_k = s_kv + s * 2 * kv_elems
-                for p in range(dim // PANEL):
-                    ptx.cp_async_bulk_tensor_2d_g2s(tiles, s_k + p * kv_panel, k_map,
-                                                    k_col0 + p * PANEL, k_row0 + col, bars, s)
-                    ptx.cp_async_bulk_tensor_2d_g2s(tiles, s_k + kv_elems + p * kv_panel, v_map,
-                                                    v_col0 + p * PANEL, v_row0 + col, bars, s)
-            else:
-                ptx.mbarrier_arrive(bars, s)
+            tma_block(tiles, bars, k_map, v_map, s, k_col0, v_col0, k_row0 + col, v_row0 + col,
+                      tid)
             s += 1
             if s == stages:
                 s = 0

@@ -284,7 +284,6 @@ def _kv_tensor_maps(tk, tv, k_strides, v_strides, batch, seqlen_k, nheads_k, blo
             return None
         if maps[-1] is None:
             return None
-    _recording.not_replayable("its tensor maps hold the addresses of k and v")
     return tuple(maps)
 
 

@@ -226,12 +226,13 @@ CONFIGS = {c.name: c for c in (
 #: mma.sync tile of the sweep at 4096^3 / 8192^3, fp16 and bf16).
 LARGE_CONFIG = "tc_128x256x64_w2x4_s3"
 #: Hopper's tiles above ``SMALL_M_WGMMA_MAX`` rows and the cost of one wave of each (one block
-#: an SM, all blocks of a wave in step): ``(fixed us, us per 1024 of K)``, fitted to every tile
-#: at 384-1024 rows and N x K of 1024^2-14336 x 4096 on the H200 (benchmarks/NOTES.md, session
-#: 29). ``_wave_wgmma`` takes the tile of least ``waves * (fixed + per_k * K / 1024)``: the
-#: largest tile is the most efficient a wave, a smaller one wins where it saves a wave.
-WGMMA_WAVE_COSTS = {"wg_128x256x64_s4": (7.3, 10.6), "wg_128x128x64_s5": (7.3, 6.0),
-                    "wg_64x128x64_s8_p": (7.3, 3.33)}
+#: an SM, all blocks of a wave in step): us per 1024 of K, on top of ``WGMMA_WAVE_FIXED_US``
+#: (the same for all three), fitted to every tile at 384-1024 rows and N x K of 1024^2-14336 x
+#: 4096 on the H200 (benchmarks/NOTES.md, session 29). ``_wave_wgmma`` takes the tile of least
+#: ``waves * (fixed + per_k * K / 1024)``: the largest tile is the most efficient a wave, a
+#: smaller one wins where it saves a wave.
+WGMMA_WAVE_COSTS = {"wg_128x256x64_s4": 10.6, "wg_128x128x64_s5": 6.0, "wg_64x128x64_s8_p": 3.33}
+WGMMA_WAVE_FIXED_US = 7.3
 #: The autotuner's candidates for M > 32, most promising first (256x128x64 is the transpose
 #: of 128x256x64).
 LARGE_CANDIDATES = ("tc_128x128x64_w2x2_s3", "tc_128x256x64_w2x4_s3", "tc_256x128x64_w4x2_s3",
@@ -368,9 +369,8 @@ def _wave_wgmma(M, N, K):
     """Hopper's tile above ``SMALL_M_WGMMA_MAX`` rows: the least cost by ``WGMMA_WAVE_COSTS``."""
     def cost(name):
         cfg = CONFIGS[name]
-        fixed, per_k = WGMMA_WAVE_COSTS[name]
         waves = _cdiv(_cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n), sm_count())
-        return waves * (fixed + per_k * K / 1024)
+        return waves * (WGMMA_WAVE_FIXED_US + WGMMA_WAVE_COSTS[name] * K / 1024)
 
     return CONFIGS[min(WGMMA_WAVE_COSTS, key=cost)]
 
