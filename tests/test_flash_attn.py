@@ -274,6 +274,31 @@ def test_planned_d256_runs_wgmma_only_by_tma(monkeypatch, rng, map_fits, forced,
     assert launched.value.args == expected
 
 
+@pytest.mark.parametrize("map_fits, tma_min_work, expected", [
+    (True, 0, (1, 128, 3, 2, True)), (False, 0, (2, 128, 3, 1, False)),
+    (True, 2**40, (2, 128, 3, 1, False))])
+def test_planned_d64_takes_its_cp_async_config_without_tma(monkeypatch, rng, map_fits,
+                                                           tma_min_work, expected):
+    """At head dimension 64 the planned TMA configuration (one group, two blocks an SM) spills
+    in its cp.async form, so a call that does not copy by TMA (a small one, or K / V no tensor
+    map holds) takes ``WGMMA_CP_ASYNC_CONFIGS``: (groups, block_n, stages, min_blocks, TMA)."""
+    from llmspeed_numba.ops import _flash_attn_wgmma
+    from llmspeed_numba.ops import flash_attn as fa
+
+    def build(sig, headdim, dim, groups, block_n, stages, min_blocks, *rest):
+        raise _Launched(groups, block_n, stages, min_blocks, rest[-1])
+
+    monkeypatch.setattr(fa, "SIMULATOR", False)
+    monkeypatch.setattr(fa, "_pick_impl", lambda tensors, headdim=None: "wgmma")
+    monkeypatch.setattr(fa, "_kv_tensor_maps", lambda *a: ("k map", "v map") if map_fits else None)
+    monkeypatch.setattr(_flash_attn_wgmma, "wgmma_kernel", build)
+    q, k, v = (to_device(x, KIND) for x in _qkv(rng, 1, 3, 5, 2, 2, 64, "bfloat16"))
+    with overrides(flash_attn={"tma_min_work": tma_min_work}):
+        with pytest.raises(_Launched) as launched:
+            flash_attn(q, k, v)
+    assert launched.value.args == expected
+
+
 def test_tma_never_mixes_in_the_next_sequence():
     """The TMA producer's boxes run past a sequence into the next one's keys: masked in S, and
     the rows of V zeroed before P V, so a next sequence holding huge keys and inf values leaves
@@ -628,10 +653,11 @@ def test_gpu_wgmma_d256_two_accumulators(config, problem):
 @pytest.mark.gpu
 @settings(max_examples=25)
 @given(problem=attention_problems(max_seqlen=300, headdims=(64, 128), max_batch=3))
-@pytest.mark.parametrize("config", [(2, 128, 3, 1, 1, 1, 1), (2, 128, 3, 1, 1, 0, 1)])
+@pytest.mark.parametrize("config", [(2, 128, 3, 1, 1, 1, 1), (2, 128, 3, 1, 1, 0, 1),
+                                    WGMMA_CONFIGS[64]])
 def test_gpu_wgmma_tma_matches_reference(config, problem):
-    """The TMA producer forced, with and without ping-pong (whole key blocks by TMA, the
-    sequence's last partial block by cp.async)."""
+    """The TMA producer forced, with and without ping-pong, and one group two blocks an SM
+    (whole key blocks by TMA, the sequence's last partial block by cp.async)."""
     _solve(problem, impl="wgmma", config=config)
 
 
@@ -671,10 +697,11 @@ _RACECHECK_SCRIPT = textwrap.dedent("""
             q, k, v = (torch.randn(2, 300, 2, d, dtype=torch.bfloat16, device="cuda")
                        for _ in range(3))
             flash_attn(q, k, v, causal=True)
-    with overrides(flash_attn={"impl": "wgmma", "tma_min_work": 0}):  # d256's TMA form
-        q, k, v = (torch.randn(2, 300, 2, 256, dtype=torch.bfloat16, device="cuda")
-                   for _ in range(3))
-        flash_attn(q, k, v, causal=True)
+    with overrides(flash_attn={"impl": "wgmma", "tma_min_work": 0}):  # planned TMA forms
+        for d in (64, 256):
+            q, k, v = (torch.randn(2, 300, 2, d, dtype=torch.bfloat16, device="cuda")
+                       for _ in range(3))
+            flash_attn(q, k, v, causal=True)
     with overrides(flash_attn={"impl": "wgmma", "config": (2, 128, 2, 1, 0)}):  # ring form
         q, k, v = (torch.randn(1, 200, 2, 128, dtype=torch.float16, device="cuda")
                    for _ in range(3))

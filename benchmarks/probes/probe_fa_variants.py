@@ -80,9 +80,11 @@ def worker(spec):
         if config is not None:
             knobs["config"] = tuple(config)
 
+        # entered once, not each call: entering and leaving clears the recorded (replayed) calls
+        overrides(flash_attn=knobs).__enter__()
+
         def call(q, k, v, causal):
-            with overrides(flash_attn=knobs):
-                return flash_attn(q, k, v, causal=causal)
+            return flash_attn(q, k, v, causal=causal)
 
     out = {}
     for shape_name in spec["shapes"]:

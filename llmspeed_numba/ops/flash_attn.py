@@ -77,15 +77,21 @@ SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 #: V allow a tensor map (``_kv_tensor_maps``; else that call copies with cp.async) and the call
 #: is not replayed (a map holds the operands' addresses).
 #: Registers a consumer thread: S ``block_n / 2`` + O ``headdim / 2`` fp32 + P ``block_n / 4``.
-#: 64 / 128: 128-key blocks (S 64 registers; the consumers get 176 / 200 registers, 232 with the
-#: TMA producer, see ``_flash_attn_wgmma.maxnreg_split``; no spills, offline). 256: O alone is
-#: 128 registers a thread; 80-key blocks (FlashAttention 3's tile), two stages (229 KB of shared
-#: memory), and the TMA producer's 232 consumer registers keep the key-block loop spill-free (the
-#: epilogue spills ~270 B; ``WGMMA_TMA_ONLY``). Head dimensions 128 and 256 take turns
-#: (ping-pong: +2-3% / +1.5%) and copy by TMA (d128 +7-13%; at head dimension 64 neither
-#: gained): benchmarks/NOTES.md, sessions 28-29.
-WGMMA_CONFIGS = {64: (2, 128, 3, 1, 1), 128: (2, 128, 3, 1, 1, 1, 1),
-                 256: (2, 80, 2, 1, 1, 1, 1)}
+#: 64: one consumer group, two blocks an SM (each hides the other's start and end, which causal
+#: blocks have half the key blocks to hide behind), TMA; its cp.async form spills, so calls that
+#: do not copy by TMA take ``WGMMA_CP_ASYNC_CONFIGS``. 128: 128-key blocks (S 64 registers; the
+#: consumers get 200 registers, 232 with the TMA producer, see
+#: ``_flash_attn_wgmma.maxnreg_split``; no spills, offline), ping-pong (+2-3%), TMA (+7-13%).
+#: 256: O alone is 128 registers a thread; three stages of 48 keys (208 KB of shared memory with
+#: Q; two of 80 waited on their copies), the TMA producer's 232 consumer registers keep the
+#: key-block loop spill-free (the epilogue spills ~270 B; ``WGMMA_TMA_ONLY``), no ping-pong
+#: (+2-3% without). benchmarks/NOTES.md, sessions 28-30.
+WGMMA_CONFIGS = {64: (1, 128, 3, 2, 1, 0, 1), 128: (2, 128, 3, 1, 1, 1, 1),
+                 256: (2, 48, 3, 1, 1, 0, 1)}
+
+#: The configuration a call at these head dimensions takes when it does not copy by TMA (under
+#: ``TMA_MIN_WORK``, or K / V no tensor map holds) and none was forced.
+WGMMA_CP_ASYNC_CONFIGS = {64: (2, 128, 3, 1, 1)}
 
 #: A call takes the TMA form (``tma`` 1) only from this much work on (heads x query rows x key
 #: rows x sequences): its tensor maps keep it off the replayed fast path, whose host time
@@ -331,7 +337,10 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
                                    block_n, handle)
         if tma_only and maps is None:
             impl, config = "tc", None
+        elif maps is None and TUNING.config is None and not SIMULATOR:
+            config = WGMMA_CP_ASYNC_CONFIGS.get(dim, config)
     if impl == "wgmma":
+        groups, block_n, stages, min_blocks, producer, pingpong, _ = _wgmma_fields(config)
         block_m = 64 * groups
         kernel = _flash_attn_wgmma.wgmma_kernel(_WGMMA_SIGNATURE, headdim, dim, groups,
                                                 block_n, stages, min_blocks, bool(producer),
@@ -634,13 +643,14 @@ for _headdim, _bf16, _varlen in ((64, False, False), (128, False, False), (128, 
         allowed_local_bytes=320 if _headdim == 256 else 0,
         why="d256 epilogue spills; 464 vs 257 TFLOP/s for mma.sync (NOTES, session 29)"
         if _headdim == 256 else "")
-# the cp.async producer at head dimension 128 (the TMA form's fallback for layouts a tensor map
-# cannot hold and for small calls)
-compile_check.register(
-    "flash_attn_wgmma_cp_async_d128_bf16",
-    _wgmma_compile_target(128, True, False, WGMMA_CONFIGS[128][:6] + (0,)),
-    ptx_must_have=_WGMMA_PTX + ("setmaxnreg.inc",),
-    sass_must_have=_WGMMA_SASS + ("USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC"))
+# the cp.async producers (the TMA forms' fallback for layouts a tensor map cannot hold and for
+# small calls)
+for _headdim, _config in ((128, WGMMA_CONFIGS[128][:6] + (0,)), (64, WGMMA_CP_ASYNC_CONFIGS[64])):
+    compile_check.register(
+        f"flash_attn_wgmma_cp_async_d{_headdim}_bf16",
+        _wgmma_compile_target(_headdim, True, False, _config),
+        ptx_must_have=_WGMMA_PTX + ("setmaxnreg.inc",),
+        sass_must_have=_WGMMA_SASS + ("USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC"))
 # the all-threads-copy form (no producer), kept as the simpler fallback configuration
 compile_check.register(
     "flash_attn_wgmma_ring_d128_f16", _wgmma_compile_target(128, False, False, (2, 128, 2, 1, 0)),
