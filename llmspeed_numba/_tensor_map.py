@@ -10,6 +10,8 @@ the simulator the buffer holds a key to the twin's table (``ptx._twins.async_cop
 entry tells the twin what the hardware would copy.
 """
 
+from collections import OrderedDict
+
 import numpy as np
 
 from . import _recording
@@ -24,7 +26,47 @@ SWIZZLES = (0, 128)
 MAP_BYTES = 128
 _MAX_BOX = 256   # elements along each box dimension
 
-_DEVICE_MAPS = {}
+
+
+class MapCache:
+    """Device maps by (device, address, layout, box), the least recently used dropped beyond
+    ``capacity``: a server whose packed varlen totals change every step would otherwise add a
+    map a step for as long as it runs. A map looked up during a CUDA-graph capture is pinned,
+    never dropped: the captured graph reads its buffer at every replay. A dropped map's buffer
+    is freed as numba frees any device array a launch used: deferred, then ``cuMemFree``, which
+    synchronises for memory from ``cuMemAlloc`` (numba's default memory manager)."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.recent = OrderedDict()
+        self.pinned = {}
+
+    def __len__(self):
+        return len(self.recent) + len(self.pinned)
+
+    def get(self, key, make, pin):
+        """The map of ``key``; ``make()`` builds a missing one (``make`` None: return None);
+        ``pin``: the caller is capturing a graph that will read it."""
+        buf = self.pinned.get(key)
+        if buf is not None:
+            return buf
+        buf = self.recent.get(key)
+        if buf is None:
+            if make is None:
+                return None
+            buf = self.recent[key] = make()
+            while len(self.recent) > self.capacity:
+                self.recent.popitem(last=False)
+        else:
+            self.recent.move_to_end(key)
+        if pin:
+            self.pinned[key] = self.recent.pop(key)
+        return buf
+
+
+#: 1024 maps of 128 bytes: more than any one workload's live operands (a model's GEMMs and
+#: attention calls use tens), few enough that a long-running server's memory stays flat.
+_DEVICE_MAPS = MapCache(1024)
 
 
 def may_make_map(t: Tensor, stream):
@@ -43,8 +85,8 @@ def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", mak
     multiples of 16; box dimensions 1-256, a box row a multiple of 16 bytes, exactly 128 bytes
     with the 128-byte swizzle. ``ValueError`` naming ``name`` otherwise. ``make=False``: None
     unless the map is already cached (a new map is a synchronous host-to-device copy, which a
-    CUDA-graph capture refuses). A call that gets a map is not replayed (``_recording``): the
-    map holds ``t``'s address."""
+    CUDA-graph capture refuses), and a map it finds is kept for good (``MapCache``). A call that
+    gets a map is not replayed (``_recording``): the map holds ``t``'s address."""
     if t.ndim != 2:
         raise ValueError(f"{name}: expected a 2-D array, got {t.ndim} dimensions")
     rows, cols = t.shape
@@ -71,12 +113,15 @@ def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", mak
         return _twin_map(t, rows, cols, row_stride, box_rows, box_cols, swizzle)
     key = (cuda.get_current_device().id, t.ptr, rows, cols, row_stride, item, box_rows,
            box_cols, swizzle)
-    buf = _DEVICE_MAPS.get(key)
-    if buf is None and make:
+
+    def new_map():
         words = _encode(t.ptr, rows, cols, row_stride * item, item, box_rows, box_cols, swizzle)
         owner = cuda.to_device(words)
         # the fast launch path takes a Buffer for an array parameter
-        buf = _DEVICE_MAPS[key] = Buffer(device_address(owner), words.size, words.dtype, owner)
+        return Buffer(device_address(owner), words.size, words.dtype, owner)
+
+    # make=False is asked inside a graph capture (``may_make_map``): what it finds is pinned
+    buf = _DEVICE_MAPS.get(key, new_map if make else None, pin=not make)
     if buf is not None:
         _recording.not_replayable("its tensor maps hold the operands' addresses")
     return buf

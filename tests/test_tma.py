@@ -124,3 +124,32 @@ def test_gpu_tma_strided(rng):
     src = cuda.to_device(host)[:, 64:64 + 320]
     got = _copy_boxes(src, src.shape, 32, 2, 4, 16)
     _assert_boxes(got, _expected_boxes(host[:, 64:64 + 320], 32))
+
+
+def test_map_cache_drops_the_least_recently_used_and_keeps_pinned_maps():
+    """Device maps stay bounded (a server's varlen totals change every step): past the capacity
+    the least recently used map goes; a map looked up during a graph capture (``pin``) stays for
+    good, since the captured graph keeps reading its buffer."""
+    from llmspeed_numba._tensor_map import MapCache
+
+    made = []
+
+    def maker(key):
+        def make():
+            made.append(key)
+            return f"map {key}"
+        return make
+
+    cache = MapCache(3)
+    for key in "abc":
+        assert cache.get(key, maker(key), pin=False) == f"map {key}"
+    assert cache.get("a", maker("a"), pin=False) == "map a"   # a hit refreshes "a"
+    cache.get("d", maker("d"), pin=False)                      # drops "b", the oldest
+    assert made == list("abcd") and len(cache) == 3
+    assert cache.get("b", None, pin=False) is None             # gone; not made without make
+    assert cache.get("c", None, pin=True) == "map c"           # found during a capture: pinned
+    for key in "efgh":
+        cache.get(key, maker(key), pin=False)
+    assert cache.get("c", None, pin=False) == "map c"          # outlived four newer maps
+    assert cache.get("a", None, pin=False) is None
+    assert len(cache) == 4 and made == list("abcdefgh")
