@@ -878,6 +878,24 @@ def test_gpu_tma_in_cuda_graph(rng):
     torch.cuda.synchronize()
     check(out, a, b, out_dtype="float32", mma=True)
     check(out2, a2, b2, out_dtype="float32", mma=True)
+    # the maps the capture found are pinned: eager calls on new operands overflow a cache of
+    # two (their dropped maps' buffers freed and reused) and the graph still reads its own
+    from llmspeed_numba import _tensor_map
+
+    capacity = _tensor_map._DEVICE_MAPS.capacity
+    _tensor_map._DEVICE_MAPS.capacity = 2
+    try:
+        kept = []   # alive, so each pair has new addresses and new maps
+        for _ in range(12):
+            kept.append(operands(rng, 72, 392, 1032, "bfloat16", "NT")[2:])
+            gemm(*kept[-1], out=out2, config=config)
+        torch.cuda.synchronize()
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, a, b, out_dtype="float32", mma=True)
+    finally:
+        _tensor_map._DEVICE_MAPS.capacity = capacity
 
 
 @pytest.mark.gpu
