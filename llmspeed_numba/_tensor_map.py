@@ -10,6 +10,7 @@ the simulator the buffer holds a key to the twin's table (``ptx._twins.async_cop
 entry tells the twin what the hardware would copy.
 """
 
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -40,6 +41,7 @@ class MapCache:
         self.capacity = capacity
         self.recent = OrderedDict()
         self.pinned = {}
+        self._lock = threading.Lock()   # ops may be called from several threads
 
     def __len__(self):
         return len(self.recent) + len(self.pinned)
@@ -47,21 +49,22 @@ class MapCache:
     def get(self, key, make, pin):
         """The map of ``key``; ``make()`` builds a missing one (``make`` None: return None);
         ``pin``: the caller is capturing a graph that will read it."""
-        buf = self.pinned.get(key)
-        if buf is not None:
+        with self._lock:
+            buf = self.pinned.get(key)
+            if buf is not None:
+                return buf
+            buf = self.recent.get(key)
+            if buf is None:
+                if make is None:
+                    return None
+                buf = self.recent[key] = make()
+                while len(self.recent) > self.capacity:
+                    self.recent.popitem(last=False)
+            else:
+                self.recent.move_to_end(key)
+            if pin:
+                self.pinned[key] = self.recent.pop(key)
             return buf
-        buf = self.recent.get(key)
-        if buf is None:
-            if make is None:
-                return None
-            buf = self.recent[key] = make()
-            while len(self.recent) > self.capacity:
-                self.recent.popitem(last=False)
-        else:
-            self.recent.move_to_end(key)
-        if pin:
-            self.pinned[key] = self.recent.pop(key)
-        return buf
 
 
 #: 1024 maps of 128 bytes: more than any one workload's live operands (a model's GEMMs and

@@ -858,7 +858,8 @@ def test_gpu_cuda_graph_capture(rng):
 def test_gpu_tma_in_cuda_graph(rng):
     """A TMA configuration inside a torch CUDA-graph capture: with its maps made by an eager
     call first it captures the box copies; for operands never seen outside the capture it runs
-    the cp.async form (no map can be made there). Both replay right."""
+    the cp.async form (no map can be made there). Both replay right, and again after eager
+    calls overflowed the map cache (the capture's maps are pinned)."""
     import torch
 
     config = "wg_64x128x64_s8_p_tma_k1"
@@ -868,6 +869,10 @@ def test_gpu_tma_in_cuda_graph(rng):
     out2 = torch.empty_like(out)
     gemm(da, db, out=out, config=config)
     torch.cuda.synchronize()
+    from llmspeed_numba import _tensor_map
+
+    cache = _tensor_map._DEVICE_MAPS
+    pinned_before = set(cache.pinned)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         gemm(da, db, out=out, config=config)
@@ -880,10 +885,10 @@ def test_gpu_tma_in_cuda_graph(rng):
     check(out2, a2, b2, out_dtype="float32", mma=True)
     # the maps the capture found are pinned: eager calls on new operands overflow a cache of
     # two (their dropped maps' buffers freed and reused) and the graph still reads its own
-    from llmspeed_numba import _tensor_map
-
-    capacity = _tensor_map._DEVICE_MAPS.capacity
-    _tensor_map._DEVICE_MAPS.capacity = 2
+    captured = {key: cache.pinned[key].ptr for key in set(cache.pinned) - pinned_before}
+    assert len(captured) == 2, "the capture's maps of a and b were not pinned"
+    capacity = cache.capacity
+    cache.capacity = 2
     try:
         kept = []   # alive, so each pair has new addresses and new maps
         for _ in range(12):
@@ -894,8 +899,9 @@ def test_gpu_tma_in_cuda_graph(rng):
         graph.replay()
         torch.cuda.synchronize()
         check(out, a, b, out_dtype="float32", mma=True)
+        assert {key: cache.pinned[key].ptr for key in captured} == captured
     finally:
-        _tensor_map._DEVICE_MAPS.capacity = capacity
+        cache.capacity = capacity
 
 
 @pytest.mark.gpu

@@ -80,7 +80,8 @@ def worker(spec):
         if config is not None:
             knobs["config"] = tuple(config)
 
-        # entered once, not each call: entering and leaving clears the recorded (replayed) calls
+        # entered once, not each call: entering and leaving clears the recorded (replayed)
+        # calls; never left (this worker process runs one variant)
         overrides(flash_attn=knobs).__enter__()
 
         def call(q, k, v, causal):

@@ -626,8 +626,8 @@ _WGMMA_PTX = ("wgmma.mma_async.sync.aligned", "cp.async.cg.shared.global", "ex2.
 _WGMMA_SASS = ("HGMMA", "LDGSTS", "MUFU.EX2")
 # causal and windows are run-time arguments of the same kernel; fp16 and bf16 differ in the
 # instruction's type only (bf16 is checked with varlen)
-for _headdim, _bf16, _varlen in ((64, False, False), (128, False, False), (128, True, True),
-                                 (256, True, False), (256, True, True)):
+for _headdim, _bf16, _varlen in ((64, False, False), (64, True, True), (128, False, False),
+                                 (128, True, True), (256, True, False), (256, True, True)):
     _producer, _tma = _wgmma_fields(wgmma_config(_headdim))[4::2]
     compile_check.register(
         f"flash_attn_wgmma_d{_headdim}_{'bf16' if _bf16 else 'f16'}"
