@@ -52,6 +52,10 @@ WG_TMA_PINGPONG = (2, 16, 3, 0, 1, 1, 1)
 WG_RING = (1, 32, 2, 0, 0)
 WG_RING_3 = (1, 16, 3, 0, 0)
 WG_RING_TWO_GROUPS = (2, 16, 2, 0, 0)
+# ... with lazy rescaling (eighth field): rows keep their maximum until a block raises it by more
+# than 2 ** 8
+WG_LAZY = (1, 16, 2, 0, 1, 0, 0, 1)
+WG_RING_LAZY = (1, 16, 2, 0, 0, 0, 0, 1)
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -228,6 +232,23 @@ def test_wgmma_kernel(case):
     _check(out, lse, q, k, v, dtype, causal=causal, window_size=window)
 
 
+@pytest.mark.parametrize("config, growth, options", [
+    (WG_LAZY, 0.0, {"window_size": (30, 5)}), (WG_LAZY, 0.35, {"causal": True}),
+    (WG_RING_LAZY, 0.35, {"window_size": (30, 5)})])
+def test_wgmma_lazy_rescale(config, growth, options):
+    """Lazy rescaling: on random scores (growth 0) the blocks after the first keep the rows'
+    maxima and skip O's rescale; with keys whose scores rise by more than 2 ** 8 (scaled, log2)
+    from one block to the next toward the sequence's start (the blocks are visited last to
+    first), every block moves them. Both give the reference softmax."""
+    rng = np.random.default_rng(11)
+    q, k, v = _qkv(rng, 1, 40, 70, 2, 1, 64, "float16")
+    q = np.abs(q)
+    k = (np.abs(k) * (1.0 + growth * np.arange(70, 0, -1))[None, :, None, None]).astype(
+        np.float16)
+    out, lse = _run(q, k, v, impl="wgmma", config=config, **options)
+    _check(out, lse, q, k, v, "float16", **options)
+
+
 def test_tma_maps_only_for_layouts_a_map_holds(rng):
     """K and V get tensor maps (the TMA producer's) when sequences are whole token rows apart
     and each token's heads fit in its row; other layouts copy with cp.async (no map)."""
@@ -258,7 +279,7 @@ def test_planned_d256_runs_wgmma_only_by_tma(monkeypatch, rng, map_fits, forced,
     from llmspeed_numba.ops import flash_attn as fa
 
     def factory(kind):
-        def build(*args):   # the wgmma factory's last argument: the TMA form
+        def build(*args, **options):   # the wgmma factory's last argument: the TMA form
             raise _Launched(*((kind, args[-1]) if kind == "wgmma" else (kind,)))
         return build
 
@@ -287,7 +308,7 @@ def test_planned_d64_takes_its_cp_async_config_without_tma(monkeypatch, rng, map
 
     boxes = []
 
-    def build(sig, headdim, dim, groups, block_n, stages, min_blocks, *rest):
+    def build(sig, headdim, dim, groups, block_n, stages, min_blocks, *rest, **options):
         if rest[-1]:   # the TMA form: its maps' boxes are its key blocks
             assert boxes == [block_n]
         raise _Launched(groups, block_n, stages, min_blocks, rest[-1])

@@ -326,6 +326,23 @@ def test_shfl_xor(mask, rng):
     np.testing.assert_array_equal(yi, xi[perm])
 
 
+@cuda.jit
+def _vote_kernel(flags, out):
+    lane = cuda.threadIdx.x
+    out[lane] = 1 if ptx.vote_any(flags[lane] != 0) else 0
+
+
+def test_vote_any():
+    """True in every lane of a warp where any lane's predicate holds, per warp (three warps:
+    one lane set, none, all)."""
+    flags = np.zeros(96, np.int32)
+    flags[17] = 1
+    flags[64:] = 1
+    out = np.full(96, -1, np.int32)
+    _vote_kernel[1, 96](flags, out)
+    np.testing.assert_array_equal(out, np.repeat([1, 0, 1], 32))
+
+
 # ---- bit casts and fast trigonometry -------------------------------------------------------
 
 @cuda.jit

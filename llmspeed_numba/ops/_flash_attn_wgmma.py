@@ -62,6 +62,11 @@ from ._stage_ring import init_stage_barriers
 PANEL = 64            # b16 elements in one 128-byte swizzle row
 MAX, SUM, SCALED, ALPHA = 0, 1, 2, 3   # rows of a thread's row state (``softmax``)
 _ALIGN_BYTES = 1024   # the 128-byte swizzle repeats every 8 rows of 128 bytes
+#: ``lazy`` kernels: a row's maximum moves only when a block raises it by more than this (scaled
+#: scores, log2 units), so P stays at most 2 ** 8 = 256: exact in fp16 / bf16, and far from
+#: overflowing the fp32 sums and O.
+LAZY_RESCALE_LOG2 = np.float32(8.0)
+_ONE = np.float32(1.0)
 
 #: setmaxnreg count of the producer warpgroup by padded head dimension: its copy loops keep every
 #: chunk's address offsets live across the key-block loop (LLVM hoists them), so it spills below
@@ -106,7 +111,7 @@ def shared_bytes(dim, groups, block_n, stages):
 
 
 def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen, min_blocks=0,
-                     producer=False, pingpong=False, tma=False):
+                     producer=False, pingpong=False, tma=False, lazy=False):
     """The kernel for a padded head dimension ``dim`` (multiple of 64) holding ``head_dim``;
     parameters as ``_flash_attn_tc._tc_kernel_fn`` (the block table and its numbers unused).
     ``min_blocks`` (launch bounds) only enters the closure, for numba's disk cache key.
@@ -116,7 +121,10 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
     do (FlashAttention 3's ping-pong schedule); ``tma`` (warp-specialised, ``head_dim`` a
     multiple of 64): the producer copies whole key blocks with the Tensor Memory Accelerator
     from the tensor maps ``k_map`` / ``v_map`` (``tma_producer``; the kernels of other forms
-    take the two arguments and ignore them)."""
+    take the two arguments and ignore them); ``lazy``: a row's running maximum moves only when
+    a block raises it by more than ``LAZY_RESCALE_LOG2`` (scaled, log2 units), so most blocks
+    leave the factors at 1 and a warp whose rows all kept theirs skips rescaling O (P is then
+    at most ``2 ** LAZY_RESCALE_LOG2``; the result is the same softmax)."""
     assert not pingpong or (producer and groups >= 2)
     assert not tma or (producer and head_dim == dim)
     assert dim % PANEL == 0 and head_dim <= dim <= 256
@@ -328,9 +336,14 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                 new_max = fmax(new_max, fmax(acc_s[4 * nt + 2 * h], acc_s[4 * nt + 2 * h + 1]))
             new_max = fmax(new_max, ptx.shfl_xor_f32(new_max, 1))
             new_max = fmax(new_max, ptx.shfl_xor_f32(new_max, 2))
-            rows[SCALED, h] = scaled_max(new_max, scale_log2)
-            alpha = rescale_factor(rows[MAX, h], rows[SCALED, h], scale_log2)
-            rows[MAX, h] = new_max
+            scaled = scaled_max(new_max, scale_log2)
+            alpha = rescale_factor(rows[MAX, h], scaled, scale_log2)
+            if lazy and not (rows[MAX, h] == NEG_INF
+                             or scaled > rows[SCALED, h] + LAZY_RESCALE_LOG2):
+                alpha = _ONE            # keep the old maximum (exactly 1: O is left alone)
+            else:
+                rows[SCALED, h] = scaled
+                rows[MAX, h] = new_max
             rows[SUM, h] *= alpha
             rows[ALPHA, h] = alpha
         for i in range(s_regs):
@@ -340,7 +353,10 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
 
     @_device
     def rescale_o(acc_o, acc_o2, rows):
-        """O *= the rows' factors (the last softmax step's)."""
+        """O *= the rows' factors (the last softmax step's); with ``lazy``, only in warps where
+        a row's factor is not 1."""
+        if lazy and not ptx.vote_any(rows[ALPHA, 0] != _ONE or rows[ALPHA, 1] != _ONE):
+            return
         for i in range(o_regs):
             acc_o[i] *= rows[ALPHA, (i // 2) % 2]
         if o_parts == 2:
@@ -668,9 +684,9 @@ def launch_options(groups, min_blocks, producer):
 
 @functools.lru_cache(maxsize=None)
 def wgmma_kernel(signature, head_dim, dim, groups, block_n, stages, min_blocks, producer,
-                 pingpong, is_bf16, is_varlen, tma=False):
+                 pingpong, is_bf16, is_varlen, tma=False, lazy=False):
     """The wgmma kernel for one configuration; ``min_blocks`` 0 leaves registers to ptxas."""
     return Kernel(jit(_wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16,
-                                       is_varlen, min_blocks, producer, pingpong, tma),
+                                       is_varlen, min_blocks, producer, pingpong, tma, lazy),
                       **launch_options(groups, min_blocks, producer)),
                   signature, "flash_attn_wgmma_kernel")

@@ -75,7 +75,9 @@ SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 #: ``pingpong`` 1 (with a producer, 2+ groups): the groups take turns issuing their MMAs;
 #: ``tma`` 1 (with a producer): whole key blocks come by the Tensor Memory Accelerator when K and
 #: V allow a tensor map (``_kv_tensor_maps``; else that call copies with cp.async) and the call
-#: is not replayed (a map holds the operands' addresses).
+#: is not replayed (a map holds the operands' addresses); ``lazy`` 1: rows keep their maximum
+#: until a block raises it by more than 2 ** 8, and warps whose rows all kept it skip O's
+#: rescale (``_flash_attn_wgmma``, ``lazy``; opt-in until timed).
 #: Registers a consumer thread: S ``block_n / 2`` + O ``headdim / 2`` fp32 + P ``block_n / 4``.
 #: 64: one consumer group, two blocks an SM (each hides the other's start and end, which causal
 #: blocks have half the key blocks to hide behind), TMA; its cp.async form spills, so calls that
@@ -155,9 +157,9 @@ def wgmma_config(dim):
 
 
 def _wgmma_fields(config):
-    """The seven fields of a wgmma configuration (missing trailing ones 0)."""
+    """The eight fields of a wgmma configuration (missing trailing ones 0)."""
     config = tuple(config)
-    return config + (0,) * (7 - len(config))
+    return config + (0,) * (8 - len(config))
 
 
 def tc_config(headdim):
@@ -329,7 +331,7 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
         dim = _flash_attn_wgmma.padded_dim(headdim)
         planned = config is None and TUNING.impl is None
         config = tuple(config or (SIMULATOR_WGMMA_CONFIG if SIMULATOR else wgmma_config(dim)))
-        groups, block_n, stages, min_blocks, producer, pingpong, tma = _wgmma_fields(config)
+        groups, block_n, stages, min_blocks, producer, pingpong, tma, _ = _wgmma_fields(config)
         work = nheads * max_seqlen_q * seqlen_k * (1 if is_varlen else batch)
         tma_only = planned and dim in WGMMA_TMA_ONLY
         if tma and producer and headdim == dim and (tma_only or work >= TUNING.tma_min_work):
@@ -340,12 +342,12 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
         elif maps is None and TUNING.config is None and not SIMULATOR:
             config = WGMMA_CP_ASYNC_CONFIGS.get(dim, config)
     if impl == "wgmma":
-        groups, block_n, stages, min_blocks, producer, pingpong, _ = _wgmma_fields(config)
+        groups, block_n, stages, min_blocks, producer, pingpong, _, lazy = _wgmma_fields(config)
         block_m = 64 * groups
         kernel = _flash_attn_wgmma.wgmma_kernel(_WGMMA_SIGNATURE, headdim, dim, groups,
                                                 block_n, stages, min_blocks, bool(producer),
                                                 bool(pingpong), is_bf16, is_varlen,
-                                                maps is not None)
+                                                maps is not None, lazy=bool(lazy))
         threads = _flash_attn_wgmma.threads_for(groups, producer)
         shared = _flash_attn_wgmma.shared_bytes(dim, groups, block_n, stages)
     elif impl == "tc":
@@ -611,11 +613,11 @@ def _wgmma_compile_target(headdim, is_bf16, is_varlen, config=None):
     linked whole-program as numba does there, which setmaxnreg needs)."""
     def build():
         dim = _flash_attn_wgmma.padded_dim(headdim)
-        groups, block_n, stages, min_blocks, producer, pingpong, tma = _wgmma_fields(
+        groups, block_n, stages, min_blocks, producer, pingpong, tma, lazy = _wgmma_fields(
             config or wgmma_config(dim))
         fn = _flash_attn_wgmma._wgmma_kernel_fn(headdim, dim, groups, block_n, stages, is_bf16,
                                                 is_varlen, min_blocks, bool(producer),
-                                                bool(pingpong), bool(tma))
+                                                bool(pingpong), bool(tma), bool(lazy))
         options = _flash_attn_wgmma.launch_options(groups, min_blocks, producer)
         return fn, _WGMMA_SIGNATURE, dict(options, lto=True)
 

@@ -9,7 +9,7 @@ from numba.cuda.extending import intrinsic
 
 from .common import _F32, _I32, _asm, _literal_first_intrinsic, _literal_int, _unless
 
-__all__ = ["shfl_xor_f32", "shfl_xor_i32", "shfl_idx_i32", "syncwarp", "elect_sync",
+__all__ = ["shfl_xor_f32", "shfl_xor_i32", "shfl_idx_i32", "vote_any", "syncwarp", "elect_sync",
            "named_barrier_sync", "named_barrier_arrive", "setmaxnreg_inc", "setmaxnreg_dec",
            "griddep_wait", "griddep_launch_dependents"]
 
@@ -50,6 +50,25 @@ def shfl_idx_i32(typingctx, value, src_lane):
                     side_effect=True)
 
     return types.int32(value, src_lane), codegen
+
+
+@intrinsic
+def vote_any(typingctx, predicate):
+    """``vote.sync.any.pred`` over the full warp: True in every lane when ``predicate`` (a
+    boolean) holds in any lane. Every lane must execute it (a converged warp); the result is
+    warp-uniform, so a branch on it does not diverge."""
+    if not isinstance(predicate, types.Boolean):
+        raise TypingError(f"vote_any: predicate must be a boolean, got {predicate}")
+
+    def codegen(context, builder, signature, args):
+        flag = builder.zext(args[0], _I32)
+        voted = _asm(builder, _I32, [_I32],
+                     "{ .reg .pred p, q; setp.ne.u32 p, $1, 0; "
+                     "vote.sync.any.pred q, p, 0xffffffff; selp.u32 $0, 1, 0, q; }",
+                     "=r,r", [flag], side_effect=True)
+        return builder.icmp_unsigned("!=", voted, ir.Constant(_I32, 0))
+
+    return types.boolean(predicate), codegen
 
 
 @intrinsic

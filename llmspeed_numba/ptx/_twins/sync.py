@@ -25,6 +25,11 @@ def shfl_idx_i32(value, src_lane):
     return np.int32(values[int(src_lane) % 32])
 
 
+def vote_any(predicate):
+    _, values = _exchange(bool(predicate))
+    return any(values)
+
+
 def syncwarp():
     _exchange(None)
 
