@@ -61,14 +61,15 @@ class Recorder:
     """What one checked call did, as the plan needs it (filled by the hooks in ``_launch``,
     ``_arrays``, ``_workspace`` and ``_checks``)."""
 
-    __slots__ = ("launches", "allocs", "workspaces", "persistent", "overlaps", "rechecks",
-                 "reason")
+    __slots__ = ("launches", "allocs", "workspaces", "persistent", "maps", "overlaps",
+                 "rechecks", "reason")
 
     def __init__(self):
         self.launches = []      # (kernel, grid, block, args, stream, shared_bytes)
         self.allocs = []        # (obj, kind, shape, dtype name, torch device or None)
         self.workspaces = []    # (obj, device, name, size, numpy dtype, kind, own_in_graph)
         self.persistent = []    # objects that live as long as the process (tables, dummies)
+        self.maps = []          # (map buffer, array, address, layout, torch device or None)
         self.overlaps = []      # (obj_a, obj_b, bytes_a, bytes_b) required disjoint
         self.rechecks = []      # (fn, objs)
         self.reason = None      # why the call cannot be replayed, if it cannot
@@ -96,6 +97,16 @@ def note_persistent(obj):
     rec = getattr(_state, "recorder", None)
     if rec is not None:
         rec.persistent.append(obj)
+
+
+def note_map(buf, obj, ptr, layout, torch_device):
+    """``buf`` (a kernel parameter) is the tensor map of the memory at ``ptr`` in array ``obj``
+    with ``layout`` (``_tensor_map.device_map``): a replay finds the map of its own array's
+    address (``_tensor_map.replay_map``); ``torch_device``: where a graph capture is checked
+    (None: not a torch tensor)."""
+    rec = getattr(_state, "recorder", None)
+    if rec is not None:
+        rec.maps.append((buf, obj, ptr, layout, torch_device))
 
 
 def note_overlap_check(a, b, a_bytes, b_bytes):

@@ -44,6 +44,7 @@ from ._env import SIMULATOR
 from ._launch import PreparedLaunch
 from ._recording import _ALL, Recorder, _state
 from ._recording import clear  # noqa: F401  (the public name of the reset)
+from ._tensor_map import replay_map  # noqa: F401  (read by the generated code)
 from ._workspace import capturing, own_in_graph_pointers, workspace_pointer
 
 #: ``LLMSPEED_NUMBA_REPLAY=0`` turns the fast path off (every call checked), for debugging and
@@ -363,11 +364,13 @@ class Plan:
     generated function ``run(arrays, ptrs, key, stream)`` that replays it.
 
     ``launches`` are ``PreparedLaunch.bind`` functions of the pointer sources ``bases``: the
-    call's arrays' pointers (``0 .. n-1``), then the fresh allocations', then the workspaces'.
+    call's arrays' pointers (``0 .. n-1``), then the fresh allocations', then the workspaces',
+    then the tensor maps' (``maps``: each the map of an argument's memory at an offset, with a
+    recorded layout, found again for each replay's address).
     """
 
-    __slots__ = ("name", "allocs", "workspaces", "own_specs", "own_device", "launches", "result",
-                 "overlaps", "rechecks", "stream_source", "torch_stream", "aliases",
+    __slots__ = ("name", "allocs", "workspaces", "own_specs", "own_device", "maps", "launches",
+                 "result", "overlaps", "rechecks", "stream_source", "torch_stream", "aliases",
                  "workspace_memo", "run")
 
     @classmethod
@@ -383,10 +386,26 @@ class Plan:
         ws_objs = [w[0] for w in rec.workspaces]
         ws_ptrs = [device_address(o) for o in ws_objs]
         n = len(arrays)
-        # pointer sources: 0..n-1 the call's arrays, then allocations, then workspaces
+        # pointer sources: 0..n-1 the call's arrays, then allocations, then workspaces, then maps
         bases = list(ptrs) + alloc_ptrs + ws_ptrs
+        maps = []   # (argument, offset, layout, torch device)
+
+        def map_source(buf):
+            for map_buf, obj, ptr, layout, torch_device in rec.maps:
+                if map_buf is buf:
+                    i = find(obj, arrays)
+                    if i is None:
+                        return None
+                    entry = (i, ptr - ptrs[i], layout, torch_device)
+                    if entry not in maps:
+                        maps.append(entry)
+                    return (len(bases) + maps.index(entry), 0)
+            return False
 
         def source(buf):
+            found = map_source(buf)
+            if found is not False:
+                return found
             owner = buf.owner
             if owner is None:  # a null pointer (an unused parameter) is a constant; else stray
                 return (-1, 0) if buf.ptr == 0 else None
@@ -430,6 +449,7 @@ class Plan:
                     sources.append(found)
             self.launches.append(PreparedLaunch(kernel, grid, block, args, shared).bind(sources))
         self.launches = tuple(self.launches)
+        self.maps = tuple(maps)
         self.allocs = tuple((kind, shape, _torch_dtype(dtype) if kind == "torch" else dtype,
                              device) for _, kind, shape, dtype, device in rec.allocs)
         self.workspaces = tuple(w[1:] for w in rec.workspaces)
@@ -508,6 +528,19 @@ class Plan:
             lines.append("handle = stream if type(stream) is int else stream_handle(stream)")
         else:
             lines.append("handle = 0")
+        if self.maps:   # found (or made) before anything is allocated or launched
+            devices = [m[3] for m in self.maps if m[3] is not None]
+            if not devices:
+                lines.append("cap = False")
+            elif kind == "torch" and _same_device(devices[0], arrays[first].get_device()):
+                lines.append(f"cap = {value(_capture_reader())}()")
+            else:
+                lines.append(f"cap = capturing({value(devices[0])}, handle)")
+            for k, (i, offset, layout, _) in enumerate(self.maps):
+                lines += [f"mp{k} = replay_map({value(layout)}, ptrs[{i}] + {offset}, cap)",
+                          f"if mp{k} is None:",
+                          "    _state.pending = None",
+                          "    return MISS  # inside a capture, no map of this address yet"]
         extra = []
         for k, (akind, shape, dtype, device) in enumerate(self.allocs):
             if akind == "torch":
@@ -538,6 +571,8 @@ class Plan:
                       "else:",
                       "    ws = plan.workspace_lookup(handle)"]
             bases += " + ws"
+        if self.maps:
+            bases += f" + [{', '.join(f'mp{k}' for k in range(len(self.maps)))}]"
         if bases != "ptrs":
             lines.append(f"bases = {bases}")
             bases = "bases"

@@ -10,6 +10,7 @@ the simulator the buffer holds a key to the twin's table (``ptx._twins.async_cop
 entry tells the twin what the hardware would copy.
 """
 
+import os
 import threading
 from collections import OrderedDict
 
@@ -67,6 +68,12 @@ class MapCache:
             return buf
 
 
+#: Calls whose kernels read tensor maps are recorded and replayed (``_replay``), each replay
+#: finding the map of its own operands' addresses (``replay_map``): opt-in
+#: (``LLMSPEED_NUMBA_REPLAY_MAPS=1``) until the GPU suite has run it; off, such a call takes the
+#: checked path every time (the map holds its operand's address).
+REPLAY_MAPS = os.environ.get("LLMSPEED_NUMBA_REPLAY_MAPS", "0") not in ("", "0")
+
 #: 1024 maps of 128 bytes: more than any one workload's live operands (a model's GEMMs and
 #: attention calls use tens), few enough that a long-running server's memory stays flat.
 _DEVICE_MAPS = MapCache(1024)
@@ -89,7 +96,8 @@ def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", mak
     with the 128-byte swizzle. ``ValueError`` naming ``name`` otherwise. ``make=False``: None
     unless the map is already cached (a new map is a synchronous host-to-device copy, which a
     CUDA-graph capture refuses), and a map it finds is kept for good (``MapCache``). A call that
-    gets a map is not replayed (``_recording``): the map holds ``t``'s address."""
+    gets a map is replayed only with ``REPLAY_MAPS`` (each replay then finds its own operands'
+    maps): the map holds ``t``'s address."""
     if t.ndim != 2:
         raise ValueError(f"{name}: expected a 2-D array, got {t.ndim} dimensions")
     rows, cols = t.shape
@@ -114,20 +122,44 @@ def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", mak
     if SIMULATOR:
         _recording.not_replayable("its tensor maps hold the operands' addresses")
         return _twin_map(t, rows, cols, row_stride, box_rows, box_cols, swizzle)
-    key = (cuda.get_current_device().id, t.ptr, rows, cols, row_stride, item, box_rows,
-           box_cols, swizzle)
+    layout = (cuda.get_current_device().id, rows, cols, row_stride, item, box_rows, box_cols,
+              swizzle)
+    torch_device = t.obj.device.index if t.kind == "torch" else None
+    return device_map(t.obj, t.ptr, layout, torch_device, make)
 
-    def new_map():
-        words = _encode(t.ptr, rows, cols, row_stride * item, item, box_rows, box_cols, swizzle)
-        owner = cuda.to_device(words)
-        # the fast launch path takes a Buffer for an array parameter
-        return Buffer(device_address(owner), words.size, words.dtype, owner)
 
-    # make=False is asked inside a graph capture (``may_make_map``): what it finds is pinned
-    buf = _DEVICE_MAPS.get(key, new_map if make else None, pin=not make)
+def device_map(obj, ptr, layout, torch_device, make):
+    """``tensor_map_2d``'s device half: the cached map of the memory at ``ptr`` (in array
+    ``obj``) with ``layout`` ``(device id, rows, cols, row stride, item bytes, box rows, box
+    cols, swizzle)``, made when missing if ``make``; told to the recorder (or, without
+    ``REPLAY_MAPS``, the call marked not replayable). ``make=False`` is asked inside a graph
+    capture (``may_make_map``): what it finds is pinned."""
+    buf = _DEVICE_MAPS.get((ptr,) + layout, (lambda: _new_map(ptr, layout)) if make else None,
+                           pin=not make)
     if buf is not None:
-        _recording.not_replayable("its tensor maps hold the operands' addresses")
+        if REPLAY_MAPS:
+            _recording.note_map(buf, obj, ptr, layout, torch_device)
+        else:
+            _recording.not_replayable("its tensor maps hold the operands' addresses")
     return buf
+
+
+def replay_map(layout, ptr, in_capture):
+    """A replayed call's map (``_replay``): the device address of the map of ``ptr`` with the
+    recorded ``layout``, made if missing; None inside a graph capture when it is missing (the
+    call then takes its checked path). One found inside a capture is pinned."""
+    buf = _DEVICE_MAPS.get((ptr,) + layout,
+                           None if in_capture else (lambda: _new_map(ptr, layout)),
+                           pin=in_capture)
+    return None if buf is None else buf.ptr
+
+
+def _new_map(ptr, layout):
+    _, rows, cols, row_stride, item, box_rows, box_cols, swizzle = layout
+    words = _encode(ptr, rows, cols, row_stride * item, item, box_rows, box_cols, swizzle)
+    owner = cuda.to_device(words)
+    # the fast launch path takes a Buffer for an array parameter
+    return Buffer(device_address(owner), words.size, words.dtype, owner)
 
 
 def _encode(address, rows, cols, row_stride_bytes, item, box_rows, box_cols, swizzle):

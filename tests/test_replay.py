@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from llmspeed_numba import _arrays, _checks, _recording, _replay, _workspace
+from llmspeed_numba import _arrays, _checks, _recording, _replay, _tensor_map, _workspace
 from llmspeed_numba._arrays import Buffer, Tensor
 from llmspeed_numba._launch import pointer_patch
 
@@ -34,6 +34,9 @@ class Launch(NamedTuple):
 LAUNCHES = []          # every launch of the fake op, by either path
 RUNS = []              # the x of every run of the checked path
 CURRENT_STREAM = [0]   # torch's "current stream" (``_replay._CURRENT_STREAM`` patched)
+CAPTURING = [False]    # whether a graph capture is under way (``_replay.capturing`` patched)
+MAP_LAYOUT = (0, 8, 8, 8, 4, 8, 8, 0)   # a tensor map's layout (``_tensor_map.device_map``)
+MAPS_MADE = []         # the addresses the fake map maker was asked for, in order
 TABLE = torch.arange(4, dtype=torch.float32)   # kept for the process: may be baked in
 STRAY = torch.zeros(4)                          # memory the recorder is not told about
 F32 = np.dtype(np.float32)
@@ -123,6 +126,9 @@ def _fake_checked(x, y, scale, out, table, check, sync, pair, stream):
         args.append(Buffer(0, 1, F32))
     elif table == "ownerless":
         args.append(Buffer(STRAY.data_ptr(), 4, F32))
+    elif table == "map":   # as tensor_map_2d hands a kernel x's map (none made inside a capture)
+        found = _tensor_map.device_map(x, x.data_ptr(), MAP_LAYOUT, 0, not CAPTURING[0])
+        args.append(found or Buffer(0, 1, F32))
     handle = _stream(stream, x, y)
     if table in ("workspace", "private"):
         args.append(_workspace.workspace(_tensor(x), handle, "fake", n + 4, F32,
@@ -515,3 +521,54 @@ def test_a_numba_arrays_key_is_read_once_and_forgotten_with_it(monkeypatch):
     ident, alive = id(a), weakref.ref(a)
     del a                                 # neither cache keeps the array alive
     assert alive() is None and ident not in _arrays._REPLAY_KEYS
+
+
+# ---- tensor maps --------------------------------------------------------------------------------
+
+@pytest.fixture
+def maps(monkeypatch):
+    """Replayable tensor maps with a fake maker: the map of address p is a Buffer at p + 1."""
+    def new_map(ptr, layout):
+        assert layout == MAP_LAYOUT
+        MAPS_MADE.append(ptr)
+        return Buffer(ptr + 1, 16, np.dtype(np.uint64), owner=object())
+
+    monkeypatch.setattr(_tensor_map, "REPLAY_MAPS", True)
+    monkeypatch.setattr(_tensor_map, "_new_map", new_map)
+    monkeypatch.setattr(_tensor_map, "_DEVICE_MAPS", _tensor_map.MapCache(16))
+    monkeypatch.setattr(_replay, "capturing", lambda device, stream: CAPTURING[0])
+    MAPS_MADE.clear()
+    CAPTURING[0] = False
+    yield _tensor_map._DEVICE_MAPS
+    CAPTURING[0] = False
+
+
+def test_a_call_with_tensor_maps_replays_with_the_maps_of_its_own_addresses(maps, fast_path):
+    x1, x2, out = vec(), vec(), vec()
+    fake_op(x1, table="map", out=out)                          # recorded; x1's map made
+    _, launches = replayed(lambda: fake_op(x2, table="map", out=out))   # x2's, by the replay
+    assert MAPS_MADE == [x1.data_ptr(), x2.data_ptr()]
+    assert launches[0].pointers[3] == x2.data_ptr() + 1
+    assert work(launches) == checked(lambda: fake_op(x2, table="map", out=out), fast_path)
+    _, launches = replayed(lambda: fake_op(x1, table="map", out=out))   # x1's found again
+    assert launches[0].pointers[3] == x1.data_ptr() + 1 and len(MAPS_MADE) == 2
+
+
+def test_inside_a_capture_a_replay_pins_the_maps_it_finds_and_makes_none(maps):
+    x1, x2 = vec(), vec()
+    fake_op(x1, table="map")
+    CAPTURING[0] = True
+    _, launches = replayed(lambda: fake_op(x1, table="map"))
+    assert launches[0].pointers[3] == x1.data_ptr() + 1
+    assert list(maps.pinned) == [(x1.data_ptr(),) + MAP_LAYOUT]   # the graph reads it for good
+    runs = len(RUNS)
+    fake_op(x2, table="map")            # no map of x2 yet, none can be made: the checked path
+    assert len(RUNS) == runs + 1 and MAPS_MADE == [x1.data_ptr()]
+
+
+def test_without_replay_maps_a_call_with_a_map_is_not_recorded(maps, monkeypatch):
+    monkeypatch.setattr(_tensor_map, "REPLAY_MAPS", False)
+    fake_op(vec(), table="map")
+    runs = len(RUNS)
+    fake_op(vec(), table="map")
+    assert len(RUNS) == runs + 1

@@ -412,3 +412,45 @@ def test_rms_norm_out_overlapping_residual_raises_on_a_repeated_call(fast_path, 
             lsn.rms_norm(x, w, residual=residual, out=out)
     assert len(runs) == 1 + len(overlapping)  # each sent to the checked path, which raised
     assert np.array_equal(bits(residual), before)  # nothing launched
+
+
+@pytest.mark.parametrize("op", [lsn.gemm, lsn.flash_attn], ids=["gemm", "flash_attn"])
+def test_tensor_map_calls_replay_with_the_maps_of_their_own_operands(fast_path, rng, op):
+    """With ``_tensor_map.REPLAY_MAPS``, a call whose kernel reads tensor maps (gemm's TMA tile,
+    the wgmma attention kernel's TMA producer) records, and a call on new operands replays with
+    their own maps: bit for bit the checked path's result on the same data."""
+    import torch
+
+    from llmspeed_numba import _tensor_map
+    from llmspeed_numba._overrides import overrides
+    from llmspeed_numba.ops.gemm_configs import wgmma_supported
+
+    if not wgmma_supported():
+        pytest.skip("tensor maps need sm_90")
+    fast_path.setattr(_tensor_map, "REPLAY_MAPS", True)
+    calls, runs = spy_checked(fast_path, op)
+
+    def operands():
+        if op is lsn.gemm:   # both operands K-major, as the TMA tile needs
+            a = to_device(rand(rng, BF16, 72, 1032), "torch")
+            w = to_device(rand(rng, BF16, 392, 1032), "torch")
+            return (a, w.T), {"config": "wg_64x128x64_s8_p_tma_k1",
+                              "out": torch.full((72, 392), float("nan"), device="cuda")}
+        q, k, v = (to_device(rand(rng, BF16, 2, 150, 2, 128), "torch") for _ in range(3))
+        return (q, k, v), {"causal": True}
+
+    with overrides(flash_attn={"impl": "wgmma", "config": (2, 128, 3, 1, 1, 1, 1),
+                               "tma_min_work": 0}):
+        args, kwargs = operands()
+        op(*args, **kwargs)
+        assert calls.plans and len(runs) == 1, "the call with maps was not recorded"
+        args, kwargs = operands()
+        result = op(*args, **kwargs)
+        assert len(runs) == 1, "the call on new operands took the checked path"
+        reference_kwargs = dict(kwargs, out=torch.full_like(kwargs["out"], float("nan"))) \
+            if "out" in kwargs else kwargs
+        with fast_path.context() as m:
+            m.setattr(_replay, "ENABLED", False)
+            reference = op(*args, **reference_kwargs)
+    assert len(runs) == 2
+    assert np.array_equal(bits(result), bits(reference))

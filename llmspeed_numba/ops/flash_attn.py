@@ -75,9 +75,9 @@ SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 #: ``pingpong`` 1 (with a producer, 2+ groups): the groups take turns issuing their MMAs;
 #: ``tma`` 1 (with a producer): whole key blocks come by the Tensor Memory Accelerator when K and
 #: V allow a tensor map (``_kv_tensor_maps``; else that call copies with cp.async) and the call
-#: is not replayed (a map holds the operands' addresses); ``lazy`` 1: rows keep their maximum
-#: until a block raises it by more than 2 ** 8, and warps whose rows all kept it skip O's
-#: rescale (``_flash_attn_wgmma``, ``lazy``; opt-in until timed).
+#: is not replayed (a map holds the operands' addresses; ``_tensor_map.REPLAY_MAPS`` lifts
+#: that); ``lazy`` 1: rows keep their maximum until a block raises it by more than 2 ** 8, and
+#: warps whose rows all kept it skip O's rescale (``_flash_attn_wgmma``; opt-in until timed).
 #: Registers a consumer thread: S ``block_n / 2`` + O ``headdim / 2`` fp32 + P ``block_n / 4``.
 #: 64: one consumer group, two blocks an SM (each hides the other's start and end, which causal
 #: blocks have half the key blocks to hide behind), TMA; its cp.async form spills, so calls that
@@ -96,8 +96,9 @@ WGMMA_CONFIGS = {64: (1, 128, 3, 2, 1, 0, 1), 128: (2, 128, 3, 1, 1, 1, 1),
 WGMMA_CP_ASYNC_CONFIGS = {64: (2, 128, 3, 1, 1)}
 
 #: A call takes the TMA form (``tma`` 1) only from this much work on (heads x query rows x key
-#: rows x sequences): its tensor maps keep it off the replayed fast path, whose host time
-#: (~10 us against ~50) matters to calls of tens of microseconds, not to these (~0.2 ms and up).
+#: rows x sequences): its tensor maps keep it off the replayed fast path (unless
+#: ``_tensor_map.REPLAY_MAPS``), whose host time (~10 us against ~50) matters to calls of tens
+#: of microseconds, not to these (~0.2 ms and up).
 TMA_MIN_WORK = 2**28
 
 #: Head dimensions whose planned wgmma kernel runs only in the TMA form, at any size: the

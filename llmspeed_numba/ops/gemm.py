@@ -434,7 +434,8 @@ def _tensor_maps(p, cfg):
     """The maps of a (M x K) and of b's K-major storage (N x K) with the boxes of ``cfg``'s
     tiles (``_gemm_wgmma.tma_mainloop``), or None inside a torch CUDA-graph capture when one is
     not made yet (the call then runs the cp.async form; an eager call first makes them). A map
-    holds the operands' addresses, so a recorded call may not be replayed with others."""
+    holds the operands' addresses: a call with maps is replayed only with
+    ``_tensor_map.REPLAY_MAPS`` (each replay then finds the maps of its own operands)."""
     ta, tb = p.ta, p.tb
     a_rows = Tensor(ta.obj, ta.kind, ta.ptr, (p.M, p.K), (p.lda, 1), ta.dtype, ta.host)
     b_rows = Tensor(tb.obj, tb.kind, tb.ptr, (p.N, p.K), (p.ldb, 1), tb.dtype, tb.host)
