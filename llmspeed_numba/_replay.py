@@ -537,8 +537,8 @@ class Plan:
             else:
                 lines.append(f"cap = capturing({value(devices[0])}, handle)")
             for k, (i, offset, layout, _) in enumerate(self.maps):
-                lines += [f"mp{k} = replay_map({value(layout)}, ptrs[{i}] + {offset}, cap)",
-                          f"if mp{k} is None:",
+                lines += [f"mb{k} = replay_map({value(layout)}, ptrs[{i}] + {offset}, cap)",
+                          f"if mb{k} is None:",
                           "    _state.pending = None",
                           "    return MISS  # inside a capture, no map of this address yet"]
         extra = []
@@ -572,7 +572,7 @@ class Plan:
                       "    ws = plan.workspace_lookup(handle)"]
             bases += " + ws"
         if self.maps:
-            bases += f" + [{', '.join(f'mp{k}' for k in range(len(self.maps)))}]"
+            bases += f" + [{', '.join(f'mb{k}.ptr' for k in range(len(self.maps)))}]"
         if bases != "ptrs":
             lines.append(f"bases = {bases}")
             bases = "bases"

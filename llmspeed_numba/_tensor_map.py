@@ -138,6 +138,9 @@ def device_map(obj, ptr, layout, torch_device, make):
                            pin=not make)
     if buf is not None:
         if REPLAY_MAPS:
+            # a parameter object of its own: two arguments at one address with one layout
+            # share the cached map, and the plan tells parameters apart by identity
+            buf = Buffer(buf.ptr, buf.size, buf.dtype, buf.owner)
             _recording.note_map(buf, obj, ptr, layout, torch_device)
         else:
             _recording.not_replayable("its tensor maps hold the operands' addresses")
@@ -145,13 +148,13 @@ def device_map(obj, ptr, layout, torch_device, make):
 
 
 def replay_map(layout, ptr, in_capture):
-    """A replayed call's map (``_replay``): the device address of the map of ``ptr`` with the
-    recorded ``layout``, made if missing; None inside a graph capture when it is missing (the
-    call then takes its checked path). One found inside a capture is pinned."""
-    buf = _DEVICE_MAPS.get((ptr,) + layout,
-                           None if in_capture else (lambda: _new_map(ptr, layout)),
-                           pin=in_capture)
-    return None if buf is None else buf.ptr
+    """A replayed call's map (``_replay``): the ``Buffer`` of the map of ``ptr`` with the
+    recorded ``layout`` (the replay holds it until it has launched), made if missing; None
+    inside a graph capture when it is missing (the call then takes its checked path). One
+    found inside a capture is pinned."""
+    return _DEVICE_MAPS.get((ptr,) + layout,
+                            None if in_capture else (lambda: _new_map(ptr, layout)),
+                            pin=in_capture)
 
 
 def _new_map(ptr, layout):

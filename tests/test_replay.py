@@ -126,9 +126,11 @@ def _fake_checked(x, y, scale, out, table, check, sync, pair, stream):
         args.append(Buffer(0, 1, F32))
     elif table == "ownerless":
         args.append(Buffer(STRAY.data_ptr(), 4, F32))
-    elif table == "map":   # as tensor_map_2d hands a kernel x's map (none made inside a capture)
-        found = _tensor_map.device_map(x, x.data_ptr(), MAP_LAYOUT, 0, not CAPTURING[0])
-        args.append(found or Buffer(0, 1, F32))
+    elif table in ("map", "maps"):   # as tensor_map_2d hands a kernel maps (none made in a
+        #                               capture); "maps": of x and of y, the same layout
+        for a in (x, y) if table == "maps" else (x,):
+            found = _tensor_map.device_map(a, a.data_ptr(), MAP_LAYOUT, 0, not CAPTURING[0])
+            args.append(found or Buffer(0, 1, F32))
     handle = _stream(stream, x, y)
     if table in ("workspace", "private"):
         args.append(_workspace.workspace(_tensor(x), handle, "fake", n + 4, F32,
@@ -572,3 +574,13 @@ def test_without_replay_maps_a_call_with_a_map_is_not_recorded(maps, monkeypatch
     runs = len(RUNS)
     fake_op(vec(), table="map")
     assert len(RUNS) == runs + 1
+
+
+def test_two_arguments_at_one_address_keep_their_own_maps(maps):
+    """x and another view of its memory share one cached map; a plan recorded so must still
+    give each map parameter its own argument's map when a later call's arrays differ."""
+    x, out = vec(), vec()
+    fake_op(x, x[:], table="maps", out=out)       # two objects, one address: one cached map
+    a, b = vec(), vec()
+    _, launches = replayed(lambda: fake_op(a, b, table="maps", out=out))
+    assert launches[0].pointers[4:6] == [a.data_ptr() + 1, b.data_ptr() + 1]

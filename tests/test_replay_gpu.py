@@ -445,8 +445,10 @@ def test_tensor_map_calls_replay_with_the_maps_of_their_own_operands(fast_path, 
         op(*args, **kwargs)
         assert calls.plans and len(runs) == 1, "the call with maps was not recorded"
         args, kwargs = operands()
+        maps_before = len(_tensor_map._DEVICE_MAPS)
         result = op(*args, **kwargs)
         assert len(runs) == 1, "the call on new operands took the checked path"
+        assert len(_tensor_map._DEVICE_MAPS) == maps_before + 2, "the replay made no maps"
         reference_kwargs = dict(kwargs, out=torch.full_like(kwargs["out"], float("nan"))) \
             if "out" in kwargs else kwargs
         with fast_path.context() as m:

@@ -253,6 +253,8 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         for h in range(2):
             rows[MAX, h] = NEG_INF
             rows[SUM, h] = zero
+            if lazy:    # read only behind the -inf test, set for clarity
+                rows[SCALED, h] = zero
 
     @_device
     def stage_descs(tiles, stage):
