@@ -102,7 +102,7 @@ def note_persistent(obj):
 def note_map(buf, obj, ptr, layout, torch_device):
     """``buf`` (a kernel parameter) is the tensor map of the memory at ``ptr`` in array ``obj``
     with ``layout`` (``_tensor_map.device_map``): a replay finds the map of its own array's
-    address (``_tensor_map.replay_map``); ``torch_device``: where a graph capture is checked
+    address (``_tensor_map.cached_map``); ``torch_device``: where a graph capture is checked
     (None: not a torch tensor)."""
     rec = getattr(_state, "recorder", None)
     if rec is not None:

@@ -44,7 +44,7 @@ from ._env import SIMULATOR
 from ._launch import PreparedLaunch
 from ._recording import _ALL, Recorder, _state
 from ._recording import clear  # noqa: F401  (the public name of the reset)
-from ._tensor_map import replay_map  # noqa: F401  (read by the generated code)
+from ._tensor_map import cached_map  # noqa: F401  (read by the generated code)
 from ._workspace import capturing, own_in_graph_pointers, workspace_pointer
 
 #: ``LLMSPEED_NUMBA_REPLAY=0`` turns the fast path off (every call checked), for debugging and
@@ -521,6 +521,14 @@ class Plan:
         for fn, idx in self.rechecks:
             lines.append(f"{value(fn)}({', '.join(f'arrays[{i}]' for i in idx)})")
         kind, first = self.stream_source
+
+        def capture_test(device):
+            """Source of "is this replay's stream capturing a graph" (torch ``device``)."""
+            if kind == "torch" and _same_device(device, arrays[first].get_device()):
+                # ``handle`` is torch's current stream there: ``capturing``'s first test
+                return f"{value(_capture_reader())}()"
+            return f"capturing({value(device)}, handle)"
+
         if kind == "torch":
             offset = sum(_WIDTH[_kind(x, _TORCH_TENSOR[0])] for x in arrays[:first])
             lines.append(f"handle = _CURRENT_STREAM[0](key[{offset + 3}])")  # its get_device()
@@ -530,14 +538,9 @@ class Plan:
             lines.append("handle = 0")
         if self.maps:   # found (or made) before anything is allocated or launched
             devices = [m[3] for m in self.maps if m[3] is not None]
-            if not devices:
-                lines.append("cap = False")
-            elif kind == "torch" and _same_device(devices[0], arrays[first].get_device()):
-                lines.append(f"cap = {value(_capture_reader())}()")
-            else:
-                lines.append(f"cap = capturing({value(devices[0])}, handle)")
+            lines.append(f"cap = {capture_test(devices[0]) if devices else False}")
             for k, (i, offset, layout, _) in enumerate(self.maps):
-                lines += [f"mb{k} = replay_map({value(layout)}, ptrs[{i}] + {offset}, cap)",
+                lines += [f"mb{k} = cached_map({value(layout)}, ptrs[{i}] + {offset}, cap)",
                           f"if mb{k} is None:",
                           "    _state.pending = None",
                           "    return MISS  # inside a capture, no map of this address yet"]
@@ -558,13 +561,8 @@ class Plan:
             lines.append(f"memo = {value(self.workspace_memo)}[0]")
             test = "if"
             if self.own_specs:
-                if kind == "torch" and _same_device(self.own_device,
-                                                    arrays[first].get_device()):
-                    # ``handle`` is torch's current stream there: ``capturing``'s first test
-                    capture = f"{value(_capture_reader())}()"
-                else:
-                    capture = f"capturing({value(self.own_device)}, handle)"
-                lines += [f"if {capture}:", "    ws = plan.captured_pointers(handle)"]
+                lines += [f"if {capture_test(self.own_device)}:",
+                          "    ws = plan.captured_pointers(handle)"]
                 test = "elif"
             lines += [f"{test} memo[0] == _workspace.GENERATION[0] and memo[1] == handle:",
                       "    ws = memo[2]",

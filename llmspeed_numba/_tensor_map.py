@@ -29,9 +29,8 @@ MAP_BYTES = 128
 _MAX_BOX = 256   # elements along each box dimension
 
 
-
 class MapCache:
-    """Device maps by (device, address, layout, box), the least recently used dropped beyond
+    """Device maps by (address, device, layout, box), the least recently used dropped beyond
     ``capacity``: a server whose packed varlen totals change every step would otherwise add a
     map a step for as long as it runs. A map looked up during a CUDA-graph capture is pinned,
     never dropped: the captured graph reads its buffer at every replay. A dropped map's buffer
@@ -69,7 +68,7 @@ class MapCache:
 
 
 #: Calls whose kernels read tensor maps are recorded and replayed (``_replay``), each replay
-#: finding the map of its own operands' addresses (``replay_map``): opt-in
+#: finding the map of its own operands' addresses (``cached_map``): opt-in
 #: (``LLMSPEED_NUMBA_REPLAY_MAPS=1``) until the GPU suite has run it; off, such a call takes the
 #: checked path every time (the map holds its operand's address).
 REPLAY_MAPS = os.environ.get("LLMSPEED_NUMBA_REPLAY_MAPS", "0") not in ("", "0")
@@ -134,8 +133,7 @@ def device_map(obj, ptr, layout, torch_device, make):
     cols, swizzle)``, made when missing if ``make``; told to the recorder (or, without
     ``REPLAY_MAPS``, the call marked not replayable). ``make=False`` is asked inside a graph
     capture (``may_make_map``): what it finds is pinned."""
-    buf = _DEVICE_MAPS.get((ptr,) + layout, (lambda: _new_map(ptr, layout)) if make else None,
-                           pin=not make)
+    buf = cached_map(layout, ptr, not make)
     if buf is not None:
         if REPLAY_MAPS:
             # a parameter object of its own: two arguments at one address with one layout
@@ -147,11 +145,11 @@ def device_map(obj, ptr, layout, torch_device, make):
     return buf
 
 
-def replay_map(layout, ptr, in_capture):
-    """A replayed call's map (``_replay``): the ``Buffer`` of the map of ``ptr`` with the
-    recorded ``layout`` (the replay holds it until it has launched), made if missing; None
-    inside a graph capture when it is missing (the call then takes its checked path). One
-    found inside a capture is pinned."""
+def cached_map(layout, ptr, in_capture):
+    """The ``Buffer`` of the map of ``ptr`` with ``layout`` (``device_map``; a replayed call's
+    too, which holds it until it has launched), made if missing; None inside a graph capture
+    when it is missing (a replay then takes its checked path). One found inside a capture is
+    pinned."""
     return _DEVICE_MAPS.get((ptr,) + layout,
                             None if in_capture else (lambda: _new_map(ptr, layout)),
                             pin=in_capture)
