@@ -100,8 +100,8 @@ def gemm(A, s):
 
 
 def gemm_tma(A, s):
-    """gemm's 64 x 128 TMA tile forced (Hopper; both operands K-major): its tensor maps keep a
-    call on the checked path unless ``LLMSPEED_NUMBA_REPLAY_MAPS=1``."""
+    """gemm's 64 x 128 TMA tile forced (Hopper; both operands K-major): replayed with its
+    operands' tensor maps, on the checked path with ``LLMSPEED_NUMBA_REPLAY_MAPS=0``."""
     a, w = A.randn(s.tokens, s.hidden), A.randn(s.inter, s.hidden)
     b, out = w.T, A.randn(s.tokens, s.inter)
     return f"M{s.tokens} K{s.hidden} N{s.inter} TMA tile", [

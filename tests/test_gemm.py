@@ -303,8 +303,8 @@ def test_gemv_out_of_reach_runs_another_kernel(M, K, layout, rng):
 
 
 @pytest.mark.parametrize("M,N,K,want", [
-    (1024, 1024, 1024, "wg_64x128x64_s8_p"),    # one wave of 64 x 128, under half of larger
-    (512, 2048, 4096, "wg_64x128x64_s8_p"), (384, 1024, 1024, "wg_64x128x64_s8_p"),
+    (1024, 1024, 1024, "wg_64x128x64_s8_p_tma"),    # one wave of 64 x 128, under half of larger
+    (512, 2048, 4096, "wg_64x128x64_s8_p_tma"), (384, 1024, 1024, "wg_64x128x64_s8_p_tma"),
     (2048, 1024, 1024, "wg_128x128x64_s5"), (1024, 2048, 2048, "wg_128x128x64_s5"),
     (512, 4096, 4096, "wg_128x128x64_s5"),      # one wave of 128 x 128, two of 64 x 128
     (768, 4096, 4096, "wg_128x256x64_s4"),      # one wave of 128 x 256, two of 128 x 128
@@ -323,6 +323,23 @@ def test_heuristic_tiles_above_256_rows_on_an_h200(M, N, K, want, monkeypatch):
         assert cfg.name == want
         if -(-M // cfg.block_m) * -(-N // cfg.block_n) > 66:   # over half a wave
             assert gemm_configs.split_count(cfg, M, N, K) == 1
+
+
+@pytest.mark.parametrize("M,N,K,want", [
+    (192, 4096, 4096, "wg_64x128x64_s8_p_tma"), (256, 4096, 14336, "wg_64x128x64_s8_p_tma"),
+    (200, 4096, 1088, "wg_64x128x64_s8_p_tma"), (128, 4096, 14336, "wg_64x64x64_s8"),
+    (256, 14336, 4096, "wg_128x256x64_s4")])
+def test_heuristic_few_rows_on_an_h200(M, N, K, want, monkeypatch):
+    """The heuristic's few-row tile by shape on Hopper (132 SMs): past 128 rows, short of a wave
+    of 128-row tiles, the warp-specialised 64 x 128 tile in its TMA form; a wave of 128 x 256
+    tiles where N gives one; 64 x 64 tiles while 64 x 128 ones would fill under half the GPU."""
+    from llmspeed_numba._overrides import overrides
+    from llmspeed_numba.ops import gemm_configs
+
+    monkeypatch.setattr(gemm_configs, "SIMULATOR", False)
+    monkeypatch.setattr(gemm_configs, "wgmma_supported", lambda: True)
+    with overrides(device={"sm_count": 132}):
+        assert gemm_configs.heuristic("tensor_core", M, N, K).name == want
 
 
 def test_heuristic_splits_above_256_rows_on_an_h200(monkeypatch):
@@ -739,8 +756,8 @@ def test_gpu_simt_vector_loads(layout, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M, N, K, want", [(384, 1000, 1032, "wg_64x128x64_s8_p"),
-                                           (300, 1000, 14344, "wg_64x128x64_s8_p"),
+@pytest.mark.parametrize("M, N, K, want", [(384, 1000, 1032, "wg_64x128x64_s8_p_tma"),
+                                           (300, 1000, 14344, "wg_64x128x64_s8_p_tma"),
                                            (777, 4096, 4104, "wg_128x256x64_s4")])
 def test_gpu_wave_tiles_through_the_heuristic(M, N, K, want, rng):
     """Above 256 rows the heuristic's wave-cost pick through ``gemm``'s own choice: ragged row,

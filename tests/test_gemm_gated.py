@@ -343,6 +343,7 @@ def test_gpu_gated_wide_few_rows_producer_tile(rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", ["wg_128x256x64_s4_k1", "wg_128x128x64_s5_k1",
+                                    "wg_64x128x64_s8_p_tma_k1",
                                     "tc_128x256x64_w2x4_s3_k1", "tc_64x128x64_w1x4_s4_k1",
                                     "tc_16x128x64_w1x4_s4_k4"])
 @pytest.mark.parametrize("activation", GATED)

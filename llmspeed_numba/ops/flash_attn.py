@@ -34,7 +34,7 @@ import weakref
 import numpy as np
 from numba import types
 
-from .. import _checks, _recording, compile_check
+from .. import _checks, _recording, _tensor_map, compile_check
 from .._arrays import Buffer, Tensor, empty, host_ints, kernel_buffer, stream_handle
 from .._checks import (aligned, contiguous, last_dim_contiguous, non_negative_strides, output,
                        same_dtype, shape, tensor)
@@ -74,10 +74,10 @@ SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 #: (mbarrier hand-over, setmaxnreg split), 0: every thread copies (block barrier a key block);
 #: ``pingpong`` 1 (with a producer, 2+ groups): the groups take turns issuing their MMAs;
 #: ``tma`` 1 (with a producer): whole key blocks come by the Tensor Memory Accelerator when K and
-#: V allow a tensor map (``_kv_tensor_maps``; else that call copies with cp.async) and the call
-#: is not replayed (a map holds the operands' addresses; ``_tensor_map.REPLAY_MAPS`` lifts
-#: that); ``lazy`` 1: rows keep their maximum until a block raises it by more than 2 ** 8, and
-#: warps whose rows all kept it skip O's rescale (``_flash_attn_wgmma``; opt-in until timed).
+#: V allow a tensor map (``_kv_tensor_maps``; else that call copies with cp.async); ``lazy`` 1:
+#: rows keep their maximum until a block raises it by more than 2 ** 8, and warps whose rows all
+#: kept it skip O's rescale (``_flash_attn_wgmma``; opt-in: within +-2% of the planned forms at
+#: d64 / d128 / d256, session 31).
 #: Registers a consumer thread: S ``block_n / 2`` + O ``headdim / 2`` fp32 + P ``block_n / 4``.
 #: 64: one consumer group, two blocks an SM (each hides the other's start and end, which causal
 #: blocks have half the key blocks to hide behind), TMA; its cp.async form spills, so calls that
@@ -96,10 +96,11 @@ WGMMA_CONFIGS = {64: (1, 128, 3, 2, 1, 0, 1), 128: (2, 128, 3, 1, 1, 1, 1),
 WGMMA_CP_ASYNC_CONFIGS = {64: (2, 128, 3, 1, 1)}
 
 #: A call takes the TMA form (``tma`` 1) only from this much work on (heads x query rows x key
-#: rows x sequences): its tensor maps keep it off the replayed fast path (unless
-#: ``_tensor_map.REPLAY_MAPS``), whose host time (~10 us against ~50) matters to calls of tens
-#: of microseconds, not to these (~0.2 ms and up).
-TMA_MIN_WORK = 2**28
+#: rows x sequences): every size while calls with tensor maps replay
+#: (``_tensor_map.REPLAY_MAPS``; +1-3% over the cp.async forms at 2^25-2^27, session 31);
+#: without that, the maps keep a call off the replayed fast path, whose host time (~10 us
+#: against ~50) matters to calls of tens of microseconds, not to these (~0.2 ms and up).
+TMA_MIN_WORK = 0 if _tensor_map.REPLAY_MAPS else 2**28
 
 #: Head dimensions whose planned wgmma kernel runs only in the TMA form, at any size: the
 #: cp.async producer's register split leaves d256's consumers spilling, slower than the mma.sync
