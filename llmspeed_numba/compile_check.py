@@ -39,6 +39,9 @@ class KernelCheck:
     #: local memory (spill / stack bytes, each) tolerated, for a measured reason (``why``)
     allowed_local_bytes: int = 0
     why: str = ""
+    #: ``(start, inside, end)`` SASS text: after some ``start``, an ``inside`` before the next
+    #: ``end`` (e.g. the softmax's exponentials between S's wgmma wait and P V's)
+    sass_between: tuple = ()
 
 
 @dataclasses.dataclass
@@ -57,14 +60,30 @@ class CompileReport:
 _REGISTRY = {}
 
 
-def register(name, build, ptx_must_have=(), sass_must_have=(), allowed_local_bytes=0, why=""):
+def register(name, build, ptx_must_have=(), sass_must_have=(), allowed_local_bytes=0, why="",
+             sass_between=()):
     """Add a kernel to the compile-only check (called at import by each op module).
     ``allowed_local_bytes`` > 0 tolerates that much spill / stack (each figure) and needs ``why``:
-    the measurement that shows the spilling variant is still the faster one."""
+    the measurement that shows the spilling variant is still the faster one. ``sass_between``:
+    see ``KernelCheck``."""
     if allowed_local_bytes and not why:
         raise ValueError(f"{name}: allowed_local_bytes needs a reason (why=)")
     _REGISTRY[name] = KernelCheck(name, build, tuple(ptx_must_have), tuple(sass_must_have),
-                                  allowed_local_bytes, why)
+                                  allowed_local_bytes, why, tuple(sass_between))
+
+
+def sass_between(sass, start, inside, end):
+    """Whether, in ``sass``'s text, some line holding ``start`` is followed by one holding
+    ``inside`` before the next holding ``end``."""
+    armed = False
+    for line in sass.splitlines():
+        if start in line:
+            armed = True
+        elif armed and inside in line:
+            return True
+        elif end in line:
+            armed = False
+    return False
 
 
 def _import_ops():
@@ -180,6 +199,9 @@ def compile_kernel(check: KernelCheck) -> CompileReport:
     for s, n in sass_found.items():
         if n == 0:
             report.problems.append(f"SASS lacks {s}")
+    if check.sass_between and not sass_between(sass, *check.sass_between):
+        start, inside, end = check.sass_between
+        report.problems.append(f"SASS has no {inside} between {start} and the next {end}")
     # e.g. C7515 "wgmma ... serialized": the kernel would run, several times slower (C7509
     # "Extern calls" and C7511 "insufficient register resources" say it in info lines)
     # ... and C7504 / C7508 (info lines): setmaxnreg dropped, the register split silently lost

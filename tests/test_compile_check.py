@@ -142,3 +142,14 @@ def test_kernels_left_out_have_their_siblings_checked():
     """Every kernel the quick run leaves out is registered, and so is its sibling, which runs."""
     for name, sibling in {**COVERED_BY_SIBLING, **GPU_SUITE_ONLY}.items():
         assert name in _ALL_NAMES and sibling in _NAMES and sibling not in COVERED_BY_SIBLING
+
+
+def test_sass_between_needs_the_instruction_after_start_and_before_end():
+    """The ordering check of ``sass_between`` (the softmax under P V: an exponential between
+    S's wgmma wait and P V's), on text."""
+    from llmspeed_numba.compile_check import sass_between
+
+    assert sass_between("DEPBAR 1\nFMNMX\nEX2\nDEPBAR 0\n", "DEPBAR 1", "EX2", "DEPBAR 0")
+    assert not sass_between("DEPBAR 1\nDEPBAR 0\nEX2\n", "DEPBAR 1", "EX2", "DEPBAR 0")
+    assert not sass_between("EX2\nDEPBAR 1\nDEPBAR 0\n", "DEPBAR 1", "EX2", "DEPBAR 0")
+    assert sass_between("DEPBAR 1\nDEPBAR 0\nDEPBAR 1\nEX2\n", "DEPBAR 1", "EX2", "DEPBAR 0")

@@ -56,6 +56,9 @@ WG_RING_TWO_GROUPS = (2, 16, 2, 0, 0)
 # than 2 ** 8
 WG_LAZY = (1, 16, 2, 0, 1, 0, 0, 1)
 WG_RING_LAZY = (1, 16, 2, 0, 0, 0, 0, 1)
+# ... with the softmax under P V (ninth field)
+WG_OVERLAP = (1, 16, 3, 0, 1, 0, 0, 0, 1)
+WG_OVERLAP_PINGPONG = (2, 16, 2, 0, 1, 1, 0, 1, 1)
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -220,6 +223,8 @@ WGMMA_CASES = [
     (1, 40, 50, 2, 1, 64, "bfloat16", False, (-1, -1), WG_RING),          # the ring form ...
     (1, 33, 70, 1, 1, 40, "float16", True, (9, -1), WG_RING_3),
     (1, 100, 40, 1, 1, 64, "float16", True, (-1, -1), WG_RING_TWO_GROUPS),
+    (1, 33, 70, 2, 1, 64, "bfloat16", False, (9, 4), WG_OVERLAP),         # softmax under P V
+    (1, 130, 70, 1, 1, 64, "float16", True, (-1, -1), WG_OVERLAP_PINGPONG),  # ... lazy, ping-pong
 ]
 
 
@@ -683,10 +688,12 @@ def test_gpu_wgmma_d256_two_accumulators(config, problem):
 @settings(max_examples=25)
 @given(problem=attention_problems(max_seqlen=300, headdims=(64, 128), max_batch=3))
 @pytest.mark.parametrize("config", [(2, 128, 3, 1, 1, 1, 1), (2, 128, 3, 1, 1, 0, 1),
-                                    WGMMA_CONFIGS[64]])
+                                    WGMMA_CONFIGS[64], (2, 128, 3, 1, 1, 1, 1, 1, 1),
+                                    WGMMA_CONFIGS[64] + (0, 1)])
 def test_gpu_wgmma_tma_matches_reference(config, problem):
     """The TMA producer forced, with and without ping-pong, and one group two blocks an SM
-    (whole key blocks by TMA, the sequence's last partial block by cp.async)."""
+    (whole key blocks by TMA, the sequence's last partial block by cp.async); the opt-in forms
+    (lazy rescaling, the softmax under P V) on both."""
     _solve(problem, impl="wgmma", config=config)
 
 
@@ -722,6 +729,12 @@ _RACECHECK_SCRIPT = textwrap.dedent("""
         flash_attn_varlen(q, k, v, cu, cu, 170, 170, causal=True)
     with overrides(flash_attn={"impl": "wgmma", "config": (2, 128, 3, 1, 1, 1, 1),
                                "tma_min_work": 0}):  # TMA
+        for d in (64, 128):
+            q, k, v = (torch.randn(2, 300, 2, d, dtype=torch.bfloat16, device="cuda")
+                       for _ in range(3))
+            flash_attn(q, k, v, causal=True)
+    with overrides(flash_attn={"impl": "wgmma", "config": (2, 128, 3, 1, 1, 1, 1, 1, 1),
+                               "tma_min_work": 0}):  # lazy, the softmax under P V
         for d in (64, 128):
             q, k, v = (torch.randn(2, 300, 2, d, dtype=torch.bfloat16, device="cuda")
                        for _ in range(3))

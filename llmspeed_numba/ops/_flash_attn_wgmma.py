@@ -111,7 +111,7 @@ def shared_bytes(dim, groups, block_n, stages):
 
 
 def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen, min_blocks=0,
-                     producer=False, pingpong=False, tma=False, lazy=False):
+                     producer=False, pingpong=False, tma=False, lazy=False, overlap=False):
     """The kernel for a padded head dimension ``dim`` (multiple of 64) holding ``head_dim``;
     parameters as ``_flash_attn_tc._tc_kernel_fn`` (the block table and its numbers unused).
     ``min_blocks`` (launch bounds) only enters the closure, for numba's disk cache key.
@@ -124,8 +124,11 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
     take the two arguments and ignore them); ``lazy``: a row's running maximum moves only when
     a block raises it by more than ``LAZY_RESCALE_LOG2`` (scaled, log2 units), so most blocks
     leave the factors at 1 and a warp whose rows all kept theirs skips rescaling O (P is then
-    at most ``2 ** LAZY_RESCALE_LOG2``; the result is the same softmax)."""
+    at most ``2 ** LAZY_RESCALE_LOG2``; the result is the same softmax); ``overlap``
+    (warp-specialised): the softmax of key block j + 1 runs under block j's P V (see
+    ``producer_kernel``'s loop)."""
     assert not pingpong or (producer and groups >= 2)
+    assert not overlap or producer
     assert not tma or (producer and head_dim == dim)
     assert dim % PANEL == 0 and head_dim <= dim <= 256
     assert block_n % 16 == 0 and 16 <= block_n <= 256 and stages >= 2
@@ -517,10 +520,12 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         """Warp-specialised: warpgroup 0 copies K / V blocks (cp.async, or TMA with ``tma``)
         into the ring and hands each stage over through mbarriers; the consumer warpgroups only
         compute, each at its own pace: S = Q K^T of block j + 1 is issued, O rescaled under it,
-        then block j's P V, and the softmax of j + 1 follows S's wait. (FlashAttention 3 runs
-        that softmax under the P V; here ptxas moves the P V wait to the top of the softmax's
-        basic block, and the order forced with a branch ran 13% slower on the H200: NOTES,
-        session 28.)"""
+        then block j's P V, and the softmax of j + 1 follows S's wait. ptxas moves the P V wait
+        to the top of the softmax's basic block, so the softmax waits for P V; with
+        ``overlap`` a never-taken branch ends that block after the softmax, which then runs
+        under the P V (FlashAttention 3's order; offline SASS: the exponentials between the two
+        waits, same registers). A branch with 8 stores in it ran 13% slower (NOTES, session
+        28); this one holds a return only."""
         min_blocks  # noqa: B018  (cache key only, see the factory)
         tiles = _tiles(cuda.shared.array(0, np.uint16))
         bars = cuda.shared.array(n_bars, np.uint64)   # full[s] = bars[s], empty: + stages
@@ -634,6 +639,8 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             ptx.wgmma_wait(acc_s, s_regs, 1)       # S of j + 1 is done, P V of j may run
             softmax(acc_s, rows, warp_row0, g, t, (n_end - 2 - j) * block_n, offset, seqlen_k,
                     window_left, window_right, scale_log2)
+            if overlap and seqlen_k < 0:
+                return   # never: a block with keys to visit has seqlen_k > 0 (see docstring)
             wait_o(acc_o, acc_o2)
             ptx.mbarrier_arrive(bars, stages + s)  # K and V of block j are no longer read
             pack_p(acc_s, p_frag)
@@ -686,9 +693,10 @@ def launch_options(groups, min_blocks, producer):
 
 @functools.lru_cache(maxsize=None)
 def wgmma_kernel(signature, head_dim, dim, groups, block_n, stages, min_blocks, producer,
-                 pingpong, is_bf16, is_varlen, tma=False, lazy=False):
+                 pingpong, is_bf16, is_varlen, tma=False, lazy=False, overlap=False):
     """The wgmma kernel for one configuration; ``min_blocks`` 0 leaves registers to ptxas."""
     return Kernel(jit(_wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16,
-                                       is_varlen, min_blocks, producer, pingpong, tma, lazy),
+                                       is_varlen, min_blocks, producer, pingpong, tma, lazy,
+                                       overlap),
                       **launch_options(groups, min_blocks, producer)),
                   signature, "flash_attn_wgmma_kernel")

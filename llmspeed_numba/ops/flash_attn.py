@@ -77,7 +77,8 @@ SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 #: V allow a tensor map (``_kv_tensor_maps``; else that call copies with cp.async); ``lazy`` 1:
 #: rows keep their maximum until a block raises it by more than 2 ** 8, and warps whose rows all
 #: kept it skip O's rescale (``_flash_attn_wgmma``; opt-in: within +-2% of the planned forms at
-#: d64 / d128 / d256, session 31).
+#: d64 / d128 / d256, session 31); ``overlap`` 1 (with a producer): the softmax of key block
+#: j + 1 runs under block j's P V (opt-in until timed on the H200).
 #: Registers a consumer thread: S ``block_n / 2`` + O ``headdim / 2`` fp32 + P ``block_n / 4``.
 #: 64: one consumer group, two blocks an SM (each hides the other's start and end, which causal
 #: blocks have half the key blocks to hide behind), TMA; its cp.async form spills, so calls that
@@ -159,9 +160,9 @@ def wgmma_config(dim):
 
 
 def _wgmma_fields(config):
-    """The eight fields of a wgmma configuration (missing trailing ones 0)."""
+    """The nine fields of a wgmma configuration (missing trailing ones 0)."""
     config = tuple(config)
-    return config + (0,) * (8 - len(config))
+    return config + (0,) * (9 - len(config))
 
 
 def tc_config(headdim):
@@ -333,7 +334,7 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
         dim = _flash_attn_wgmma.padded_dim(headdim)
         planned = config is None and TUNING.impl is None
         config = tuple(config or (SIMULATOR_WGMMA_CONFIG if SIMULATOR else wgmma_config(dim)))
-        groups, block_n, stages, min_blocks, producer, pingpong, tma, _ = _wgmma_fields(config)
+        groups, block_n, stages, min_blocks, producer, pingpong, tma, *_ = _wgmma_fields(config)
         work = nheads * max_seqlen_q * seqlen_k * (1 if is_varlen else batch)
         tma_only = planned and dim in WGMMA_TMA_ONLY
         if tma and producer and headdim == dim and (tma_only or work >= TUNING.tma_min_work):
@@ -344,12 +345,14 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
         elif maps is None and TUNING.config is None and not SIMULATOR:
             config = WGMMA_CP_ASYNC_CONFIGS.get(dim, config)
     if impl == "wgmma":
-        groups, block_n, stages, min_blocks, producer, pingpong, _, lazy = _wgmma_fields(config)
+        groups, block_n, stages, min_blocks, producer, pingpong, _, lazy, overlap = \
+            _wgmma_fields(config)
         block_m = 64 * groups
         kernel = _flash_attn_wgmma.wgmma_kernel(_WGMMA_SIGNATURE, headdim, dim, groups,
                                                 block_n, stages, min_blocks, bool(producer),
                                                 bool(pingpong), is_bf16, is_varlen,
-                                                maps is not None, lazy=bool(lazy))
+                                                maps is not None, lazy=bool(lazy),
+                                                overlap=bool(overlap))
         threads = _flash_attn_wgmma.threads_for(groups, producer)
         shared = _flash_attn_wgmma.shared_bytes(dim, groups, block_n, stages)
     elif impl == "tc":
@@ -615,11 +618,12 @@ def _wgmma_compile_target(headdim, is_bf16, is_varlen, config=None):
     linked whole-program as numba does there, which setmaxnreg needs)."""
     def build():
         dim = _flash_attn_wgmma.padded_dim(headdim)
-        groups, block_n, stages, min_blocks, producer, pingpong, tma, lazy = _wgmma_fields(
-            config or wgmma_config(dim))
+        groups, block_n, stages, min_blocks, producer, pingpong, tma, lazy, overlap = \
+            _wgmma_fields(config or wgmma_config(dim))
         fn = _flash_attn_wgmma._wgmma_kernel_fn(headdim, dim, groups, block_n, stages, is_bf16,
                                                 is_varlen, min_blocks, bool(producer),
-                                                bool(pingpong), bool(tma), bool(lazy))
+                                                bool(pingpong), bool(tma), bool(lazy),
+                                                bool(overlap))
         options = _flash_attn_wgmma.launch_options(groups, min_blocks, producer)
         return fn, _WGMMA_SIGNATURE, dict(options, lto=True)
 
@@ -632,7 +636,7 @@ _WGMMA_SASS = ("HGMMA", "LDGSTS", "MUFU.EX2")
 # instruction's type only (bf16 is checked with varlen)
 for _headdim, _bf16, _varlen in ((64, False, False), (64, True, True), (128, False, False),
                                  (128, True, True), (256, True, False), (256, True, True)):
-    _producer, _tma = _wgmma_fields(wgmma_config(_headdim))[4::2]
+    _producer, _tma = _wgmma_fields(wgmma_config(_headdim))[4:7:2]
     compile_check.register(
         f"flash_attn_wgmma_d{_headdim}_{'bf16' if _bf16 else 'f16'}"
         f"{'_varlen' if _varlen else ''}",
@@ -655,6 +659,14 @@ for _headdim, _config in ((128, WGMMA_CONFIGS[128][:6] + (0,)), (64, WGMMA_CP_AS
         _wgmma_compile_target(_headdim, True, False, _config),
         ptx_must_have=_WGMMA_PTX + ("setmaxnreg.inc",),
         sass_must_have=_WGMMA_SASS + ("USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC"))
+# the softmax under P V (opt-in ``overlap``): the exponentials must sit between S's wgmma wait
+# and P V's, which is all the form is for
+compile_check.register(
+    "flash_attn_wgmma_d64_bf16_overlap",
+    _wgmma_compile_target(64, True, False, WGMMA_CONFIGS[64] + (0, 1)),
+    ptx_must_have=_WGMMA_PTX + ("setmaxnreg.inc", "cp.async.bulk.tensor.2d"),
+    sass_must_have=_WGMMA_SASS + ("UTMALDG",),
+    sass_between=("WARPGROUP.DEPBAR.LE gsb0, 0x1", "MUFU.EX2", "WARPGROUP.DEPBAR.LE gsb0, 0x0"))
 # the all-threads-copy form (no producer), kept as the simpler fallback configuration
 compile_check.register(
     "flash_attn_wgmma_ring_d128_f16", _wgmma_compile_target(128, False, False, (2, 128, 2, 1, 0)),
