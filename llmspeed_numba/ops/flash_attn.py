@@ -34,7 +34,7 @@ import weakref
 import numpy as np
 from numba import types
 
-from .. import _checks, _recording, _tensor_map, compile_check
+from .. import _checks, _recording, compile_check
 from .._arrays import Buffer, Tensor, empty, host_ints, kernel_buffer, stream_handle
 from .._checks import (aligned, contiguous, last_dim_contiguous, non_negative_strides, output,
                        same_dtype, shape, tensor)
@@ -97,11 +97,12 @@ WGMMA_CONFIGS = {64: (1, 128, 3, 2, 1, 0, 1), 128: (2, 128, 3, 1, 1, 1, 1),
 WGMMA_CP_ASYNC_CONFIGS = {64: (2, 128, 3, 1, 1)}
 
 #: A call takes the TMA form (``tma`` 1) only from this much work on (heads x query rows x key
-#: rows x sequences): every size while calls with tensor maps replay
-#: (``_tensor_map.REPLAY_MAPS``; +1-3% over the cp.async forms at 2^25-2^27, session 31);
-#: without that, the maps keep a call off the replayed fast path, whose host time (~10 us
-#: against ~50) matters to calls of tens of microseconds, not to these (~0.2 ms and up).
-TMA_MIN_WORK = 0 if _tensor_map.REPLAY_MAPS else 2**28
+#: rows x sequences): a call on operands new to the map cache makes their maps, a synchronous
+#: upload, which costs small calls (~tens of microseconds of kernel) more than TMA gains them
+#: (+1-3% at 2^25-2^27 with the maps cached and replayed, session 31); and without
+#: ``_tensor_map.REPLAY_MAPS`` the maps keep a call off the replayed fast path (~10 us against
+#: ~50 of host time).
+TMA_MIN_WORK = 2**28
 
 #: Head dimensions whose planned wgmma kernel runs only in the TMA form, at any size: the
 #: cp.async producer's register split leaves d256's consumers spilling, slower than the mma.sync
