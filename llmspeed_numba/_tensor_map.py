@@ -47,7 +47,7 @@ class MapCache:
         return len(self.recent) + len(self.pinned)
 
     def get(self, key, make, pin):
-        """The map of ``key``; ``make()`` builds a missing one (``make`` None: return None);
+        """The map of ``key``; ``make(key)`` builds a missing one (``make`` None: return None);
         ``pin``: the caller is capturing a graph that will read it."""
         with self._lock:
             buf = self.pinned.get(key)
@@ -57,7 +57,7 @@ class MapCache:
             if buf is None:
                 if make is None:
                     return None
-                buf = self.recent[key] = make()
+                buf = self.recent[key] = make(key)
                 while len(self.recent) > self.capacity:
                     self.recent.popitem(last=False)
             else:
@@ -151,9 +151,13 @@ def cached_map(layout, ptr, in_capture):
     too, which holds it until it has launched), made if missing; None inside a graph capture
     when it is missing (a replay then takes its checked path). One found inside a capture is
     pinned."""
-    return _DEVICE_MAPS.get((ptr,) + layout,
-                            None if in_capture else (lambda: _new_map(ptr, layout)),
+    return _DEVICE_MAPS.get((ptr,) + layout, None if in_capture else _new_map_of_key,
                             pin=in_capture)
+
+
+def _new_map_of_key(key):
+    """``MapCache``'s maker (no closure a lookup: replays look maps up on every call)."""
+    return _new_map(key[0], key[1:])
 
 
 def _new_map(ptr, layout):

@@ -135,7 +135,8 @@ def test_map_cache_drops_the_least_recently_used_and_keeps_pinned_maps():
     made = []
 
     def maker(key):
-        def make():
+        def make(asked):
+            assert asked == key
             made.append(key)
             return f"map {key}"
         return make

@@ -637,7 +637,7 @@ _WGMMA_SASS = ("HGMMA", "LDGSTS", "MUFU.EX2")
 # instruction's type only (bf16 is checked with varlen)
 for _headdim, _bf16, _varlen in ((64, False, False), (64, True, True), (128, False, False),
                                  (128, True, True), (256, True, False), (256, True, True)):
-    _producer, _tma = _wgmma_fields(wgmma_config(_headdim))[4:7:2]
+    _, _, _, _, _producer, _, _tma, *_ = _wgmma_fields(wgmma_config(_headdim))
     compile_check.register(
         f"flash_attn_wgmma_d{_headdim}_{'bf16' if _bf16 else 'f16'}"
         f"{'_varlen' if _varlen else ''}",
