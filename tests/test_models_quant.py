@@ -23,7 +23,13 @@ from gguf_fixtures import small_tokenizer, write_gguf
 from test_engine import KV_CACHE_MEMORY
 from test_models import _bf16, _check_logits, _config, _weights, reference_logits
 
-from llmspeed_numba import LLM, QuantizedWeight, SamplingParams
+from llmspeed_numba import (
+    LLM,
+    QuantizedWeight,
+    SamplingParams,
+    deinterleave_gate_up,
+    interleave_gate_up,
+)
 from llmspeed_numba._fp8_codec import decode_e4m3, quantize_rows
 from llmspeed_numba._overrides import overrides
 from llmspeed_numba.models.gguf_loader import GGUFBlocks, load_gguf_weights
@@ -60,8 +66,10 @@ def dequantized_weights(model, weights):
             out[p + name + ".weight"] = torch.from_numpy(qkv[lo:hi])
         gate_up = layer.gate_up_t.dequantize()
         f = c.intermediate_size
-        out[p + "mlp.gate_proj.weight"] = torch.from_numpy(gate_up[:f])
-        out[p + "mlp.up_proj.weight"] = torch.from_numpy(gate_up[f:])
+        gate, up = (deinterleave_gate_up(gate_up) if llama.gated_mlp
+                    else (gate_up[:f], gate_up[f:]))
+        out[p + "mlp.gate_proj.weight"] = torch.from_numpy(np.ascontiguousarray(gate))
+        out[p + "mlp.up_proj.weight"] = torch.from_numpy(np.ascontiguousarray(up))
         out[p + "self_attn.o_proj.weight"] = torch.from_numpy(layer.o_t.dequantize())
         out[p + "mlp.down_proj.weight"] = torch.from_numpy(layer.down_t.dequantize())
     return out
@@ -167,6 +175,17 @@ def test_gguf_blocks_concatenate_by_rows(tiny_gguf):
     with pytest.raises(ValueError, match="one block type"):
         GGUFBlocks.concat([blocks["model.layers.1.self_attn.q_proj.weight"],
                            blocks["model.layers.1.self_attn.k_proj.weight"]])
+
+
+def test_gguf_gate_up_blocks_interleave_by_rows(tiny_gguf):
+    """The gated MLP's packed gate / up weight: the parts' block rows interleaved in blocks of 8
+    stand for the dequantized parts interleaved (``interleave_gate_up``), bit for bit."""
+    packed = load_model(tiny_gguf, quantization="gguf")
+    dense = load_gguf_weights(tiny_gguf, torch.float32)
+    p = "model.layers.0.mlp."
+    want = interleave_gate_up(dense[p + "gate_proj.weight"], dense[p + "up_proj.weight"])
+    assert packed.llama.gated_mlp
+    assert np.array_equal(packed.llama.layers[0].gate_up_t.dequantize(), want.numpy())
 
 
 def test_gguf_blocks_equal_the_dequantized_load(tiny_gguf):

@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import llmspeed_numba as lsn
-from llmspeed_numba import SIMULATOR
+from llmspeed_numba import SIMULATOR, deinterleave_gate_up, interleave_gate_up
 from llmspeed_numba._arrays import numpy_dtype, to_host
 from llmspeed_numba._overrides import overrides
 from llmspeed_numba.ops.quant_gemm import (
@@ -31,7 +31,13 @@ from llmspeed_numba.ops.quant_gemm import (
     tc_plan,
 )
 from llmspeed_numba.ops.quant_weight import pack_codes, unpack_codes
-from llmspeed_numba.reference.gemm import gemm_plain, gemm_reference
+from llmspeed_numba.reference.gemm import (
+    GATE_ACTIVATION,
+    gated_gemm_plain,
+    gated_gemm_reference,
+    gemm_plain,
+    gemm_reference,
+)
 from llmspeed_numba.testing import derived_check, f64, poison, random_array, to_device
 
 X_DTYPES = ("float16", "bfloat16")
@@ -63,6 +69,10 @@ def check(got, x, qw, *, out_dtype, bias=None, activation=None, tensor_core=Fals
     (default: with ``tensor_core``, on a GPU)."""
     if mma is None:
         mma = tensor_core and not SIMULATOR
+    if activation in GATE_ACTIVATION:
+        check_gated(got, x, qw, out_dtype=out_dtype, bias=bias, activation=activation,
+                    tensor_core=tensor_core, mma=mma)
+        return
     w = qw.dequantize()
     bias_h = None if bias is None else np.asarray(bias)
     reference = gemm_reference(np.asarray(x, np.float64), w.astype(np.float64).T,
@@ -71,6 +81,25 @@ def check(got, x, qw, *, out_dtype, bias=None, activation=None, tensor_core=Fals
     w_plain = w.astype(np.asarray(x).dtype) if tensor_core else w
     plain = gemm_plain(x, np.asarray(w_plain, np.float32).T, bias=bias_h, activation=activation,
                        out_dtype=numpy_dtype(out_dtype), mma=mma)
+    derived_check(f64(got), reference, np.asarray(plain, np.float64))
+
+
+def check_gated(got, x, qw, *, out_dtype, bias, activation, tensor_core, mma):
+    """A gated activation's result (M, N / 2) against float64 ``act(x @ Wg^T + bg) * (x @ Wu^T
+    + bu)``, Wg / Wu the gate and up rows of ``qw.dequantize()`` (interleaved in blocks of 8)."""
+    w_gate, w_up = deinterleave_gate_up(qw.dequantize())
+    b_gate, b_up = (None, None) if bias is None else deinterleave_gate_up(np.asarray(bias))
+    reference = gated_gemm_reference(
+        np.asarray(x, np.float64), w_gate.astype(np.float64).T, w_up.astype(np.float64).T,
+        bias_gate=None if bias is None else b_gate.astype(np.float64),
+        bias_up=None if bias is None else b_up.astype(np.float64), activation=activation)
+
+    def as_used(w):  # the Tensor Core kernel rounds each weight element to x's dtype
+        return np.asarray(w.astype(np.asarray(x).dtype) if tensor_core else w, np.float32).T
+
+    plain = gated_gemm_plain(x, as_used(w_gate), as_used(w_up), bias_gate=b_gate,
+                             bias_up=b_up, activation=activation,
+                             out_dtype=numpy_dtype(out_dtype), mma=mma)
     derived_check(f64(got), reference, np.asarray(plain, np.float64))
 
 
@@ -87,7 +116,7 @@ def run(rng, qw, M, x_dtype, *, out_dtype=None, bias_dtype=None, activation=None
     x = x_full[:, :K]
     bias = None if bias_dtype is None else random_array((N,), bias_dtype, rng)
     out_dtype = out_dtype or x_dtype
-    out = poison(_empty((M, N), out_dtype))
+    out = poison(_empty((M, N // 2 if activation in GATE_ACTIVATION else N), out_dtype))
     dx = device(x_full)[:, :K]
     got = lsn.quant_gemm(dx, qw, bias=None if bias is None else device(bias),
                          activation=activation, out=out)
@@ -402,7 +431,8 @@ def test_quant_gemm_stream(data):
     dtype = data.draw(st.sampled_from(X_DTYPES), "dtype")
     out_dtype = data.draw(st.sampled_from((None, "float32")), "out_dtype")
     bias_dtype = data.draw(st.sampled_from((None, "float32", dtype)), "bias_dtype")
-    activation = data.draw(st.sampled_from((None, "silu", "relu")), "activation")
+    activation = data.draw(st.sampled_from((None, "silu", "relu", "silu_and_mul",
+                                            "gelu_and_mul")), "activation")
     symmetric = data.draw(st.booleans(), "symmetric")
     splits = data.draw(st.sampled_from((None, 1, 2, 3)), "splits")
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), "seed"))
@@ -443,6 +473,36 @@ def test_quant_gemm_stream_replays_with_tickets_left_zero(rng):
     for _ in range(2):
         with overrides(quant_gemm={"splits": 2}):
             run(rng, qw, 5, "bfloat16", activation="silu")
+
+
+#: How each path is forced at small M (``quant_gemm.TUNING``).
+PATHS = {"stream": {"stream_max_m": 16},
+         "decode": {"stream_max_m": 0, "decode_max_m": 16},
+         "tensor_core": {"stream_max_m": 0, "decode_max_m": 0, "dequant_min_m": 1 << 30},
+         "dequant": {"stream_max_m": 0, "decode_max_m": 0, "dequant_min_m": 1}}
+
+
+@pytest.mark.parametrize("path,fmt,M,K,splits,bias_dtype,out_dtype,activation", [
+    ("stream", "int4", 3, 128, 1, "float32", None, "silu_and_mul"),
+    ("stream", "int4", 9, 512, 2, None, "float32", "gelu_and_mul"),
+    ("decode", "int8", 2, 128, None, "bfloat16", None, "silu_and_mul"),
+    ("tensor_core", "int4", 5, 128, None, None, None, "silu_and_mul"),
+    ("tensor_core", "int8", 5, 128, 2, "float32", None, "gelu_and_mul"),
+    ("dequant", "int4", 4, 128, None, "float32", "float32", "silu_and_mul")])
+def test_quant_gemm_gated(path, fmt, M, K, splits, bias_dtype, out_dtype, activation, rng):
+    """``activation="silu_and_mul"`` / ``"gelu_and_mul"`` on a weight quantized from gate and up
+    interleaved (``interleave_gate_up``): on every path, fused (the streaming kernel, unsplit and
+    split; dequantize-then-gemm) or through fp32 sums and gemm's reduce (decode, Tensor Core)."""
+    dtype = "bfloat16"
+    N = 32
+    w = interleave_gate_up(weight(rng, N // 2, K, dtype), weight(rng, N // 2, K, dtype))
+    qw = lsn.quantize_weight(device(w), fmt, group_size=64 if fmt == "int4" else -1)
+    with overrides(quant_gemm={"splits": splits, **PATHS[path]}):
+        assert on_stream_kernel(qw, M) == (path == "stream")
+        if path == "stream":
+            assert stream_plan(qw, M)[2] == splits
+        run(rng, qw, M, dtype, out_dtype=out_dtype, bias_dtype=bias_dtype,
+            activation=activation, tensor_core=path in ("tensor_core", "dequant"))
 
 
 def _decode_chain(x, norm_w, gate_up, down):
@@ -675,7 +735,13 @@ def test_quant_gemm_errors(rng):
     with pytest.raises(ValueError, match=r"bias: expected shape \(8,\)"):
         lsn.quant_gemm(x, qw, bias=device(random_array((4,), "float16", rng)))
     with pytest.raises(ValueError, match="activation: expected one of"):
+        lsn.quant_gemm(x, qw, activation="swish")
+    with pytest.raises(ValueError, match="activation: 'silu_and_mul' needs qw's N .* a "
+                                         "multiple of 16, got N = 8"):
         lsn.quant_gemm(x, qw, activation="silu_and_mul")
+    qw16 = lsn.quantize_weight(device(weight(rng, 16, 64, "float16")), "int4", group_size=32)
+    with pytest.raises(ValueError, match=r"out: expected shape \(2, 8\)"):   # gated: N / 2
+        lsn.quant_gemm(x, qw16, activation="gelu_and_mul", out=_empty((2, 16), "float16"))
     with pytest.raises(TypeError, match="out_dtype: expected one of"):
         lsn.quant_gemm(x, qw, out_dtype="int8")
     with pytest.raises(TypeError, match="out: expected dtype float16"):

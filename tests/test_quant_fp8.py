@@ -272,6 +272,26 @@ def test_quant_gemm_fp8_strided_out(rng):
     check_fp8(got, x, w, qw, out_dtype="float32")
 
 
+def test_quant_gemm_fp8_gated(rng):
+    """A gated activation on the FP8 path (gate and up rows interleaved before quantizing): the
+    path's fp32 sums, equal to the plain call's, paired by gemm's reduce: ``silu(g + bg) *
+    (u + bu)`` of the plain call's fp32 result (float64 here; libdevice's silu for fp32 out)."""
+    M, K, inter = 3, 64, 16
+    w = lsn.interleave_gate_up(random_array((inter, K), "bfloat16", rng, scale=0.05),
+                               random_array((inter, K), "bfloat16", rng, scale=0.05))
+    qw = lsn.quantize_weight(device(w), "fp8_e4m3")
+    x = device(random_array((M, K), "bfloat16", rng))
+    bias = random_array((2 * inter,), "float32", rng)
+    plain = f64(lsn.quant_gemm(x, qw, out_dtype="float32"))
+    got = lsn.quant_gemm(x, qw, bias=device(bias), activation="silu_and_mul",
+                         out=poison(_empty((M, inter), "float32")))
+    gate, up = lsn.deinterleave_gate_up(plain, dim=1)
+    b_gate, b_up = lsn.deinterleave_gate_up(bias.astype(np.float64))
+    g = gate + b_gate
+    want = g / (1 + np.exp(-g)) * (up + b_up)
+    assert_close(f64(got), want, 1e-30, rtol=4e-6)
+
+
 def test_check_rejects_unquantized_activations(rng):
     """The check is sharp: the product of the unquantized x with the dequantized weight (what a
     kernel that forgot to quantize x would give) fails it."""

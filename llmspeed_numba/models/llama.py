@@ -23,7 +23,9 @@ for the whole batch: token ``t`` is a one-token "sequence" at its own position a
 
 Weight-only quantization (``quantization``): the four projections of every layer (fused qkv, o,
 fused gate_up, down) become ``QuantizedWeight``s (N, K) run by ``quant_gemm`` (same bias and
-epilogue); embeddings, norms and the LM head stay in the model dtype.
+epilogue, the gated one included: gate and up are interleaved before they are quantized, or,
+GGUF blocks, their rows of blocks are); embeddings, norms and the LM head stay in the model
+dtype.
 
 - "fp8": W8A8 on Hopper (sm_90; the simulator runs its twins): e4m3 weights with one fp32 scale
   per output channel, the activations quantized per token at each projection (``quant_gemm``'s
@@ -145,6 +147,14 @@ def _is_blocks(w):
     return isinstance(w, GGUFBlocks)
 
 
+def _fused(parts, gated):
+    """One weight of ``parts`` (CPU tensors, (N_i, K)): gate and up interleaved (``gated``),
+    else concatenated."""
+    import torch
+
+    return interleave_gate_up(*parts) if gated else torch.cat(parts)
+
+
 def _dense(w):
     """A projection part as a CPU tensor (``GGUFBlocks`` dequantized to float32)."""
     import torch
@@ -183,8 +193,8 @@ class LlamaModel:
         self.ops = _ops.Ops()
         hidden, inter, d = c.hidden_size, c.intermediate_size, c.head_dim
         # the MLP's gate / up GEMM applies silu_and_mul in its epilogue (interleaved weights)
-        # unless the weights are quantized or the width is not whole interleave blocks
-        self.gated_mlp = quantization is None and inter % GATE_BLOCK == 0
+        # unless the width is not whole interleave blocks
+        self.gated_mlp = inter % GATE_BLOCK == 0
         nq, nk = c.num_attention_heads, c.num_key_value_heads
         self.q_size, self.kv_size = nq * d, nk * d
         if nq % nk:
@@ -249,13 +259,11 @@ class LlamaModel:
                 layer.o_bias = None if h["o_bias"] is None else put(h["o_bias"])
                 layer.post_norm = put(h["post_norm"])
                 if project is not None:
-                    layer.gate_up_t = project(h["gate_up"], put)
+                    layer.gate_up_t = project(h["gate_up"], put, gated=self.gated_mlp)
                     layer.down_t = project([h["down"]], put)
                 else:
                     # gate and up interleaved for the gated GEMM (silu_and_mul in its epilogue)
-                    gate_up = (interleave_gate_up(*h["gate_up"]) if self.gated_mlp
-                               else torch.cat(h["gate_up"]))
-                    layer.gate_up_t = put(gate_up).T
+                    layer.gate_up_t = put(_fused(h["gate_up"], self.gated_mlp)).T
                     layer.down_t = put(h["down"]).T
                 self.layers.append(layer)
             self.max_position = c.max_position_embeddings
@@ -264,34 +272,38 @@ class LlamaModel:
             self.release()
             raise
 
-    def _projection(self, parts, put):
+    def _projection(self, parts, put, gated=False):
         """One (fused) projection of a quantized model: ``parts`` (each (N_i, K), CPU tensors or
         ``GGUFBlocks``) as one ``QuantizedWeight`` (N, K), or as a dense transposed weight where
-        a "gguf" group is not all blocks of one type."""
-        import torch
-
+        a "gguf" group is not all blocks of one type. ``gated``: ``parts`` are gate and up, fused
+        interleaved (``interleave_gate_up``) for the gated epilogue, not concatenated."""
         kind = "numba" if self.device == "cpu" else "torch"
         if self.quantization == "gguf":
             from .gguf_loader import GGUFBlocks
 
             if all(_is_blocks(p) for p in parts) and len({p.ggml_type for p in parts}) == 1:
-                blocks = GGUFBlocks.concat(parts)
+                if gated:   # rows of blocks interleaved as the rows they stand for
+                    gate, up = parts
+                    blocks = GGUFBlocks(interleave_gate_up(gate.data, up.data), gate.ggml_type,
+                                        (2 * gate.shape[0], gate.shape[1]))
+                else:
+                    blocks = GGUFBlocks.concat(parts)
                 return QuantizedWeight.from_gguf(blocks.data, blocks.ggml_type, blocks.shape,
                                                  kind=kind, device=self.device)
-            return put(torch.cat([_dense(p) for p in parts])).T
-        w = torch.cat([_dense(p).to(self.dtype) for p in parts])
+            return put(_fused([_dense(p) for p in parts], gated)).T
+        w = _fused([_dense(p).to(self.dtype) for p in parts], gated)
         if self.quantization in ("int8", "fp8"):   # one scale per output channel
             fmt = {"int8": "int8", "fp8": "fp8_e4m3"}[self.quantization]
             return quantize_weight(w, fmt, kind=kind, device=self.device)
         return quantize_weight(w, "int4", group_size=int4_group_size(w.shape[1]), kind=kind,
                                device=self.device)
 
-    def _linear(self, x, w, bias=None):
-        """``x @ W^T + bias`` for a projection of a quantized model (``quant_gemm``, or ``gemm``
-        for a projection left dense)."""
+    def _linear(self, x, w, bias=None, activation=None):
+        """``activation(x @ W^T + bias)`` for a projection of a quantized model (``quant_gemm``,
+        or ``gemm`` for a projection left dense)."""
         if isinstance(w, QuantizedWeight):
-            return self.ops.quant_gemm(x, w, bias=bias)
-        return self.ops.gemm(x, w, bias=bias)
+            return self.ops.quant_gemm(x, w, bias=bias, activation=activation)
+        return self.ops.gemm(x, w, bias=bias, activation=activation)
 
     def release(self):
         """Drop every device tensor (after a failed load, or to free the GPU)."""
@@ -349,14 +361,14 @@ class LlamaModel:
                 tp.all_reduce(o)
             h = ops.rms_norm(o, layer.post_norm, eps, residual=residual, out=o)
             if self.gated_mlp:
-                x = ops.gemm(ops.gemm(h, layer.gate_up_t, activation="silu_and_mul"),
-                             layer.down_t)
+                x = self.linear(self.linear(h, layer.gate_up_t, activation="silu_and_mul"),
+                                layer.down_t)
             else:
                 gate_up = self.linear(h, layer.gate_up_t)
                 x = self.linear(ops.silu_and_mul(gate_up), layer.down_t)
             if tp is not None:
                 tp.all_reduce(x)
-        if not all_logits:
+        if not all_logits and not step.is_decode:   # a decode step's rows are all last rows
             x = ops.embedding(step.last_rows, x)
             residual = ops.embedding(step.last_rows, residual)
         h = ops.rms_norm(x, self.norm, eps, residual=residual, out=x)

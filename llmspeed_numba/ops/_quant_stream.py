@@ -36,6 +36,10 @@ layout).
 - Split K: fp32 partial sums (splits, M, N) and the last block of a column range sums them and
   applies the epilogue (one launch, ``_last_block``). Without a split, lanes store their
   outputs directly (bias, activation, rounding: ``_epilogue``).
+- Gated activations (``silu_and_mul``, ``gelu_and_mul``; the weight's rows gate and up
+  interleaved in blocks of 8, ``ops/gemm_gated.py``): a warp's 16 rows are 8 gate rows and
+  their 8 up rows, so a lane holds each gate sum beside its up sum (rows g and g + 8) and
+  stores ``act(gate) * up`` at output column ``(n0 + 16 warp) / 2 + g``: (M, N / 2).
 
 Accepted weights: 4-bit codes with N a multiple of 16 (every bulk copy of a row range of the
 scales, zero points and codes is then whole 16-byte units); other weights take
@@ -51,7 +55,8 @@ from .. import ptx
 from .._arrays import STORAGE
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
-from ._epilogue import epilogue
+from ._activations_device import GATED_ACTIVATIONS
+from ._epilogue import GATE_BLOCK, epilogue, gate_column, gated_epilogue, storer
 from ._index32 import udiv
 from ._last_block import last_block
 from ._quant_kernels import operand_types, sum_splits
@@ -176,7 +181,12 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     # (magic + zero point) in both halves; the magic's mantissa is zero, so OR adds the code
     const_offset = np.uint32(magic | (((zero_point or 0) << 16) | (zero_point or 0)))
     load_scale = _half_loader(scale_dtype)
-    store_out = epilogue(out_dtype, None, bias_dtype, act)
+    gated = act in GATED_ACTIVATIONS
+    if gated:
+        bias_pair, combine = gated_epilogue(bias_dtype, act, out_dtype)
+        store_value = storer(out_dtype)
+    else:
+        store_out = epilogue(out_dtype, None, bias_dtype, act)
     n_acc = 4 * m_frags
     barriers = 2 * stages
 
@@ -449,15 +459,23 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
                     phase ^= 1
         # without a split each lane stores its outputs; split K: fp32 partial sums (splits, M,
         # N), and the column block's last block sums them in split order (deterministic) and
-        # applies the epilogue
+        # applies the epilogue. Gated (``act`` a gated activation, rows interleaved in blocks of
+        # GATE_BLOCK = 8): a lane's rows g and g + 8 are a gate row and its up row, so its
+        # accumulators i and i + 2 make output column (n0 + 16 warp) / 2 + g
         if warp < warps:
             for f in range(m_frags):
-                for i in range(4):
+                for i in range(2 if gated and not partial else 4):
                     n = n0 + 16 * warp + g + (8 if i >= 2 else 0)
                     token = 8 * f + 2 * t + (i & 1)
                     if n < N and token < M:
                         if partial:
                             work[(cuda.blockIdx.y * M + token) * N + n] = acc[4 * f + i]
+                        elif gated:
+                            bias_gate, bias_up = bias_pair(bias, n, N)
+                            column = (n0 >> 1) + 8 * warp + g
+                            store_value(out, token * so_m + column * so_n,
+                                        combine(acc[4 * f + i], acc[4 * f + i + 2], bias_gate,
+                                                bias_up, _F1))
                         else:
                             store_out(acc[4 * f + i], n, out, token * so_m + n * so_n, out, 0,
                                       bias, _F1, _F0)
@@ -465,6 +483,19 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
             return
         splits = cuda.gridDim.y
         if last_block(counters, cuda.blockIdx.x, 1, splits) == 0:
+            return
+        if gated:
+            half = block_n // 2
+            for i in range(tid, half * M, threads):
+                m = i // half
+                j = i - m * half
+                n = n0 + gate_column(j)
+                if n < N:
+                    bias_gate, bias_up = bias_pair(bias, n, N)
+                    store_value(out, m * so_m + ((n0 >> 1) + j) * so_n,
+                                combine(sum_splits(work, m * N + n, M * N, splits),
+                                        sum_splits(work, m * N + n + GATE_BLOCK, M * N, splits),
+                                        bias_gate, bias_up, _F1))
             return
         for i in range(tid, block_n * M, threads):
             m = i // block_n

@@ -58,8 +58,8 @@ from .._typing import ArrayLike, DTypeLike, StreamLike
 from .._workspace import workspace
 from . import _fp8_gemm, _quant_stream, _quant_tc
 from . import _quant_kernels as qk
-from ._activations_device import ACTIVATIONS
-from ._epilogue import vector_width
+from ._activations_device import ACTIVATIONS, GATED_ACTIVATIONS
+from ._epilogue import GATE_BLOCK, vector_width
 from . import gemm as _gemm
 from .gemm import _address, _vector_ok, launch_splitk_reduce, splitk_partials
 from .gemm_configs import wgmma_supported
@@ -67,6 +67,9 @@ from .quant_weight import QuantizedWeight
 
 X_DTYPES = ("float16", "bfloat16")
 OUT_DTYPES = ("float16", "bfloat16", "float32")
+#: ``activation=`` values: gemm's, with its gated ones (the weight's rows gate and up
+#: interleaved in blocks of ``GATE_BLOCK``, ``interleave_gate_up``; the result has N / 2 columns).
+QUANT_ACTIVATIONS = ACTIVATIONS + tuple(GATED_ACTIVATIONS)
 #: Largest M the decode kernel takes: its accumulators are a compile-time 1, 2, 4, 8 or 16 rows.
 DECODE_MAX_M = 16
 #: Largest M planned on the decode kernel, by code bits: above it the Tensor Core kernel is
@@ -332,12 +335,24 @@ def _dequant_gemm(tx, qw, bias, activation, out, out_dtype, stream):
                         None, stream)
 
 
+def _through_fp32(plain, tx, N, tbias, to, out_dtype, activation, stream):
+    """A gated ``activation`` on a path whose kernel has no gated epilogue: ``plain(tmp)``
+    writes the plain sums into a new fp32 (M, N) array, then gemm's split-K reduce (one split)
+    pairs each gate column with its up column (bias, activation, one rounding)."""
+    M = tx.shape[0]
+    tmp = tensor(empty(tx, (M, N), "float32"), "out")
+    plain(tmp)
+    launch_splitk_reduce(kernel_buffer(tmp), to, None, tbias, M, N, N // 2, 1, out_dtype,
+                         activation, 1.0, 0.0, stream)
+
+
 def _tensor_core(tx, qw, tbias, to, out_dtype, activation, stream):
     M, K = tx.shape
     N = qw.N
     tile, splits, k_split = tc_plan(qw, M)
     block_m, block_n, block_k, warps_m, warps_n, stages, _ = tile
-    partial = splits > 1
+    gated = activation in GATED_ACTIVATIONS
+    partial = splits > 1 or gated   # the reduce's epilogue pairs gate and up columns
     bias_dtype = tbias.dtype if tbias is not None and not partial else None
     kernel_out = "float32" if partial else out_dtype
     x_sm = tx.strides[0]
@@ -361,8 +376,8 @@ def _tensor_core(tx, qw, tbias, to, out_dtype, activation, stream):
             qw.group_size, k_split, tiles_m, tiles_n, so_m, so_n, M * N, out_vec), stream,
            _quant_tc.shared_bytes(qw.bits, block_m, block_n, block_k, stages))
     if partial:
-        launch_splitk_reduce(out_buf, to, None, tbias, M, N, N, splits, out_dtype, activation,
-                             1.0, 0.0, stream)
+        launch_splitk_reduce(out_buf, to, None, tbias, M, N, N // 2 if gated else N, splits,
+                             out_dtype, activation, 1.0, 0.0, stream)
 
 
 def _gather_columns(tx, qw, stream):
@@ -390,12 +405,17 @@ def quant_gemm(x: ArrayLike, qw: QuantizedWeight, *, bias: ArrayLike | None = No
         qw: a ``QuantizedWeight`` (``quantize_weight``, ``QuantizedWeight.from_gguf`` /
             ``from_gptq`` / ``from_awq``) whose arrays live where x does.
         bias: optional (N,) fp16 / bf16 / fp32, contiguous.
-        activation: None, "relu", "gelu" (tanh form) or "silu".
-        out: optional (M, N), any non-negative strides.
+        activation: None, "relu", "gelu" (tanh form) or "silu"; or gated, "silu_and_mul" /
+            "gelu_and_mul": qw's rows are gate and up interleaved in blocks of 8
+            (``interleave_gate_up`` before quantizing; N a multiple of 16) and the result is
+            ``act(x @ Wg^T + bg) * (x @ Wu^T + bu)``, (M, N / 2), as gemm's gated epilogue.
+        out: optional (M, N) (gated: (M, N / 2)), any non-negative strides.
         out_dtype: fp16, bf16 or fp32; default: out's dtype when given, else x's.
         stream: CUDA stream (default: the caller's framework's current stream).
 
-    Returns ``out`` (allocated in x's kind when not given). Arithmetic: products summed in fp32
+    Returns ``out`` (allocated in x's kind when not given). A gated activation is fused into
+    the streaming kernel and into ``gemm`` (dequantize-then-gemm); the other kernels write fp32
+    sums that gemm's split-K reduce pairs (one more launch). Arithmetic: products summed in fp32
     (the streaming kernel, 4-bit weights on Hopper at M up to 16: ``q - z`` exact on Tensor
     Cores, each group's sum scaled in fp32; the decode kernel, M up to 4 (int4) or 2 (int8): the
     weight exact in fp32; larger M: each weight element rounded once to x's dtype, Tensor
@@ -407,7 +427,7 @@ def quant_gemm(x: ArrayLike, qw: QuantizedWeight, *, bias: ArrayLike | None = No
         TypeError: qw not a QuantizedWeight, a non-array, x not fp16 / bf16, bias / out /
             out_dtype of an unsupported dtype.
         ValueError: x not 2-D or its K not qw's, a non-contiguous last dimension, bias or out of
-            the wrong shape, an unknown activation.
+            the wrong shape, an unknown activation, a gated one with N not a multiple of 16.
         NotImplementedError: an fp8_e4m3 weight on a GPU other than Hopper (sm_90).
     """
     if not isinstance(qw, QuantizedWeight):
@@ -431,24 +451,39 @@ def _quant_gemm_checked(x, qw, bias, activation, out, out_dtype, stream):
     last_dim_contiguous("x", tx)
     M = tx.shape[0]
     tbias = bias_vector(bias, N, OUT_DTYPES, "(qw's N,)")
-    choice("activation", activation, ACTIVATIONS)
+    choice("activation", activation, QUANT_ACTIVATIONS)
+    gated = activation in GATED_ACTIVATIONS
+    if gated and N % (2 * GATE_BLOCK):
+        raise ValueError(f"activation: {activation!r} needs qw's N (gate and up rows "
+                         f"interleaved in blocks of {GATE_BLOCK}) a multiple of "
+                         f"{2 * GATE_BLOCK}, got N = {N}")
+    out_cols = N // 2 if gated else N
     out_dtype = result_dtype(out_dtype, out, tx.dtype, OUT_DTYPES)
-    to = output("out", out, (M, N), out_dtype, tx)
+    to = output("out", out, (M, out_cols), out_dtype, tx)
     if to is None:
-        out = empty(tx, (M, N), out_dtype)
+        out = empty(tx, (M, out_cols), out_dtype)
         to = tensor(out, "out")
     if M == 0:
         return out
     handle = stream_handle(stream, (tx,))
     if qw.format == "fp8_e4m3":   # W8A8 on Hopper
-        _fp8_gemm.fp8_gemm(tx, qw, tbias, to, out_dtype, activation, handle)
+        if gated:
+            _through_fp32(lambda tmp: _fp8_gemm.fp8_gemm(tx, qw, None, tmp, "float32", None,
+                                                         handle),
+                          tx, N, tbias, to, out_dtype, activation, handle)
+        else:
+            _fp8_gemm.fp8_gemm(tx, qw, tbias, to, out_dtype, activation, handle)
         return out
     if qw.k_perm is not None:
         tx = _gather_columns(tx, qw, handle)
     if on_stream_kernel(qw, M):
         _stream(tx, qw, tbias, to, out_dtype, activation, handle)
     elif on_decode_kernel(qw, M):
-        _decode(tx, qw, tbias, to, out_dtype, activation, handle)
+        if gated:
+            _through_fp32(lambda tmp: _decode(tx, qw, None, tmp, "float32", None, handle),
+                          tx, N, tbias, to, out_dtype, activation, handle)
+        else:
+            _decode(tx, qw, tbias, to, out_dtype, activation, handle)
     elif on_dequant_gemm(qw, M):
         _dequant_gemm(tx, qw, bias, activation, out, out_dtype, handle)
     else:
