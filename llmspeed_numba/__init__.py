@@ -30,6 +30,7 @@ _LAZY = {
     **dict.fromkeys(("QuantizedWeight", "quantize_weight"), ".ops.quant_weight"),
     "rms_norm": ".ops.rms_norm",
     "rotary_embedding": ".ops.rotary",
+    "rotary_kv_append": ".ops.rotary_kv_append",
     "sample": ".ops.sample",
     "argmax": ".ops.argmax",
     "softmax": ".ops.softmax",
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from .ops.quant_weight import QuantizedWeight, quantize_weight
     from .ops.rms_norm import rms_norm
     from .ops.rotary import rotary_embedding
+    from .ops.rotary_kv_append import rotary_kv_append
     from .ops.sample import sample
     from .ops.softmax import softmax
     from .paged_cache import OutOfPages, PageAllocator, PagedKVCache
@@ -66,7 +68,8 @@ __all__ = [
     "rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul", "gelu", "gelu_and_mul",
     "softmax", "argmax", "sample", "embedding",
     "quant_gemm", "quantize_weight", "QuantizedWeight",
-    "paged_decode_attention", "paged_prefill_attention", "paged_kv_append", "PagedKVCache",
+    "paged_decode_attention", "paged_prefill_attention", "paged_kv_append", "rotary_kv_append",
+    "PagedKVCache",
     "PageAllocator", "OutOfPages",
     "LLM", "SamplingParams", "RequestOutput",
 ]

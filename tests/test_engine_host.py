@@ -408,7 +408,7 @@ def test_warm_up_lists_every_step_kind_once_and_marks_it(tmp_path):
     marker = str(tmp_path / "engine.done")
     runner.warm_up(1, 8, page_tokens=16, max_model_len=64, marker=marker, compile=compile)
     (names,) = lists
-    assert {"paged_decode_kernel", "sample_kernel", "paged_kv_append_kernel"} <= names
+    assert {"paged_decode_kernel", "sample_kernel", "rotary_append_kernel"} <= names
     assert any("paged_prefill" in n for n in names)             # a chunk continuing a sequence
     assert any(n.startswith("flash_attn") for n in names)       # a prompt from its start
     assert set(runner.graphs) == set(runner.decode_shapes(1)) == {(1, 4)}

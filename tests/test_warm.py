@@ -14,8 +14,9 @@ from llmspeed_numba._launch import Kernel, collecting_kernels
 
 pytest.importorskip("torch")
 
-#: every op of a Llama forward (prefill through flash_attn_varlen, decode through paged decode)
-MODEL_OPS = {"embedding", "rms_norm", "gemm", "rotary", "paged_kv_append", "flash_attn",
+#: every op of a Llama forward (prefill through flash_attn_varlen, decode through paged decode;
+#: "rotary" rotates q, k and appends k, v to the cache: rotary_kv_append)
+MODEL_OPS = {"embedding", "rms_norm", "gemm", "rotary", "flash_attn",
              "argmax", "paged_decode"}
 
 

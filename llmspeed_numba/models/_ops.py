@@ -21,6 +21,7 @@ from ..ops.paged_prefill import paged_prefill_attention
 from ..ops.quant_gemm import quant_gemm
 from ..ops.rms_norm import rms_norm
 from ..ops.rotary import rotary_embedding
+from ..ops.rotary_kv_append import rotary_kv_append
 from ..ops.sample import sample
 from ..ops.argmax import argmax
 
@@ -29,7 +30,8 @@ _OPS = {
     "gemm": gemm, "paged_decode_attention": paged_decode_attention,
     "paged_kv_append": paged_kv_append, "paged_prefill_attention": paged_prefill_attention,
     "quant_gemm": quant_gemm, "rms_norm": rms_norm,
-    "rotary_embedding": rotary_embedding, "sample": sample, "silu_and_mul": silu_and_mul,
+    "rotary_embedding": rotary_embedding, "rotary_kv_append": rotary_kv_append,
+    "sample": sample, "silu_and_mul": silu_and_mul,
 }
 
 

@@ -18,8 +18,9 @@ differs:
   over their sequences' pages, one ``paged_prefill_attention`` for all of them;
 - decode: ``paged_decode_attention`` over each sequence's pages.
 
-Both write the new keys and values into the paged cache first (``paged_kv_append``, one launch
-for the whole batch: token ``t`` is a one-token "sequence" at its own position and page row).
+Both write the new keys and values into the paged cache first, in the launch that rotates q
+and k (``rotary_kv_append``, one launch for the whole batch: token ``t`` at its own position and
+page row).
 
 Weight-only quantization (``quantization``): the four projections of every layer (fused qkv, o,
 fused gate_up, down) become ``QuantizedWeight``s (N, K) run by ``quant_gemm`` (same bias and
@@ -383,11 +384,9 @@ class LlamaModel:
         q = qkv[:, :self.q_size].view(tokens, nq, d)
         k = qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, nk, d)
         v = qkv[:, self.q_size + self.kv_size:].view(tokens, nk, d)
-        ops.rotary_embedding(q, k, step.positions, cos_sin_cache=self.cos_sin, style="neox",
-                             check_bounds=False)
         k_cache, v_cache = cache.k_cache[index], cache.v_cache[index]
-        ops.paged_kv_append(k.unsqueeze(1), v.unsqueeze(1), k_cache, v_cache,
-                            step.token_tables, step.positions)
+        ops.rotary_kv_append(q, k, v, k_cache, v_cache, step.token_tables, step.positions,
+                             cos_sin_cache=self.cos_sin, style="neox")
         window = (-1, -1) if c.sliding_window is None else (c.sliding_window - 1, 0)
         if step.is_decode:
             out = ops.paged_decode_attention(q, k_cache, v_cache, step.block_table,

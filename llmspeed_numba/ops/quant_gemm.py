@@ -528,6 +528,11 @@ def _register():
                                      None, True),
         "quant_stream_int4_g128_bf16_m1_programmatic": (1, 4, "const", 8, "bfloat16", "bfloat16",
                                                         "bfloat16", None, None, True),
+        # the model's gated MLP at decode (gate / up interleaved): split and unsplit
+        "quant_stream_int4_g128_bf16_m1_gated_splitk": (1, 4, "const", 8, "bfloat16", "bfloat16",
+                                                        "bfloat16", None, "silu_and_mul", True),
+        "quant_stream_int4_g128_bf16_m8_gated": (8, 4, "const", 8, "bfloat16", "bfloat16",
+                                                 "bfloat16", "bfloat16", "silu_and_mul", False),
     }
     for name, (mb, gc, mode, zp, sd, xd, od, bd, act, partial) in stream_variants.items():
         programmatic = name.endswith("_programmatic")

@@ -87,9 +87,11 @@ def _pairs_per_group(mode, q_kind):
     return {MODE_NEOX_VEC: width, MODE_GPTJ_VEC: width // 2}.get(mode, 1)
 
 
-def _rotary_kernel_fn(q_kind, c_kind, mode, has_cache):
+def _rotary_kernel_fn(q_kind, c_kind, mode, has_cache, append=False):
     """Kernel for q/k storage ``q_kind``, cache storage ``c_kind`` (when ``has_cache``), access
-    ``mode`` (``MODE_*``); the positions' dtype is the signature's."""
+    ``mode`` (``MODE_*``); the positions' dtype is the signature's. ``append``: the kernel of
+    ``rotary_kv_append`` (``_append_signature``), which also writes each token's rotated k and
+    its v into the paged caches."""
     pairs = _pairs_per_group(mode, q_kind)
     vector = mode in (MODE_NEOX_VEC, MODE_GPTJ_VEC)
     neox = mode in (MODE_NEOX_VEC, MODE_NEOX_SCALAR)
@@ -100,6 +102,7 @@ def _rotary_kernel_fn(q_kind, c_kind, mode, has_cache):
     pack = rw.chunk_packer(q_kind, vec if vector else 1)
     c_conv = rw.to_f32(c_kind)
     elems = 2 * pairs
+    chunk = vec if vector else 1      # elements a copy moves (append: v, k past rotary_dim)
 
     @cuda.jit(device=True, inline="always")
     def rotate(buf, base, f0, half, cs, sn, w1, w2, a, b):
@@ -145,6 +148,34 @@ def _rotary_kernel_fn(q_kind, c_kind, mode, has_cache):
                 store(buf, o1, w1, 0)
                 store(buf, o1 + 1, w2, 0)
 
+    @cuda.jit(device=True, inline="always")
+    def store_rotated(buf, base, f0, half, w1, w2):
+        """Store the words ``rotate`` left in ``w1`` / ``w2`` at the head starting at
+        ``buf[base]`` (the same places it stored them in its own head)."""
+        if neox:
+            store(buf, base + f0, w1, 0)
+            store(buf, base + f0 + half, w2, 0)
+        else:
+            store(buf, base + 2 * f0, w1, 0)
+            if not vector:
+                store(buf, base + 2 * f0 + 1, w2, 0)
+
+    @cuda.jit(device=True, inline="always")
+    def angles(cs, sn, f0, pos, cache, inv_freq, cache_stride, half):
+        """cos / sin of the thread's frequencies ``f0 ..`` at position ``pos``."""
+        for i in range(pairs):
+            f = f0 + i
+            if has_cache:
+                cs[i] = c_conv(cache[pos * cache_stride + f])
+                sn[i] = c_conv(cache[pos * cache_stride + half + f])
+            else:
+                angle = np.float32(pos) * inv_freq[f]
+                turns = (angle * _INV_2PI + _ROUND_MAGIC) - _ROUND_MAGIC
+                r = _fma(-turns, _TWO_PI_HI, angle)
+                r = _fma(-turns, _TWO_PI_LO, r)
+                cs[i] = ptx.cos_approx(r)
+                sn[i] = ptx.sin_approx(r)
+
     def rotary_kernel(q, k, positions, cache, inv_freq, nh_q, nh_k, half, groups, pos_stride,
                       q_tok, q_head, k_tok, k_head, cache_stride, max_pos):
         cs = cuda.local.array(pairs, np.float32)
@@ -164,18 +195,7 @@ def _rotary_kernel_fn(q_kind, c_kind, mode, has_cache):
             if pos < 0 or pos >= max_pos:
                 return  # out of the cache: leave the token unrotated, read nothing
         f0 = g * pairs
-        for i in range(pairs):
-            f = f0 + i
-            if has_cache:
-                cs[i] = c_conv(cache[pos * cache_stride + f])
-                sn[i] = c_conv(cache[pos * cache_stride + half + f])
-            else:
-                angle = np.float32(pos) * inv_freq[f]
-                turns = (angle * _INV_2PI + _ROUND_MAGIC) - _ROUND_MAGIC
-                r = _fma(-turns, _TWO_PI_HI, angle)
-                r = _fma(-turns, _TWO_PI_LO, r)
-                cs[i] = ptx.cos_approx(r)
-                sn[i] = ptx.sin_approx(r)
+        angles(cs, sn, f0, pos, cache, inv_freq, cache_stride, half)
         # q heads, then k heads (separate loops: each sees one array, so loads stay LDG)
         h = slot
         while h < nh_q:
@@ -188,7 +208,64 @@ def _rotary_kernel_fn(q_kind, c_kind, mode, has_cache):
                    a, b)
             h += slots
 
-    return rotary_kernel
+    def rotary_append_kernel(q, k, positions, cache, inv_freq, nh_q, nh_k, half, groups,
+                             pos_stride, q_tok, q_head, k_tok, k_head, cache_stride, max_pos,
+                             v, kc, vc, table, v_tok, v_head, ckb, ckt, ckh, cvb, cvt, cvh,
+                             table_row, max_slots, num_blocks, bs_shift, headdim, rotary_dim):
+        cs = cuda.local.array(pairs, np.float32)
+        sn = cuda.local.array(pairs, np.float32)
+        w1 = cuda.local.array(4, np.uint32)
+        w2 = cuda.local.array(4, np.uint32)
+        a = cuda.local.array(elems, np.float32)
+        b = cuda.local.array(elems, np.float32)
+        token = np.int64(cuda.blockIdx.x)
+        tid = cuda.threadIdx.x
+        pos = np.int64(positions[token * pos_stride])
+        if has_cache:
+            if pos < 0 or pos >= max_pos:
+                return  # out of the cache: neither rotated nor appended, nothing read
+        # the token's page (-1: its position has no page in range: the caches are not written)
+        page = np.int64(-1)
+        if pos >= 0 and (pos >> bs_shift) < max_slots:
+            found = np.int64(table[token * table_row + (pos >> bs_shift)])
+            if found >= 0 and found < num_blocks:
+                page = found
+        in_page = pos & ((np.int64(1) << bs_shift) - 1)
+        k_row = page * ckb + in_page * ckt
+        v_row = page * cvb + in_page * cvt
+        if page >= 0:
+            # v whole, and k's elements past rotary_dim (they do not rotate), chunk by chunk
+            per_head = headdim // chunk
+            for c in range(tid, nh_k * per_head, cuda.blockDim.x):
+                h = c // per_head
+                d = (c - h * per_head) * chunk
+                load(v, token * v_tok + h * v_head + d, w1, 0)
+                store(vc, v_row + h * cvh + d, w1, 0)
+            tail = (headdim - rotary_dim) // chunk
+            for c in range(tid, nh_k * tail, cuda.blockDim.x):
+                h = c // tail
+                d = rotary_dim + (c - h * tail) * chunk
+                load(k, token * k_tok + h * k_head + d, w1, 0)
+                store(kc, k_row + h * ckh + d, w1, 0)
+        g = tid % groups
+        slot = tid // groups
+        slots = cuda.blockDim.x // groups
+        if slot >= slots:
+            return
+        f0 = g * pairs
+        angles(cs, sn, f0, pos, cache, inv_freq, cache_stride, half)
+        h = slot
+        while h < nh_q:
+            rotate(q, token * q_tok + np.int64(h) * q_head, f0, half, cs, sn, w1, w2, a, b)
+            h += slots
+        h -= nh_q
+        while h < nh_k:
+            rotate(k, token * k_tok + np.int64(h) * k_head, f0, half, cs, sn, w1, w2, a, b)
+            if page >= 0:
+                store_rotated(kc, k_row + np.int64(h) * ckh, f0, half, w1, w2)
+            h += slots
+
+    return rotary_append_kernel if append else rotary_kernel
 
 
 def _signature(q_kind, c_kind, pos_int64):
@@ -200,9 +277,21 @@ def _signature(q_kind, c_kind, pos_int64):
             types.int64, types.int64)
 
 
+def _append_signature(q_kind, c_kind, pos_int64):
+    """``_signature`` and ``rotary_append_kernel``'s own: v, k_cache, v_cache, the page table
+    (int32), the strides of v (token, head), of the caches (page, slot, head) and of a table
+    row, max_slots, num_blocks, log2(block_size), headdim, rotary_dim."""
+    qs = array1d(np.float32 if q_kind == rw.KIND_F32 else np.uint16)
+    return (_signature(q_kind, c_kind, pos_int64) + (qs, qs, qs, array1d(np.int32))
+            + (types.int64,) * 9 + (types.int32,) * 5)
+
+
 @functools.lru_cache(maxsize=None)
-def _rotary_kernel(q_kind, c_kind, mode, has_cache, pos_int64):
-    fn = _rotary_kernel_fn(q_kind, c_kind, mode, has_cache)
+def _rotary_kernel(q_kind, c_kind, mode, has_cache, pos_int64, append=False):
+    fn = _rotary_kernel_fn(q_kind, c_kind, mode, has_cache, append)
+    if append:
+        return Kernel(jit(fn), _append_signature(q_kind, c_kind, pos_int64),
+                      "rotary_append_kernel")
     return Kernel(jit(fn), _signature(q_kind, c_kind, pos_int64), "rotary_kernel")
 
 
@@ -298,6 +387,25 @@ def rotary_embedding(q: ArrayLike, k: ArrayLike | None, positions: ArrayLike, *,
 def _rotary_embedding_checked(q, k, positions, base, cos_sin_cache, style, rotary_dim,
                               check_bounds, stream):
     """The checked path of ``rotary_embedding`` (validation, planning, launch)."""
+    plan = plan_rotary(q, k, positions, base, cos_sin_cache, style, rotary_dim, check_bounds)
+    if plan is not None:
+        plan.kernel(plan.tokens, plan.threads, plan.args, stream_handle(stream, (plan.tq,)))
+    return q, k
+
+
+class RotaryPlan:
+    """A checked rotary call: its tensors (``tq``, ``tk``, ``tp``, ``tc``), shape numbers, the
+    kernel and block size, and the kernel's first arguments (``args``)."""
+
+    __slots__ = ("tq", "tk", "tp", "tc", "tokens", "headdim", "rotary_dim", "nh_k", "threads",
+                 "kernel", "args", "vector", "width")
+
+
+def plan_rotary(q, k, positions, base, cos_sin_cache, style, rotary_dim, check_bounds,
+                append_to=()):
+    """Validate a rotary call and plan its launch: a ``RotaryPlan``, or None when there is
+    nothing to rotate. ``append_to``: for ``rotary_kv_append``, the tensors its kernel also
+    copies (v, the caches), which must allow 16-byte chunks too for the vector form."""
     tq = tensor(q, "q", dtypes=FLOAT_DTYPES)
     _check_head_tensor("q", tq)
     tokens, nh_q, headdim = tq.shape
@@ -344,19 +452,23 @@ def _rotary_embedding_checked(q, k, positions, base, cos_sin_cache, style, rotar
         if not (math.isfinite(base) and base > 0):
             raise ValueError(f"base: expected a finite float > 0, got {base}")
         max_pos = 0
-    if tokens == 0 or (nh_q == 0 and (tk is None or tk.shape[1] == 0)):
-        return q, k
+    nh_k = 0 if tk is None else tk.shape[1]
+    if tokens == 0 or (nh_q == 0 and nh_k == 0):
+        return None
 
     q_kind = rw.kind(tq.dtype)
     width = rw.vector_width(tq.dtype)
+    copies_ok = all(_chunks_ok(t, width) for t in append_to) and (
+        not append_to or headdim % width == 0)
     if style == "neox":
-        vector = half % width == 0 and _vector_ok(tq, width) and _vector_ok(tk, width)
+        vector = (half % width == 0 and _vector_ok(tq, width) and _vector_ok(tk, width)
+                  and copies_ok)
         mode = MODE_NEOX_VEC if vector else MODE_NEOX_SCALAR
     else:
-        vector = rotary_dim % width == 0 and _vector_ok(tq, width) and _vector_ok(tk, width)
+        vector = (rotary_dim % width == 0 and _vector_ok(tq, width) and _vector_ok(tk, width)
+                  and copies_ok)
         mode = MODE_GPTJ_VEC if vector else MODE_GPTJ_SCALAR
     groups = half // _pairs_per_group(mode, q_kind)
-    nh_k = 0 if tk is None else tk.shape[1]
     if groups > 1024:
         raise NotImplementedError(f"rotary_dim: at most 2048 supported, got {rotary_dim}")
     # enough threads for every (group, head) up to MAX_BLOCK_THREADS, and at least one per group
@@ -365,7 +477,6 @@ def _rotary_embedding_checked(q, k, positions, base, cos_sin_cache, style, rotar
                   min(round32(groups * (nh_q + nh_k)), TUNING.max_block_threads))
 
     c_kind = rw.KIND_F32 if tc is None else rw.kind(tc.dtype)
-    kernel = _rotary_kernel(q_kind, c_kind, mode, tc is not None, tp.dtype == "int64")
     qb = kernel_buffer(tq)
     kb = qb if tk is None else kernel_buffer(tk)
     if tc is None:
@@ -378,11 +489,20 @@ def _rotary_embedding_checked(q, k, positions, base, cos_sin_cache, style, rotar
         fb = kernel_buffer(as_tensor(_inv_freq_table(1.0, 2), "inv_freq"))  # unused
         cache_stride = tc.strides[0]
     k_tok, k_head = (0, 0) if tk is None else tk.strides[:2]
-    kernel(tokens, threads,
-              (qb, kb, kernel_buffer(tp), cb, fb, nh_q, nh_k, half, groups, tp.strides[0],
-               tq.strides[0], tq.strides[1], k_tok, k_head, cache_stride, max_pos),
-              stream_handle(stream, (tq,)))
-    return q, k
+    plan = RotaryPlan()
+    plan.tq, plan.tk, plan.tp, plan.tc = tq, tk, tp, tc
+    plan.tokens, plan.headdim, plan.rotary_dim, plan.nh_k = tokens, headdim, rotary_dim, nh_k
+    plan.threads, plan.vector, plan.width = threads, vector, width
+    plan.kernel = _rotary_kernel(q_kind, c_kind, mode, tc is not None, tp.dtype == "int64",
+                                 bool(append_to))
+    plan.args = (qb, kb, kernel_buffer(tp), cb, fb, nh_q, nh_k, half, groups, tp.strides[0],
+                 tq.strides[0], tq.strides[1], k_tok, k_head, cache_stride, max_pos)
+    return plan
+
+
+def _chunks_ok(t, width):
+    """Whether ``t`` (last dimension contiguous) can be copied in 16-byte chunks."""
+    return t.ptr % 16 == 0 and all(s % width == 0 for s in t.strides[:-1])
 
 
 def _register():
@@ -397,6 +517,11 @@ def _register():
             name, lambda qk=qk, ck=ck, mode=mode, cache=cache, p64=p64: (
                 _rotary_kernel_fn(qk, ck, mode, cache), _signature(qk, ck, p64)),
             sass_must_have=("LDG.E.128", "STG.E.128") if vec else ())
+    compile_check.register(      # rotary_kv_append's kernel: the model's decode and prefill
+        "rotary_append_neox_bf16_cache_bf16",
+        lambda: (_rotary_kernel_fn(bf16, bf16, MODE_NEOX_VEC, True, True),
+                 _append_signature(bf16, bf16, False)),
+        sass_must_have=("LDG.E.128", "STG.E.128"))
 
 
 _register()
