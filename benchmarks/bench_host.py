@@ -228,6 +228,23 @@ def paged_kv_append(A, s):
                                                  before), "index_copy_ x2", base)]
 
 
+def rotary_kv_append(A, s):
+    cache, _, table, _ = _paged(A, s, s.tokens)
+    q, k, v = (A.randn(s.tokens, s.heads, s.dim), A.randn(s.tokens, s.kv, s.dim),
+               A.randn(s.tokens, s.kv, s.dim))
+    pos, cos_sin = A.ints(np.full(s.tokens, s.ctx - 1)), A.randn(2 * s.ctx, s.dim)
+    k_rows, v_rows = k.reshape(s.tokens, 1, s.kv, s.dim), v.reshape(s.tokens, 1, s.kv, s.dim)
+
+    def pair():  # the two calls it replaces (ours), as the model made them
+        lsn.rotary_embedding(q, k, pos, cos_sin_cache=cos_sin, check_bounds=False)
+        lsn.paged_kv_append(k_rows, v_rows, cache.k_cache, cache.v_cache, table, pos)
+
+    return f"{s.tokens} tok h{s.heads}/{s.kv} d{s.dim} blk{s.block} cache", [
+        ("in place", lambda: lsn.rotary_kv_append(q, k, v, cache.k_cache, cache.v_cache, table,
+                                                  pos, cos_sin_cache=cos_sin), "rotary + append",
+         pair)]
+
+
 def paged_decode_attention(A, s):
     cache, _, table, lens = _paged(A, s, s.tokens)
     q, out = A.randn(s.tokens, s.heads, s.dim), A.randn(s.tokens, s.heads, s.dim)
@@ -250,7 +267,8 @@ def paged_prefill_attention(A, s):
 
 OPS = ["gemm", "flash_attn", "flash_attn_varlen", "rms_norm", "layer_norm", "rotary_embedding",
        "silu_and_mul", "gelu_and_mul", "gelu", "softmax", "argmax", "sample", "embedding",
-       "paged_kv_append", "paged_decode_attention", "paged_prefill_attention"]
+       "paged_kv_append", "rotary_kv_append", "paged_decode_attention",
+       "paged_prefill_attention"]
 #: ... and cases run only when named (``--ops``)
 EXTRA_OPS = ["gemm_tma"]
 
