@@ -110,6 +110,24 @@ def check_append_tables(block_table, seq_lens, num_blocks, block_size, new_token
                              f"{int(block_table[b, j])}")
 
 
+def check_caches(tkc, tvc, nheads_k, headdim, tables, check_bounds):
+    """Check a K / V cache pair that rows of ``nheads_k x headdim`` are appended to (shapes,
+    layout, block_size a power of two) and ``check_bounds`` (None: whether the page ``tables``
+    are host memory); ``(num_blocks, block_size, check_bounds)``."""
+    shape("k_cache", tkc, (None, None, nheads_k, headdim), "to match k's nheads_k and headdim")
+    shape("v_cache", tvc, tkc.shape, "to match k_cache")
+    _check_cache_layout("k_cache", tkc)
+    _check_cache_layout("v_cache", tvc)
+    num_blocks, block_size = tkc.shape[:2]
+    if block_size < 1 or block_size & (block_size - 1):
+        raise NotImplementedError(f"k_cache: block_size {block_size} is not supported; "
+                                  f"expected a power of two")
+    if check_bounds is None:
+        check_bounds = SIMULATOR or tables.kind == "numpy"
+    boolean("check_bounds", check_bounds)
+    return num_blocks, block_size, check_bounds
+
+
 _PAGED_KV_APPEND_CALLS = OpCalls("paged_kv_append")
 
 
@@ -146,9 +164,8 @@ def _paged_kv_append_checked(k, v, k_cache, v_cache, block_table, seq_lens, stre
     tsl = tensor(seq_lens, "seq_lens", ndim=1)
     batch, new_tokens, nheads_k, headdim = tk.shape
     shape("v", tv, tk.shape, "to match k")
-    num_blocks, block_size = tkc.shape[:2]
-    shape("k_cache", tkc, (None, None, nheads_k, headdim), "to match k's nheads_k and headdim")
-    shape("v_cache", tvc, tkc.shape, "to match k_cache")
+    num_blocks, block_size, check_bounds = check_caches(tkc, tvc, nheads_k, headdim, tbt,
+                                                        check_bounds)
     shape("block_table", tbt, (batch, None), "to match k's batch")
     shape("seq_lens", tsl, (batch,), "to match k's batch")
     same_dtype("k", tk, v=tv, k_cache=tkc, v_cache=tvc)
@@ -158,14 +175,6 @@ def _paged_kv_append_checked(k, v, k_cache, v_cache, block_table, seq_lens, stre
     for name, t in (("k", tk), ("v", tv), ("block_table", tbt), ("seq_lens", tsl)):
         if any(s < 0 for s in t.strides):
             raise ValueError(f"{name}: negative strides are unsupported, got {t.strides}")
-    _check_cache_layout("k_cache", tkc)
-    _check_cache_layout("v_cache", tvc)
-    if block_size < 1 or block_size & (block_size - 1):
-        raise NotImplementedError(f"k_cache: block_size {block_size} is not supported; "
-                                  f"expected a power of two")
-    if check_bounds is None:
-        check_bounds = SIMULATOR or tbt.kind == "numpy"
-    boolean("check_bounds", check_bounds)
     if check_bounds:
         check_append_tables(host_ints(tbt), host_ints(tsl), num_blocks, block_size,
                             new_tokens)

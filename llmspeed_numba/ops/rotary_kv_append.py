@@ -33,12 +33,10 @@ k, storing each rotated k chunk both in place and in the cache.
 import numpy as np
 
 from .._arrays import host_ints, kernel_buffer, stream_handle
-from .._checks import boolean, same_dtype, shape, tensor
-from .._env import SIMULATOR
+from .._checks import same_dtype, shape, tensor
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, StreamLike
-from .paged_decode import _check_cache_layout
-from .paged_kv_append import HALF_DTYPES
+from .paged_kv_append import HALF_DTYPES, check_caches
 from .rotary import plan_rotary
 
 _ROTARY_KV_APPEND_CALLS = OpCalls("rotary_kv_append")
@@ -97,8 +95,8 @@ def _rotary_kv_append_checked(q, k, v, k_cache, v_cache, token_tables, positions
     tt = tensor(token_tables, "token_tables", ndim=2)
     tokens, nheads_k, headdim = tk.shape
     shape("v", tv, tk.shape, "to match k")
-    shape("k_cache", tkc, (None, None, nheads_k, headdim), "to match k's nheads_k and headdim")
-    shape("v_cache", tvc, tkc.shape, "to match k_cache")
+    num_blocks, block_size, check_bounds = check_caches(tkc, tvc, nheads_k, headdim, tt,
+                                                        check_bounds)
     shape("token_tables", tt, (tokens, None), "to match k's tokens")
     same_dtype("k", tk, v=tv, k_cache=tkc, v_cache=tvc)
     if tt.dtype != "int32":
@@ -109,15 +107,6 @@ def _rotary_kv_append_checked(q, k, v, k_cache, v_cache, token_tables, positions
     if headdim > 1 and tv.strides[2] != 1:
         raise ValueError(f"v: expected the last dimension to be contiguous (stride 1), got "
                          f"strides {tv.strides}")
-    _check_cache_layout("k_cache", tkc)
-    _check_cache_layout("v_cache", tvc)
-    num_blocks, block_size = tkc.shape[:2]
-    if block_size < 1 or block_size & (block_size - 1):
-        raise NotImplementedError(f"k_cache: block_size {block_size} is not supported; "
-                                  f"expected a power of two")
-    if check_bounds is None:
-        check_bounds = SIMULATOR or tt.kind == "numpy"
-    boolean("check_bounds", check_bounds)
     plan = plan_rotary(q, k, positions, base, cos_sin_cache, style, rotary_dim, check_bounds,
                        append_to=(tv, tkc, tvc))
     if plan is None:
