@@ -12,7 +12,7 @@ each replay, median of 20), so the difference is the second launch's kernel and 
 the two, as a decode graph pays them. Before timing, both sides' outputs are compared (bitwise for
 the rotary pair; within the half-precision rounding of the intermediate for the GEMM, whose
 unfused side rounds gate / up to bf16 before ``silu_and_mul``). Rows go to ``fusions.csv`` (in
-``$OUT`` or ``benchmarks/results/``) with a PNG.
+``$OUT`` or ``benchmarks/results/``) as each is measured, with a PNG at the end.
 """
 
 import argparse
@@ -34,7 +34,8 @@ def _timed(fn):
 
 
 def rotary_case(tokens):
-    """(fused, pair, check) at ``tokens`` new tokens, one a sequence, positions up to 4096."""
+    """(fused, pair, check) at ``tokens`` new tokens, one a sequence, positions up to 4096:
+    token t's page at its position is page t (the rest of its row is -1, never read)."""
     import torch
 
     from llmspeed_numba import paged_kv_append, rotary_embedding, rotary_kv_append
@@ -42,12 +43,12 @@ def rotary_case(tokens):
     dev = "cuda"
     qkv = torch.randn(tokens, HEADS + 2 * KV_HEADS, HEADDIM, device=dev, dtype=torch.bfloat16)
     q, k, v = qkv[:, :HEADS], qkv[:, HEADS:HEADS + KV_HEADS], qkv[:, HEADS + KV_HEADS:]
-    width = 4096 // PAGE
-    pages = tokens * width
-    kc = torch.zeros(pages, PAGE, KV_HEADS, HEADDIM, device=dev, dtype=torch.bfloat16)
+    kc = torch.zeros(tokens, PAGE, KV_HEADS, HEADDIM, device=dev, dtype=torch.bfloat16)
     vc = torch.zeros_like(kc)
-    tables = torch.arange(pages, device=dev, dtype=torch.int32).view(tokens, width)
     positions = torch.randint(0, 4096, (tokens,), device=dev, dtype=torch.int32)
+    tables = torch.full((tokens, 4096 // PAGE), -1, device=dev, dtype=torch.int32)
+    rows = torch.arange(tokens, device=dev)
+    tables[rows, (positions // PAGE).long()] = rows.to(torch.int32)
     inv = 1.0 / (500000.0 ** (torch.arange(0, HEADDIM, 2, device=dev, dtype=torch.float64)
                               / HEADDIM))
     angles = torch.arange(4096, device=dev, dtype=torch.float64)[:, None] * inv[None, :]
@@ -65,6 +66,8 @@ def rotary_case(tokens):
         fused()
         got = (qkv.clone(), kc.clone(), vc.clone())
         qkv.copy_(start)
+        kc.zero_()
+        vc.zero_()
         pair()
         same = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
                    for a, b in zip(got, (qkv, kc, vc)))

@@ -111,6 +111,18 @@ def test_quantized_logits_match_float64_forward_of_dequantized_weights(quantizat
                       rows=-1, project_input=inputs)
 
 
+def test_int8_mlp_without_the_gated_epilogue():
+    """An intermediate width that is not whole interleave blocks (36): gate and up stacked, the
+    quantized projection, then a separate silu_and_mul."""
+    c = _config(num_hidden_layers=1, intermediate_size=36)
+    weights = _weights(c, seed=3)
+    model = Model(c, None, weights, quantization="int8")
+    assert not model.llama.gated_mlp
+    logits = model.prefill_logits(PROMPTS[:1])[0].cpu().numpy()
+    _check_logits(logits, c, dequantized_weights(model, weights), PROMPTS[0],
+                  "int8 without the gated epilogue")
+
+
 @pytest.mark.parametrize("path,min_m", [("tensor core", 1 << 30), ("dequantize + gemm", 1)])
 def test_int4_prefill_on_the_large_m_paths(path, min_m):
     """M = 18 > 16 rows: quant_gemm's Tensor Core kernel, or (forced at this M) the weight
@@ -138,7 +150,8 @@ def _gguf_config():
 
 
 #: Layer 0: q / k / v Q4_0, o Q8_0, gate / up Q8_0, down Q4_0. Layer 1: q Q4_0 but k Q8_0 (a
-#: fused group of two types: dense), v F32, the MLP Q4_0.
+#: fused group of two types: dense), v F32, gate Q4_0 but up F32 (the gated MLP's weight
+#: dense, interleaved from a dequantized and a plain part), down Q4_0.
 QTYPES = {
     **{f"model.layers.0.self_attn.{n}_proj.weight": Q.Q4_0 for n in "qkv"},
     "model.layers.0.self_attn.o_proj.weight": Q.Q8_0,
@@ -147,7 +160,7 @@ QTYPES = {
     "model.layers.1.self_attn.q_proj.weight": Q.Q4_0,
     "model.layers.1.self_attn.k_proj.weight": Q.Q8_0,
     "model.layers.1.self_attn.o_proj.weight": Q.Q4_0,
-    **{f"model.layers.1.mlp.{n}_proj.weight": Q.Q4_0 for n in ("gate", "up", "down")},
+    **{f"model.layers.1.mlp.{n}_proj.weight": Q.Q4_0 for n in ("gate", "down")},
 }
 
 
@@ -196,6 +209,7 @@ def test_gguf_blocks_equal_the_dequantized_load(tiny_gguf):
     assert [layers[0].qkv_t.format, layers[0].o_t.format, layers[0].gate_up_t.format,
             layers[0].down_t.format] == ["Q4_0", "Q8_0", "Q8_0", "Q4_0"]
     assert isinstance(layers[1].qkv_t, torch.Tensor)  # mixed types: dense
+    assert isinstance(layers[1].gate_up_t, torch.Tensor)
     reference = load_gguf_weights(tiny_gguf, torch.float32)
     got = packed.prefill_logits(PROMPTS)
     want = plain.prefill_logits(PROMPTS)

@@ -291,7 +291,7 @@ class LlamaModel:
                     blocks = GGUFBlocks.concat(parts)
                 return QuantizedWeight.from_gguf(blocks.data, blocks.ggml_type, blocks.shape,
                                                  kind=kind, device=self.device)
-            return put(_fused([_dense(p) for p in parts], gated)).T
+            return put(_fused([_dense(p).float() for p in parts], gated)).T
         w = _fused([_dense(p).to(self.dtype) for p in parts], gated)
         if self.quantization in ("int8", "fp8"):   # one scale per output channel
             fmt = {"int8": "int8", "fp8": "fp8_e4m3"}[self.quantization]

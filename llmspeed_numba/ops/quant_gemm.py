@@ -408,7 +408,8 @@ def quant_gemm(x: ArrayLike, qw: QuantizedWeight, *, bias: ArrayLike | None = No
         activation: None, "relu", "gelu" (tanh form) or "silu"; or gated, "silu_and_mul" /
             "gelu_and_mul": qw's rows are gate and up interleaved in blocks of 8
             (``interleave_gate_up`` before quantizing; N a multiple of 16) and the result is
-            ``act(x @ Wg^T + bg) * (x @ Wu^T + bu)``, (M, N / 2), as gemm's gated epilogue.
+            ``act(x @ Wg^T + bg) * (x @ Wu^T + bu)``, (M, N / 2), as gemm's gated epilogue;
+            a bias (N,) is interleaved the same way.
         out: optional (M, N) (gated: (M, N / 2)), any non-negative strides.
         out_dtype: fp16, bf16 or fp32; default: out's dtype when given, else x's.
         stream: CUDA stream (default: the caller's framework's current stream).

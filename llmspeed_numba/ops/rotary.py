@@ -211,7 +211,8 @@ def _rotary_kernel_fn(q_kind, c_kind, mode, has_cache, append=False):
     def rotary_append_kernel(q, k, positions, cache, inv_freq, nh_q, nh_k, half, groups,
                              pos_stride, q_tok, q_head, k_tok, k_head, cache_stride, max_pos,
                              v, kc, vc, table, v_tok, v_head, ckb, ckt, ckh, cvb, cvt, cvh,
-                             table_row, max_slots, num_blocks, bs_shift, headdim, rotary_dim):
+                             table_row, table_col, max_slots, num_blocks, bs_shift, headdim,
+                             rotary_dim):
         cs = cuda.local.array(pairs, np.float32)
         sn = cuda.local.array(pairs, np.float32)
         w1 = cuda.local.array(4, np.uint32)
@@ -227,7 +228,7 @@ def _rotary_kernel_fn(q_kind, c_kind, mode, has_cache, append=False):
         # the token's page (-1: its position has no page in range: the caches are not written)
         page = np.int64(-1)
         if pos >= 0 and (pos >> bs_shift) < max_slots:
-            found = np.int64(table[token * table_row + (pos >> bs_shift)])
+            found = np.int64(table[token * table_row + (pos >> bs_shift) * table_col])
             if found >= 0 and found < num_blocks:
                 page = found
         in_page = pos & ((np.int64(1) << bs_shift) - 1)
@@ -279,11 +280,11 @@ def _signature(q_kind, c_kind, pos_int64):
 
 def _append_signature(q_kind, c_kind, pos_int64):
     """``_signature`` and ``rotary_append_kernel``'s own: v, k_cache, v_cache, the page table
-    (int32), the strides of v (token, head), of the caches (page, slot, head) and of a table
-    row, max_slots, num_blocks, log2(block_size), headdim, rotary_dim."""
-    qs = array1d(np.float32 if q_kind == rw.KIND_F32 else np.uint16)
-    return (_signature(q_kind, c_kind, pos_int64) + (qs, qs, qs, array1d(np.int32))
-            + (types.int64,) * 9 + (types.int32,) * 5)
+    (int32), the strides of v (token, head), of the caches (page, slot, head) and of the table
+    (row, column), max_slots, num_blocks, log2(block_size), headdim, rotary_dim."""
+    plain = _signature(q_kind, c_kind, pos_int64)
+    return (plain + (plain[0],) * 3 + (array1d(np.int32),) + (types.int64,) * 10
+            + (types.int32,) * 5)
 
 
 @functools.lru_cache(maxsize=None)
@@ -332,10 +333,6 @@ def _check_head_tensor(name, t, q_shape=None):
         raise ValueError(f"{name}: negative strides are unsupported, got {t.strides}")
 
 
-def _vector_ok(t, width):
-    if t is None:
-        return True
-    return t.ptr % 16 == 0 and t.strides[0] % width == 0 and t.strides[1] % width == 0
 
 
 _ROTARY_EMBEDDING_CALLS = OpCalls("rotary_embedding")
@@ -394,11 +391,10 @@ def _rotary_embedding_checked(q, k, positions, base, cos_sin_cache, style, rotar
 
 
 class RotaryPlan:
-    """A checked rotary call: its tensors (``tq``, ``tk``, ``tp``, ``tc``), shape numbers, the
-    kernel and block size, and the kernel's first arguments (``args``)."""
+    """A checked rotary call: q's and the positions' tensors, the tokens (blocks), rotary_dim,
+    the kernel, its block size and its first arguments (``args``)."""
 
-    __slots__ = ("tq", "tk", "tp", "tc", "tokens", "headdim", "rotary_dim", "nh_k", "threads",
-                 "kernel", "args", "vector", "width")
+    __slots__ = ("tq", "tp", "tokens", "rotary_dim", "threads", "kernel", "args")
 
 
 def plan_rotary(q, k, positions, base, cos_sin_cache, style, rotary_dim, check_bounds,
@@ -458,15 +454,15 @@ def plan_rotary(q, k, positions, base, cos_sin_cache, style, rotary_dim, check_b
 
     q_kind = rw.kind(tq.dtype)
     width = rw.vector_width(tq.dtype)
-    copies_ok = all(_chunks_ok(t, width) for t in append_to) and (
+    # 16-byte accesses: every array's address and strides allow them (and, appending, whole
+    # chunks of a head for the copies of v and of k past rotary_dim)
+    chunks = all(_chunks_ok(t, width) for t in (tq, tk, *append_to)) and (
         not append_to or headdim % width == 0)
     if style == "neox":
-        vector = (half % width == 0 and _vector_ok(tq, width) and _vector_ok(tk, width)
-                  and copies_ok)
+        vector = half % width == 0 and chunks
         mode = MODE_NEOX_VEC if vector else MODE_NEOX_SCALAR
     else:
-        vector = (rotary_dim % width == 0 and _vector_ok(tq, width) and _vector_ok(tk, width)
-                  and copies_ok)
+        vector = rotary_dim % width == 0 and chunks
         mode = MODE_GPTJ_VEC if vector else MODE_GPTJ_SCALAR
     groups = half // _pairs_per_group(mode, q_kind)
     if groups > 1024:
@@ -490,9 +486,8 @@ def plan_rotary(q, k, positions, base, cos_sin_cache, style, rotary_dim, check_b
         cache_stride = tc.strides[0]
     k_tok, k_head = (0, 0) if tk is None else tk.strides[:2]
     plan = RotaryPlan()
-    plan.tq, plan.tk, plan.tp, plan.tc = tq, tk, tp, tc
-    plan.tokens, plan.headdim, plan.rotary_dim, plan.nh_k = tokens, headdim, rotary_dim, nh_k
-    plan.threads, plan.vector, plan.width = threads, vector, width
+    plan.tq, plan.tp, plan.tokens, plan.rotary_dim, plan.threads = (tq, tp, tokens, rotary_dim,
+                                                                     threads)
     plan.kernel = _rotary_kernel(q_kind, c_kind, mode, tc is not None, tp.dtype == "int64",
                                  bool(append_to))
     plan.args = (qb, kb, kernel_buffer(tp), cb, fb, nh_q, nh_k, half, groups, tp.strides[0],
@@ -501,8 +496,9 @@ def plan_rotary(q, k, positions, base, cos_sin_cache, style, rotary_dim, check_b
 
 
 def _chunks_ok(t, width):
-    """Whether ``t`` (last dimension contiguous) can be copied in 16-byte chunks."""
-    return t.ptr % 16 == 0 and all(s % width == 0 for s in t.strides[:-1])
+    """Whether ``t`` (None, or last dimension contiguous) allows 16-byte chunks of ``width``
+    elements."""
+    return t is None or (t.ptr % 16 == 0 and all(s % width == 0 for s in t.strides[:-1]))
 
 
 def _register():

@@ -9,7 +9,7 @@ position ``p = positions[t]``:
     k_cache[page, p % block_size] = k[t]  (rotated),  v_cache[page, p % block_size] = v[t]
     page = token_tables[t, p // block_size]
 
-bit for bit what the two ops write. k is rotated in place as well because a prefill's attention
+bit for bit what the two ops write (within bounds, below). k is rotated in place as well because a prefill's attention
 reads the new tokens' k from it (``flash_attn_varlen``), not from the cache.
 
 Layout: ``q`` (tokens, nheads, headdim), ``k`` and ``v`` (tokens, nheads_k, headdim), fp16 /
@@ -71,7 +71,7 @@ def rotary_kv_append(q: ArrayLike, k: ArrayLike, v: ArrayLike, k_cache: ArrayLik
         ValueError: what ``rotary_embedding`` and ``paged_kv_append`` raise for their
             arguments (shapes, strides, rotary_dim, style; with checks, positions outside the
             cos / sin cache or without a page).
-        NotImplementedError: block_size not a power of two.
+        NotImplementedError: block_size not a power of two; rotary_dim above 2048.
     """
     result = _ROTARY_KV_APPEND_CALLS.replay(
         (q, k, v, k_cache, v_cache, token_tables, positions, cos_sin_cache),
@@ -101,7 +101,7 @@ def _rotary_kv_append_checked(q, k, v, k_cache, v_cache, token_tables, positions
     same_dtype("k", tk, v=tv, k_cache=tkc, v_cache=tvc)
     if tt.dtype != "int32":
         raise TypeError(f"token_tables: expected dtype int32, got {tt.dtype}")
-    for name, t in (("v", tv), ("token_tables", tt)):
+    for name, t in (("v", tv), ("token_tables", tt)):   # (q, k: plan_rotary)
         if any(s < 0 for s in t.strides):
             raise ValueError(f"{name}: negative strides are unsupported, got {t.strides}")
     if headdim > 1 and tv.strides[2] != 1:
@@ -116,7 +116,7 @@ def _rotary_kv_append_checked(q, k, v, k_cache, v_cache, token_tables, positions
     plan.kernel(plan.tokens, plan.threads,
                 plan.args + (kernel_buffer(tv), kernel_buffer(tkc), kernel_buffer(tvc),
                              kernel_buffer(tt), *tv.strides[:2], *tkc.strides[:3],
-                             *tvc.strides[:3], tt.strides[0], tt.shape[1], num_blocks,
+                             *tvc.strides[:3], *tt.strides, tt.shape[1], num_blocks,
                              block_size.bit_length() - 1, headdim, plan.rotary_dim),
                 stream_handle(stream, (plan.tq,)))
     return q, k
