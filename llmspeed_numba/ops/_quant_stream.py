@@ -182,11 +182,11 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     const_offset = np.uint32(magic | (((zero_point or 0) << 16) | (zero_point or 0)))
     load_scale = _half_loader(scale_dtype)
     gated = act in GATED_ACTIVATIONS
-    if gated:
-        bias_pair, combine = gated_epilogue(bias_dtype, act, out_dtype)
-        store_value = storer(out_dtype)
-    else:
-        store_out = epilogue(out_dtype, None, bias_dtype, act)
+    # every epilogue function bound (a closure cell left empty has no cache key); the kernel
+    # calls the gated ones or the plain one
+    bias_pair, combine = gated_epilogue(bias_dtype, act if gated else "silu_and_mul", out_dtype)
+    store_value = storer(out_dtype)
+    store_out = epilogue(out_dtype, None, bias_dtype, None if gated else act)
     n_acc = 4 * m_frags
     barriers = 2 * stages
 
