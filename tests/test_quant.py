@@ -778,6 +778,19 @@ def test_quant_gemm_gpu_tensor_core_4096(M, fmt, group, symmetric, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 4, 16, 17, 300])
+@pytest.mark.parametrize("fmt,group", [("int4", 128), ("int8", -1)])
+def test_quant_gemm_gpu_gated(M, fmt, group, rng):
+    """The gated MLP projection at a model's size (gate / up 2 x 1024 rows interleaved, K 4096)
+    on each path M picks: int4 streams at M <= 16 (split K at M = 1), the decode kernel (int8,
+    M <= 2) and the Tensor Core kernel pair through the reduce, dequantize-then-gemm at 300."""
+    w = interleave_gate_up(weight(rng, 1024, 4096, "bfloat16", scale=0.02),
+                           weight(rng, 1024, 4096, "bfloat16", scale=0.02))
+    qw = lsn.quantize_weight(device(w), fmt, group_size=group)
+    run(rng, qw, M, "bfloat16", bias_dtype="bfloat16", activation="silu_and_mul")
+
+
+@pytest.mark.gpu
 def test_quant_gemm_gpu_replay_and_kinds(rng):
     """Torch in, torch out; a second call with the same signature (the replay path) gives the
     same bits; numba device arrays work as well."""
