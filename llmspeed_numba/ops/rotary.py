@@ -176,49 +176,53 @@ def _rotary_kernel_fn(q_kind, c_kind, mode, has_cache, append=False):
                 cs[i] = ptx.cos_approx(r)
                 sn[i] = ptx.sin_approx(r)
 
-    def rotary_kernel(q, k, positions, cache, inv_freq, nh_q, nh_k, half, groups, pos_stride,
-                      q_tok, q_head, k_tok, k_head, cache_stride, max_pos):
+    @cuda.jit(device=True, inline="always")
+    def rotate_heads(q, k, token, pos, cache, inv_freq, nh_q, nh_k, half, groups, q_tok,
+                     q_head, k_tok, k_head, cache_stride, kc, k_row, ckh):
+        """The thread's share of the token's heads: its frequency group's cos / sin, then the
+        q heads, then the k heads (separate loops: each sees one array, so loads stay LDG);
+        with ``append`` each rotated k chunk is stored in the cache too (``kc`` at ``k_row``
+        when it is not negative)."""
+        g = cuda.threadIdx.x % groups
+        slot = cuda.threadIdx.x // groups
+        slots = cuda.blockDim.x // groups
+        if slot >= slots:
+            return
         cs = cuda.local.array(pairs, np.float32)
         sn = cuda.local.array(pairs, np.float32)
         w1 = cuda.local.array(4, np.uint32)
         w2 = cuda.local.array(4, np.uint32)
         a = cuda.local.array(elems, np.float32)
         b = cuda.local.array(elems, np.float32)
-        token = cuda.blockIdx.x
-        g = cuda.threadIdx.x % groups
-        slot = cuda.threadIdx.x // groups
-        slots = cuda.blockDim.x // groups
-        if slot >= slots:
-            return
-        pos = np.int64(positions[np.int64(token) * pos_stride])
-        if has_cache:
-            if pos < 0 or pos >= max_pos:
-                return  # out of the cache: leave the token unrotated, read nothing
         f0 = g * pairs
         angles(cs, sn, f0, pos, cache, inv_freq, cache_stride, half)
-        # q heads, then k heads (separate loops: each sees one array, so loads stay LDG)
         h = slot
         while h < nh_q:
-            rotate(q, np.int64(token) * q_tok + np.int64(h) * q_head, f0, half, cs, sn, w1, w2,
-                   a, b)
+            rotate(q, token * q_tok + np.int64(h) * q_head, f0, half, cs, sn, w1, w2, a, b)
             h += slots
         h -= nh_q
         while h < nh_k:
-            rotate(k, np.int64(token) * k_tok + np.int64(h) * k_head, f0, half, cs, sn, w1, w2,
-                   a, b)
+            rotate(k, token * k_tok + np.int64(h) * k_head, f0, half, cs, sn, w1, w2, a, b)
+            if append and k_row >= 0:
+                store_rotated(kc, k_row + np.int64(h) * ckh, f0, half, w1, w2)
             h += slots
+
+    def rotary_kernel(q, k, positions, cache, inv_freq, nh_q, nh_k, half, groups, pos_stride,
+                      q_tok, q_head, k_tok, k_head, cache_stride, max_pos):
+        token = np.int64(cuda.blockIdx.x)
+        pos = np.int64(positions[token * pos_stride])
+        if has_cache:
+            if pos < 0 or pos >= max_pos:
+                return  # out of the cache: leave the token unrotated, read nothing
+        rotate_heads(q, k, token, pos, cache, inv_freq, nh_q, nh_k, half, groups, q_tok, q_head,
+                     k_tok, k_head, cache_stride, k, np.int64(-1), np.int64(0))
 
     def rotary_append_kernel(q, k, positions, cache, inv_freq, nh_q, nh_k, half, groups,
                              pos_stride, q_tok, q_head, k_tok, k_head, cache_stride, max_pos,
                              v, kc, vc, table, v_tok, v_head, ckb, ckt, ckh, cvb, cvt, cvh,
                              table_row, table_col, max_slots, num_blocks, bs_shift, headdim,
                              rotary_dim):
-        cs = cuda.local.array(pairs, np.float32)
-        sn = cuda.local.array(pairs, np.float32)
-        w1 = cuda.local.array(4, np.uint32)
-        w2 = cuda.local.array(4, np.uint32)
-        a = cuda.local.array(elems, np.float32)
-        b = cuda.local.array(elems, np.float32)
+        words = cuda.local.array(4, np.uint32)
         token = np.int64(cuda.blockIdx.x)
         tid = cuda.threadIdx.x
         pos = np.int64(positions[token * pos_stride])
@@ -232,39 +236,25 @@ def _rotary_kernel_fn(q_kind, c_kind, mode, has_cache, append=False):
             if found >= 0 and found < num_blocks:
                 page = found
         in_page = pos & ((np.int64(1) << bs_shift) - 1)
-        k_row = page * ckb + in_page * ckt
-        v_row = page * cvb + in_page * cvt
+        k_row = np.int64(-1)
         if page >= 0:
+            k_row = page * ckb + in_page * ckt
+            v_row = page * cvb + in_page * cvt
             # v whole, and k's elements past rotary_dim (they do not rotate), chunk by chunk
             per_head = headdim // chunk
             for c in range(tid, nh_k * per_head, cuda.blockDim.x):
                 h = c // per_head
                 d = (c - h * per_head) * chunk
-                load(v, token * v_tok + h * v_head + d, w1, 0)
-                store(vc, v_row + h * cvh + d, w1, 0)
+                load(v, token * v_tok + h * v_head + d, words, 0)
+                store(vc, v_row + h * cvh + d, words, 0)
             tail = (headdim - rotary_dim) // chunk
             for c in range(tid, nh_k * tail, cuda.blockDim.x):
                 h = c // tail
                 d = rotary_dim + (c - h * tail) * chunk
-                load(k, token * k_tok + h * k_head + d, w1, 0)
-                store(kc, k_row + h * ckh + d, w1, 0)
-        g = tid % groups
-        slot = tid // groups
-        slots = cuda.blockDim.x // groups
-        if slot >= slots:
-            return
-        f0 = g * pairs
-        angles(cs, sn, f0, pos, cache, inv_freq, cache_stride, half)
-        h = slot
-        while h < nh_q:
-            rotate(q, token * q_tok + np.int64(h) * q_head, f0, half, cs, sn, w1, w2, a, b)
-            h += slots
-        h -= nh_q
-        while h < nh_k:
-            rotate(k, token * k_tok + np.int64(h) * k_head, f0, half, cs, sn, w1, w2, a, b)
-            if page >= 0:
-                store_rotated(kc, k_row + np.int64(h) * ckh, f0, half, w1, w2)
-            h += slots
+                load(k, token * k_tok + h * k_head + d, words, 0)
+                store(kc, k_row + h * ckh + d, words, 0)
+        rotate_heads(q, k, token, pos, cache, inv_freq, nh_q, nh_k, half, groups, q_tok, q_head,
+                     k_tok, k_head, cache_stride, kc, k_row, ckh)
 
     return rotary_append_kernel if append else rotary_kernel
 
