@@ -25,8 +25,8 @@ page row).
 Weight-only quantization (``quantization``): the four projections of every layer (fused qkv, o,
 fused gate_up, down) become ``QuantizedWeight``s (N, K) run by ``quant_gemm`` (same bias and
 epilogue, the gated one included: gate and up are interleaved before they are quantized, or,
-GGUF blocks, their rows of blocks are); embeddings, norms and the LM head stay in the model
-dtype.
+GGUF blocks, their rows of blocks are; not fp8, whose gated GEMM would go through fp32 sums);
+embeddings, norms and the LM head stay in the model dtype.
 
 - "fp8": W8A8 on Hopper (sm_90; the simulator runs its twins): e4m3 weights with one fp32 scale
   per output channel, the activations quantized per token at each projection (``quant_gemm``'s
@@ -194,8 +194,10 @@ class LlamaModel:
         self.ops = _ops.Ops()
         hidden, inter, d = c.hidden_size, c.intermediate_size, c.head_dim
         # the MLP's gate / up GEMM applies silu_and_mul in its epilogue (interleaved weights)
-        # unless the width is not whole interleave blocks
-        self.gated_mlp = inter % GATE_BLOCK == 0
+        # unless the width is not whole interleave blocks, or the weights are fp8: that GEMM
+        # pairs gate and up through fp32 sums (``quant_gemm``), twice the bytes of the bf16
+        # intermediate a separate silu_and_mul reads (prefill)
+        self.gated_mlp = inter % GATE_BLOCK == 0 and quantization != "fp8"
         nq, nk = c.num_attention_heads, c.num_key_value_heads
         self.q_size, self.kv_size = nq * d, nk * d
         if nq % nk:
