@@ -96,8 +96,9 @@ def _our_prefill(model, prompts):
 
 
 def _decode_gpu_ms(model, prompt, top=0):
-    """Kernel time a decode step (ms), summed over ``PROFILED_STEPS`` profiled steps; ``top``:
-    also print that many kernels with the most time, us a step each."""
+    """``(kernel ms, kernels)`` of a decode step: its kernels' time summed and their number,
+    averaged over ``PROFILED_STEPS`` profiled steps; ``top``: also print that many kernels with
+    the most time, us a step each."""
     import numpy as np
     from torch.profiler import ProfilerActivity, profile
 
@@ -123,7 +124,7 @@ def _decode_gpu_ms(model, prompt, top=0):
         for name, (calls, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]:
             print(f"    {us / PROFILED_STEPS:8.1f} us a step, {calls / PROFILED_STEPS:5.1f} calls: "
                   f"{name[:90]}", flush=True)
-    return kernel_us / 1e3 / PROFILED_STEPS
+    return kernel_us / 1e3 / PROFILED_STEPS, len(kernels) / PROFILED_STEPS
 
 
 def _decode_ms(model, prompt, graphs=True):
@@ -146,17 +147,18 @@ def bench_quantized(name, config, weights, quantizations, results, rep, shape, b
         model = Model(config, None, weights, quantization=q)
         t_prefill = _wall(_our_prefill(model, prompts), rep)
         t_decode = _decode_ms(model, prompt)
-        gpu_ms = _decode_gpu_ms(model, prompt, top=KERNELS_SHOWN)
+        gpu_ms, launches = _decode_gpu_ms(model, prompt, top=KERNELS_SHOWN)
         results.add("model", f"{name} prefill 1x2048 {q}", shape, q, t_prefill,
                     "ours bf16", base["prefill"], "ms", t_prefill["median"],
                     base["prefill"]["median"], note="time to last-token logits, host included")
         results.add("model", f"{name} decode b1 {q}", shape, q, t_decode, "ours bf16",
                     base["decode"], "ms", t_decode["median"], base["decode"]["median"],
-                    note=f"ms a token, CUDA-graph decode (kernels {gpu_ms:.3f} ms of it); "
-                         "ratio = bf16 time / quantized time")
+                    note=f"ms a token, CUDA-graph decode (kernels {gpu_ms:.3f} ms of it, "
+                         f"{launches:.0f} launches); ratio = bf16 time / quantized time")
         print(f"  {name} {q}: prefill 1x2048 {t_prefill['median']:.2f} ms "
               f"(bf16 {base['prefill']['median']:.2f}), decode {t_decode['median']:.3f} ms a "
-              f"token (bf16 {base['decode']['median']:.3f}), kernels {gpu_ms:.3f} ms", flush=True)
+              f"token (bf16 {base['decode']['median']:.3f}), kernels {gpu_ms:.3f} ms, "
+              f"{launches:.0f} launches a step", flush=True)
         model.release()
         del model
         torch.cuda.empty_cache()
@@ -202,15 +204,16 @@ def bench(name, results, rep, layers=None, quantizations=()):
     per_token = {"ours": _decode_ms(ours, prompt), "ours eager": _decode_ms(ours, prompt, False),
                  "hf": {"median": hf_ms, "p20": hf_ms, "p80": hf_ms}}
     base["decode"] = per_token["ours"]
-    gpu_ms = _decode_gpu_ms(ours, prompt, top=KERNELS_SHOWN if quantizations else 0)
+    gpu_ms, launches = _decode_gpu_ms(ours, prompt, top=KERNELS_SHOWN if quantizations else 0)
     for who, label in (("ours", "decode b1"), ("ours eager", "decode b1 eager")):
         ms = per_token[who]["median"]
         results.add("model", f"{name} {label}", shape, "bfloat16", per_token[who],
                     "transformers", per_token["hf"], "ms", ms, per_token["hf"]["median"],
-                    note=f"ms a token; kernels {gpu_ms:.3f} ms of it, host and gaps "
-                         f"{ms - gpu_ms:.3f} ms")
+                    note=f"ms a token; kernels {gpu_ms:.3f} ms of it ({launches:.0f} "
+                         f"launches), host and gaps {ms - gpu_ms:.3f} ms")
     print(f"  {name} decode: ours {per_token['ours']['median']:.3f} ms a token (graph), "
-          f"{per_token['ours eager']['median']:.3f} ms eager, kernels {gpu_ms:.3f} ms; "
+          f"{per_token['ours eager']['median']:.3f} ms eager, kernels {gpu_ms:.3f} ms "
+          f"({launches:.0f} launches); "
           f"transformers {per_token['hf']['median']:.3f} ms", flush=True)
     ours.release()
     hf = ours = None
