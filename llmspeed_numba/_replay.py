@@ -540,10 +540,10 @@ class Plan:
             devices = [m[3] for m in self.maps if m[3] is not None]
             lines.append(f"cap = {capture_test(devices[0]) if devices else False}")
             for k, (i, offset, layout, _) in enumerate(self.maps):
-                lines += [f"mb{k} = cached_map({value(layout)}, ptrs[{i}] + {offset}, cap)",
+                lines += [f"mb{k} = cached_map({value(layout)}, ptrs[{i}] + {offset}, cap, handle)",
                           f"if mb{k} is None:",
                           "    _state.pending = None",
-                          "    return MISS  # inside a capture, no map of this address yet"]
+                          "    return MISS  # inside a capture, no map of this address landed yet"]
         extra = []
         for k, (akind, shape, dtype, device) in enumerate(self.allocs):
             if akind == "torch":

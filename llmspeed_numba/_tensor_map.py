@@ -2,12 +2,17 @@
 tensor in global memory and of the box that ``ptx.cp_async_bulk_tensor_2d_g2s`` copies from it.
 
 On a GPU the descriptor is the driver's (``cuTensorMapEncodeTiled`` through cuda-bindings), kept
-in a 128-byte device buffer: PTX reads a tensor map from global memory as well as from a kernel
+in 128 bytes of device memory: PTX reads a tensor map from global memory as well as from a kernel
 parameter, so kernels take it as an ordinary array argument (numba has no ``__grid_constant__``
-parameters). A map describes an address, shape, strides and box, not an owner, so buffers are
+parameters). A map describes an address, shape, strides and box, not an owner, so maps are
 cached by those: a later tensor at the same address with the same layout reuses its map. Under
 the simulator the buffer holds a key to the twin's table (``ptx._twins.async_copy``), whose
 entry tells the twin what the hardware would copy.
+
+A new map is written on the stream of the call that needs it (``_upload``: a slot of a pinned
+host chunk, copied asynchronously into the same slot of a device chunk), so making one never
+waits for the device's queued work; a call on another stream finds it through the upload's
+event (``_ready_on``).
 """
 
 import os
@@ -16,7 +21,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from . import _recording
+from . import _driver, _recording
 from ._arrays import STORAGE, Buffer, Tensor, device_address
 from ._env import SIMULATOR, cuda
 from ._workspace import capturing
@@ -46,9 +51,9 @@ class MapCache:
     def __len__(self):
         return len(self.recent) + len(self.pinned)
 
-    def get(self, key, make, pin):
-        """The map of ``key``; ``make(key)`` builds a missing one (``make`` None: return None);
-        ``pin``: the caller is capturing a graph that will read it."""
+    def get(self, key, make, pin, stream=0):
+        """The map of ``key``; ``make(key, stream)`` builds a missing one on ``stream`` (``make``
+        None: return None); ``pin``: the caller is capturing a graph that will read it."""
         with self._lock:
             buf = self.pinned.get(key)
             if buf is not None:
@@ -57,7 +62,7 @@ class MapCache:
             if buf is None:
                 if make is None:
                     return None
-                buf = self.recent[key] = make(key)
+                buf = self.recent[key] = make(key, stream)
                 while len(self.recent) > self.capacity:
                     self.recent.popitem(last=False)
             else:
@@ -88,14 +93,15 @@ def may_make_map(t: Tensor, stream):
     return not capturing(t.obj.device.index, stream)
 
 
-def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", make=True):
+def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", make=True,
+                  stream=0):
     """The map (a ``Buffer`` of 16 device ``uint64``; a numpy array under the simulator) of 2-D
     tensor ``t`` (rows ``t.shape[0]``, unit column stride) with boxes of ``box_rows x box_cols``
-    elements. Requirements (the hardware's): the base address and the row stride in bytes
+    elements, for a kernel launched on ``stream`` (a raw handle). Requirements (the hardware's): the base address and the row stride in bytes
     multiples of 16; box dimensions 1-256, a box row a multiple of 16 bytes, exactly 128 bytes
     with the 128-byte swizzle. ``ValueError`` naming ``name`` otherwise. ``make=False``: None
-    unless the map is already cached (a new map is a synchronous host-to-device copy, which a
-    CUDA-graph capture refuses), and a map it finds is kept for good (``MapCache``). A call that
+    unless the map is already cached (a capture would record a new map's copy into the graph but
+    not run it now), and a map it finds is kept for good (``MapCache``). A call that
     gets a map is replayed only with ``REPLAY_MAPS`` (each replay then finds its own operands'
     maps): the map holds ``t``'s address."""
     if t.ndim != 2:
@@ -125,16 +131,16 @@ def tensor_map_2d(t: Tensor, box_rows, box_cols, swizzle=128, name="tensor", mak
     layout = (cuda.get_current_device().id, rows, cols, row_stride, item, box_rows, box_cols,
               swizzle)
     torch_device = t.obj.device.index if t.kind == "torch" else None
-    return device_map(t.obj, t.ptr, layout, torch_device, make)
+    return device_map(t.obj, t.ptr, layout, torch_device, make, stream)
 
 
-def device_map(obj, ptr, layout, torch_device, make):
+def device_map(obj, ptr, layout, torch_device, make, stream=0):
     """``tensor_map_2d``'s device half: the cached map of the memory at ``ptr`` (in array
     ``obj``) with ``layout`` ``(device id, rows, cols, row stride, item bytes, box rows, box
-    cols, swizzle)``, made when missing if ``make``; told to the recorder (or, without
-    ``REPLAY_MAPS``, the call marked not replayable). ``make=False`` is asked inside a graph
-    capture (``may_make_map``): what it finds is pinned."""
-    buf = cached_map(layout, ptr, not make)
+    cols, swizzle)``, made when missing if ``make``, readable by kernels on ``stream``; told to
+    the recorder (or, without ``REPLAY_MAPS``, the call marked not replayable). ``make=False``
+    is asked inside a graph capture (``may_make_map``): what it finds is pinned."""
+    buf = cached_map(layout, ptr, not make, stream)
     if buf is not None:
         if REPLAY_MAPS:
             # a parameter object of its own: two arguments at one address with one layout
@@ -146,26 +152,115 @@ def device_map(obj, ptr, layout, torch_device, make):
     return buf
 
 
-def cached_map(layout, ptr, in_capture):
+def cached_map(layout, ptr, in_capture, stream=0):
     """The ``Buffer`` of the map of ``ptr`` with ``layout`` (``device_map``; a replayed call's
-    too, which holds it until it has launched), made if missing; None inside a graph capture
-    when it is missing (a replay then takes its checked path). One found inside a capture is
-    pinned."""
-    return _DEVICE_MAPS.get((ptr,) + layout, None if in_capture else _new_map_of_key,
-                            pin=in_capture)
+    too, which holds it until it has launched), made on ``stream`` if missing; None inside a
+    graph capture when it is missing, or when its upload on another stream may not have landed
+    yet (a replay then takes its checked path). One found inside a capture is pinned."""
+    buf = _DEVICE_MAPS.get((ptr,) + layout, None if in_capture else _new_map_of_key,
+                           in_capture, stream)
+    if buf is not None:
+        slot = buf.owner
+        if slot.event is not None and slot.stream != stream and not _ready_on(slot, stream,
+                                                                              in_capture):
+            return None
+    return buf
 
 
-def _new_map_of_key(key):
+def _new_map_of_key(key, stream):
     """``MapCache``'s maker (no closure a lookup: replays look maps up on every call)."""
-    return _new_map(key[0], key[1:])
+    return _new_map(key[0], key[1:], stream)
 
 
-def _new_map(ptr, layout):
-    _, rows, cols, row_stride, item, box_rows, box_cols, swizzle = layout
+def _new_map(ptr, layout, stream):
+    device_id, rows, cols, row_stride, item, box_rows, box_cols, swizzle = layout
     words = _encode(ptr, rows, cols, row_stride * item, item, box_rows, box_cols, swizzle)
-    owner = cuda.to_device(words)
+    return _upload(words, device_id, stream)
+
+
+#: Map slots of one chunk (128 bytes each, on the device and in pinned host memory).
+CHUNK_MAPS = 64
+
+
+class _Chunk:
+    """``CHUNK_MAPS`` map slots of device memory and their pinned host twins, taken in order
+    and never reused: a chunk lives while a map in it does (each map's ``MapSlot`` holds it),
+    then numba frees both halves (deferred; ``cuMemFree`` and ``cuMemFreeHost`` wait for the
+    device, so no queued copy or kernel still uses them)."""
+
+    __slots__ = ("device", "host", "device_ptr", "host_ptr", "used")
+
+    def __init__(self):
+        self.device = cuda.device_array(CHUNK_MAPS * MAP_WORDS, np.uint64)
+        self.host = cuda.pinned_array(CHUNK_MAPS * MAP_WORDS, np.uint64)
+        self.device_ptr = device_address(self.device)
+        self.host_ptr = self.host.ctypes.data
+        self.used = 0
+
+
+class MapSlot:
+    """The owner of one map's device bytes: its chunk, the stream its upload was queued on,
+    and the event recorded after the upload (None once a kernel on any stream may read it)."""
+
+    __slots__ = ("chunk", "stream", "event", "__weakref__")
+
+    def __init__(self, chunk, stream, event):
+        self.chunk, self.stream, self.event = chunk, stream, event
+
+    def settle(self):
+        with _SETTLE_LOCK:   # two threads may find the upload done at once
+            event, self.event = self.event, None
+        if event is not None:
+            _driver.destroy_event(event)
+
+    def __del__(self):
+        try:
+            self.settle()
+        except Exception:  # noqa: BLE001  (at interpreter exit the driver may be gone)
+            pass
+
+
+MAP_WORDS = MAP_BYTES // 8
+_SETTLE_LOCK = threading.Lock()
+_CHUNKS = {}   # device id -> the chunk new maps take slots of (``MapCache``'s lock held)
+
+
+def _upload(words, device_id, stream):
+    """The map ``words`` in the next free slot, written on ``stream``: into the slot's pinned
+    host twin, then an asynchronous copy queued on ``stream`` (no wait for the device's queued
+    work, as a copy from pageable memory or on the legacy stream would), then an event for
+    calls on other streams (``_ready_on``). Called under ``MapCache``'s lock."""
+    chunk = _CHUNKS.get(device_id)
+    if chunk is None or chunk.used == CHUNK_MAPS:
+        chunk = _CHUNKS[device_id] = _Chunk()
+    i = chunk.used
+    chunk.used += 1
+    chunk.host[i * MAP_WORDS:(i + 1) * MAP_WORDS] = words
+    dst = chunk.device_ptr + i * MAP_BYTES
+    _driver.copy_to_device_async(dst, chunk.host_ptr + i * MAP_BYTES, MAP_BYTES, stream)
+    event = _driver.new_event()
+    _driver.record_event(event, stream)
     # the fast launch path takes a Buffer for an array parameter
-    return Buffer(device_address(owner), words.size, words.dtype, owner)
+    return Buffer(dst, MAP_WORDS, np.dtype(np.uint64), MapSlot(chunk, stream, event))
+
+
+def _ready_on(slot, stream, in_capture):
+    """Whether a kernel queued on ``stream`` now reads the map of ``slot``, whose upload was
+    queued on another stream: yes once the upload has completed (the slot is then settled for
+    every stream); else outside a capture ``stream`` is made to wait for the upload's event
+    (yes), while inside one the map is not used (no: the capture may not wait on work recorded
+    outside it; the call copies without a map)."""
+    if in_capture:
+        with _driver.relaxed_capture_mode():
+            done = _driver.event_done(slot.event)
+    else:
+        done = _driver.event_done(slot.event)
+        if not done:
+            _driver.stream_wait_event(stream, slot.event)
+            return True
+    if done:
+        slot.settle()
+    return done
 
 
 def _encode(address, rows, cols, row_stride_bytes, item, box_rows, box_cols, swizzle):

@@ -922,6 +922,38 @@ def test_gpu_tma_in_cuda_graph(rng):
 
 
 @pytest.mark.gpu
+def test_gpu_new_tensor_maps_wait_for_nothing_and_serve_other_streams(rng):
+    """A call on operands new to the map cache makes their maps on its own stream: with ~0.2 s
+    of work queued there before it, the call returns long before that work ends (a synchronous
+    upload would wait for it). The same operands used at once from a second stream read the
+    maps only after they have landed (that stream waits on the upload's event): both results
+    right, none read a map before it was written."""
+    import time
+
+    import torch
+
+    config = "wg_64x128x64_s8_p_tma_k1"
+    a, b, da, db = operands(rng, 72, 392, 1032, "bfloat16", "NT")
+    out = torch.empty(72, 392, dtype=torch.float32, device="cuda")
+    out2 = torch.empty_like(out)
+    gemm(da, db, out=out, config=config)       # compiled, recorded
+    a, b, da, db = operands(rng, 72, 392, 1032, "bfloat16", "NT")   # operands with no maps yet
+    torch.cuda.synchronize()
+    first, second = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(first):
+        torch.cuda._sleep(500_000_000)         # ~0.25 s of GPU clock cycles
+        start = time.perf_counter()
+        gemm(da, db, out=out, config=config)
+        host_s = time.perf_counter() - start
+    with torch.cuda.stream(second):
+        gemm(da, db, out=out2, config=config)
+    torch.cuda.synchronize()
+    assert host_s < 0.05, f"the call waited {host_s:.3f} s for work queued before it"
+    check(out, a, b, out_dtype="float32", mma=True)
+    check(out2, a, b, out_dtype="float32", mma=True)
+
+
+@pytest.mark.gpu
 @settings(max_examples=8)  # + 4 explicit examples; each new specialisation is a compile
 @_gpu_examples(("float16", "bfloat16"))
 @given(problems(("float16", "bfloat16"), max_size=300))

@@ -530,10 +530,11 @@ def test_a_numba_arrays_key_is_read_once_and_forgotten_with_it(monkeypatch):
 @pytest.fixture
 def maps(monkeypatch):
     """Replayable tensor maps with a fake maker: the map of address p is a Buffer at p + 1."""
-    def new_map(ptr, layout):
+    def new_map(ptr, layout, stream):
         assert layout == MAP_LAYOUT
         MAPS_MADE.append(ptr)
-        return Buffer(ptr + 1, 16, np.dtype(np.uint64), owner=object())
+        return Buffer(ptr + 1, 16, np.dtype(np.uint64),
+                      owner=_tensor_map.MapSlot(None, stream, None))
 
     monkeypatch.setattr(_tensor_map, "REPLAY_MAPS", True)
     monkeypatch.setattr(_tensor_map, "_new_map", new_map)

@@ -5,6 +5,10 @@ matrix; the ring wrapping over several phases per stage; the map's input checks.
 check the driver's encoding and the hardware copy on larger matrices over many blocks.
 """
 
+import contextlib
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -135,8 +139,8 @@ def test_map_cache_drops_the_least_recently_used_and_keeps_pinned_maps():
     made = []
 
     def maker(key):
-        def make(asked):
-            assert asked == key
+        def make(asked, stream):
+            assert asked == key and stream == 0
             made.append(key)
             return f"map {key}"
         return make
@@ -154,3 +158,132 @@ def test_map_cache_drops_the_least_recently_used_and_keeps_pinned_maps():
     assert cache.get("c", None, pin=False) == "map c"          # outlived four newer maps
     assert cache.get("a", None, pin=False) is None
     assert len(cache) == 4 and made == list("abcdefgh")
+
+
+# ---- maps made on the call's stream (the device half, on a fake driver) -------------------------
+
+LAYOUT = (0, 64, 64, 64, 2, 64, 64, 128)   # (device, rows, cols, row stride, item, box, swizzle)
+
+
+class _FakeChunk:
+    """``_tensor_map._Chunk`` without a GPU: numpy halves, made-up addresses."""
+    made = 0
+
+    def __init__(self):
+        from llmspeed_numba import _tensor_map
+
+        _FakeChunk.made += 1
+        self.device = np.zeros(_tensor_map.CHUNK_MAPS * _tensor_map.MAP_WORDS, np.uint64)
+        self.host = np.zeros_like(self.device)
+        self.device_ptr = 0x10000 * _FakeChunk.made
+        self.host_ptr = 0x90000000 + 0x10000 * _FakeChunk.made
+        self.used = 0
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    """Every driver call of the map upload logged as ``(name, args)``; ``DONE`` holds the events
+    whose work has completed; ``CAPTURE_MODE`` the thread's mode while a call ran."""
+    from llmspeed_numba import _driver, _tensor_map
+
+    calls, done, mode = [], set(), ["global"]
+    events = iter(range(1000, 2000))
+
+    @contextlib.contextmanager
+    def relaxed():
+        mode[0] = "relaxed"
+        yield
+        mode[0] = "global"
+
+    def log(name, result=None):
+        def fn(*args):
+            calls.append((name, args, mode[0]))
+            return result(*args) if result else None
+        return fn
+
+    monkeypatch.setattr(_driver, "copy_to_device_async", log("copy"))
+    monkeypatch.setattr(_driver, "new_event", log("new_event", lambda: next(events)))
+    monkeypatch.setattr(_driver, "record_event", log("record"))
+    monkeypatch.setattr(_driver, "event_done", log("query", lambda e: e in done))
+    monkeypatch.setattr(_driver, "destroy_event", log("destroy"))
+    monkeypatch.setattr(_driver, "stream_wait_event", log("wait"))
+    monkeypatch.setattr(_driver, "relaxed_capture_mode", relaxed)
+    monkeypatch.setattr(_tensor_map, "_Chunk", _FakeChunk)
+    monkeypatch.setattr(_tensor_map, "_CHUNKS", {})
+    monkeypatch.setattr(_tensor_map, "_DEVICE_MAPS", _tensor_map.MapCache(1024))
+    monkeypatch.setattr(_tensor_map, "_encode",
+                        lambda ptr, *rest: np.arange(16, dtype=np.uint64) + np.uint64(ptr))
+    return calls, done
+
+
+def test_a_new_map_is_copied_on_its_calls_stream_from_its_own_pinned_slot(fake_driver):
+    from llmspeed_numba import _tensor_map
+
+    calls, _ = fake_driver
+    buf = _tensor_map.cached_map(LAYOUT, 0x5000, False, 7)
+    chunk = buf.owner.chunk
+    assert [c[0] for c in calls] == ["copy", "new_event", "record"]
+    (_, (dst, src, nbytes, stream), _), _, (_, (event, on), _) = calls
+    assert (dst, src, nbytes, stream) == (chunk.device_ptr, chunk.host_ptr, 128, 7)
+    assert on == 7 and buf.owner.event == event and buf.ptr == dst
+    np.testing.assert_array_equal(chunk.host[:16], np.arange(16) + 0x5000)
+    calls.clear()
+    assert _tensor_map.cached_map(LAYOUT, 0x5000, False, 7).ptr == dst   # same stream: ordered
+    assert calls == []
+    second = _tensor_map.cached_map(LAYOUT, 0x6000, False, 7)
+    assert second.ptr == dst + 128 and calls[0][1][1] == chunk.host_ptr + 128   # next slot
+
+
+def test_a_map_used_on_another_stream_waits_for_its_upload_until_it_is_done(fake_driver):
+    from llmspeed_numba import _tensor_map
+
+    calls, done = fake_driver
+    buf = _tensor_map.cached_map(LAYOUT, 0x5000, False, 7)
+    event = buf.owner.event
+    calls.clear()
+    assert _tensor_map.cached_map(LAYOUT, 0x5000, False, 9).ptr == buf.ptr
+    assert [c[:2] for c in calls] == [("query", (event,)), ("wait", (9, event))]
+    done.add(event)
+    calls.clear()
+    _tensor_map.cached_map(LAYOUT, 0x5000, False, 9)
+    assert [c[:2] for c in calls] == [("query", (event,)), ("destroy", (event,))]
+    assert buf.owner.event is None
+    calls.clear()
+    _tensor_map.cached_map(LAYOUT, 0x5000, False, 11)     # settled: any stream, no calls
+    assert calls == []
+
+
+def test_inside_a_capture_a_map_whose_upload_has_not_landed_is_not_used(fake_driver):
+    """A capture may not wait on work recorded outside it: the map's upload is queried (in the
+    relaxed capture mode, so the query does not invalidate the capture) and, not done, the call
+    gets no map (it copies with cp.async); once done, it gets the map, pinned."""
+    from llmspeed_numba import _tensor_map
+
+    calls, done = fake_driver
+    buf = _tensor_map.cached_map(LAYOUT, 0x5000, False, 7)
+    calls.clear()
+    assert _tensor_map.cached_map(LAYOUT, 0x5000, True, 9) is None
+    assert calls == [("query", (buf.owner.event,), "relaxed")]
+    assert _tensor_map.cached_map(LAYOUT, 0x6000, True, 9) is None      # none made in a capture
+    done.add(buf.owner.event)
+    assert _tensor_map.cached_map(LAYOUT, 0x5000, True, 9).ptr == buf.ptr
+    assert (0x5000,) + LAYOUT in _tensor_map._DEVICE_MAPS.pinned
+    assert _tensor_map.cached_map(LAYOUT, 0x5000, True, 7).ptr == buf.ptr   # its own stream
+
+
+def test_map_slots_fill_a_chunk_then_the_next_and_are_never_reused(fake_driver):
+    from llmspeed_numba import _tensor_map
+
+    """A slot is never written twice (a queued kernel on any stream may still read an evicted
+    map); a chunk goes once none of its maps is cached."""
+    _tensor_map._DEVICE_MAPS.capacity = 4
+    first = _tensor_map.cached_map(LAYOUT, 0x100000, False, 0)
+    first_chunk = weakref.ref(first.owner.chunk)
+    del first
+    n = _tensor_map.CHUNK_MAPS + 4          # the 4 cached: the second chunk's
+    ptrs = [_tensor_map.cached_map(LAYOUT, 0x100000 + 0x1000 * i, False, 0).ptr
+            for i in range(1, n)]
+    assert len(set(ptrs)) == n - 1 and first_chunk() is not _tensor_map._CHUNKS[0]
+    assert len(_tensor_map._DEVICE_MAPS) == 4 and _tensor_map._CHUNKS[0].used == 4
+    gc.collect()
+    assert first_chunk() is None                  # its 64 maps all dropped from the cache

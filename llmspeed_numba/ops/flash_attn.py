@@ -97,9 +97,10 @@ WGMMA_CONFIGS = {64: (1, 128, 3, 2, 1, 0, 1), 128: (2, 128, 3, 1, 1, 1, 1),
 WGMMA_CP_ASYNC_CONFIGS = {64: (2, 128, 3, 1, 1)}
 
 #: A call takes the TMA form (``tma`` 1) only from this much work on (heads x query rows x key
-#: rows x sequences): a call on operands new to the map cache makes their maps, a synchronous
-#: upload, which costs small calls (~tens of microseconds of kernel) more than TMA gains them
-#: (+1-3% at 2^25-2^27 with the maps cached and replayed, session 31); and without
+#: rows x sequences): a call on operands new to the map cache makes their maps (host work:
+#: encoding, an asynchronous upload and an event, ``_tensor_map._upload``), which may cost small
+#: calls more than TMA gains them (+1-3% at 2^25-2^27 with the maps cached and replayed,
+#: session 31; timed then with a synchronous upload, not yet with this one); and without
 #: ``_tensor_map.REPLAY_MAPS`` the maps keep a call off the replayed fast path (~10 us against
 #: ~50 of host time).
 TMA_MIN_WORK = 2**28
@@ -291,7 +292,7 @@ def _kv_tensor_maps(tk, tv, k_strides, v_strides, batch, seqlen_k, nheads_k, blo
         view = Tensor(t.obj, t.kind, t.ptr, (rows, cols), (sn, 1), t.dtype, t.host)
         try:
             maps.append(tensor_map_2d(view, block_n, _flash_attn_wgmma.PANEL, name=name,
-                                      make=may_make_map(t, stream)))
+                                      make=may_make_map(t, stream), stream=stream))
         except ValueError:
             return None
         if maps[-1] is None:

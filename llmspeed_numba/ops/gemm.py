@@ -432,16 +432,19 @@ def _run(p, cfg):
 
 def _tensor_maps(p, cfg):
     """The maps of a (M x K) and of b's K-major storage (N x K) with the boxes of ``cfg``'s
-    tiles (``_gemm_wgmma.tma_mainloop``), or None inside a torch CUDA-graph capture when one is
-    not made yet (the call then runs the cp.async form; an eager call first makes them). A map
+    tiles (``_gemm_wgmma.tma_mainloop``), made on the call's stream, or None inside a torch
+    CUDA-graph capture when one has not landed yet (the call then runs the cp.async form; an
+    eager call first makes them). A map
     holds the operands' addresses: a call with maps is replayed only with
     ``_tensor_map.REPLAY_MAPS`` (each replay then finds the maps of its own operands)."""
     ta, tb = p.ta, p.tb
     a_rows = Tensor(ta.obj, ta.kind, ta.ptr, (p.M, p.K), (p.lda, 1), ta.dtype, ta.host)
     b_rows = Tensor(tb.obj, tb.kind, tb.ptr, (p.N, p.K), (p.ldb, 1), tb.dtype, tb.host)
     make = may_make_map(ta, p.stream)
-    maps = (tensor_map_2d(a_rows, cfg.block_m, cfg.block_k, name="a", make=make),
-            tensor_map_2d(b_rows, cfg.block_n, cfg.block_k, name="b", make=make))
+    maps = (tensor_map_2d(a_rows, cfg.block_m, cfg.block_k, name="a", make=make,
+                          stream=p.stream),
+            tensor_map_2d(b_rows, cfg.block_n, cfg.block_k, name="b", make=make,
+                          stream=p.stream))
     return None if maps[0] is None or maps[1] is None else maps
 
 
