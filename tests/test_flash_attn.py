@@ -59,6 +59,11 @@ WG_RING_LAZY = (1, 16, 2, 0, 0, 0, 0, 1)
 # ... with the softmax under P V (ninth field)
 WG_OVERLAP = (1, 16, 3, 0, 1, 0, 0, 0, 1)
 WG_OVERLAP_PINGPONG = (2, 16, 2, 0, 1, 1, 0, 1, 1)
+# ... persistent (tenth field; with the TMA producer): tiles drawn from a counter, the ring and
+# Q's buffer carried from tile to tile
+WG_PERSISTENT = (1, 32, 2, 0, 1, 0, 1, 0, 0, 1)
+WG_PERSISTENT_3 = (1, 16, 3, 0, 1, 0, 1, 0, 0, 1)
+WG_PERSISTENT_TWO_GROUPS = (2, 16, 2, 0, 1, 0, 1, 0, 0, 1)
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -225,6 +230,10 @@ WGMMA_CASES = [
     (1, 100, 40, 1, 1, 64, "float16", True, (-1, -1), WG_RING_TWO_GROUPS),
     (1, 33, 70, 2, 1, 64, "bfloat16", False, (9, 4), WG_OVERLAP),         # softmax under P V
     (1, 70, 70, 1, 1, 64, "float16", True, (-1, -1), WG_OVERLAP_PINGPONG),   # ... lazy, ping-pong
+    (2, 40, 70, 2, 1, 64, "float16", False, (-1, -1), WG_PERSISTENT),     # persistent: 4 tiles,
+    (1, 150, 96, 2, 2, 64, "bfloat16", True, (-1, -1), WG_PERSISTENT_3),  # ... 6, rows of none
+    (1, 33, 70, 1, 1, 64, "float16", False, (9, 4), WG_PERSISTENT_3),     # ... window
+    (2, 130, 20, 1, 1, 64, "bfloat16", True, (-1, -1), WG_PERSISTENT_TWO_GROUPS),  # ... 2 groups
 ]
 
 
@@ -346,6 +355,31 @@ def test_tma_never_mixes_in_the_next_sequence():
     _check(out[:1], lse[:1], q[:1], k[:1], v[:1], "float16")
 
 
+def test_persistent_blocks_share_the_tiles_and_leave_the_counter_zero():
+    """A grid of two persistent blocks (two SM slots) draws every tile once between them and the
+    last block out sets the tile counter back to 0: a second call (as a graph replay would)
+    computes every tile again. Tiles start at every ring stage (4 key blocks a tile, 3 stages),
+    and the next sequence's keys, read past a sequence's end by the TMA boxes, never leak in
+    (V's rows there zeroed in whichever stage the tile's first block sits)."""
+    from llmspeed_numba import _workspace
+
+    rng = np.random.default_rng(5)
+    q, k, v = _qkv(rng, 2, 70, 50, 2, 1, 64, "float16")
+    with overrides(device={"sm_count": 2}):
+        for _ in range(2):
+            out, lse = _run(q, k, v, impl="wgmma", config=WG_PERSISTENT_3, causal=True)
+            _check(out, lse, q, k, v, "float16", causal=True)
+        q = np.abs(q)
+        k[1] = 60000.0     # a leaked key of the next sequence would outweigh all of this one's
+        v[1] = np.inf
+        out, lse = _run(q, k, v, impl="wgmma", config=WG_PERSISTENT_3)
+        _check(out[:1], lse[:1], q[:1], k[:1], v[:1], "float16")
+    if SIMULATOR:   # the per-stream counters themselves (on the GPU the second call shows it)
+        counters = [buf for (_, _, name), buf in _workspace._WORKSPACE.items()
+                    if name == "attention_tiles"]
+        assert counters and all((c[:2] == 0).all() for c in counters)
+
+
 def test_wgmma_register_split_fits_the_block():
     """setmaxnreg.inc only takes registers a dec gave back to the block: the split must fit the
     block's launch allocation (else the consumers wait forever), in multiples of 8."""
@@ -459,7 +493,8 @@ def _check_varlen_case(lengths, group, headdim, causal, window, dtype, seed, **r
 
 
 @pytest.mark.parametrize("impl,config,headdim", [("tc", TC_ONE_WARP, 16),
-                                                ("wgmma", WG_SHORT_3, 64), ("wgmma", WG_TMA, 64)])
+                                                ("wgmma", WG_SHORT_3, 64), ("wgmma", WG_TMA, 64),
+                                                ("wgmma", WG_PERSISTENT, 64)])
 def test_varlen_tensor_core_kernels(rng, impl, config, headdim):
     q, k, v, cu_q, cu_k = _varlen_problem(rng, [3, 0, 18], [20, 4, 17], 2, 1, headdim,
                                           "bfloat16")
@@ -689,11 +724,12 @@ def test_gpu_wgmma_d256_two_accumulators(config, problem):
 @given(problem=attention_problems(max_seqlen=300, headdims=(64, 128), max_batch=3))
 @pytest.mark.parametrize("config", [(2, 128, 3, 1, 1, 1, 1), (2, 128, 3, 1, 1, 0, 1),
                                     WGMMA_CONFIGS[64], (2, 128, 3, 1, 1, 1, 1, 1, 1),
-                                    WGMMA_CONFIGS[64] + (0, 1)])
+                                    WGMMA_CONFIGS[64] + (0, 1), WGMMA_CONFIGS[64] + (0, 0, 1),
+                                    (2, 128, 3, 1, 1, 0, 1, 0, 0, 1)])
 def test_gpu_wgmma_tma_matches_reference(config, problem):
     """The TMA producer forced, with and without ping-pong, and one group two blocks an SM
     (whole key blocks by TMA, the sequence's last partial block by cp.async); the opt-in forms
-    (lazy rescaling, the softmax under P V) on both."""
+    (lazy rescaling, the softmax under P V, persistent at one and two groups)."""
     _solve(problem, impl="wgmma", config=config)
 
 
@@ -739,6 +775,13 @@ _RACECHECK_SCRIPT = textwrap.dedent("""
             q, k, v = (torch.randn(2, 300, 2, d, dtype=torch.bfloat16, device="cuda")
                        for _ in range(3))
             flash_attn(q, k, v, causal=True)
+    for config in ((1, 128, 3, 2, 1, 0, 1, 0, 0, 1), (2, 128, 3, 1, 1, 0, 1, 0, 0, 1)):
+        with overrides(flash_attn={"impl": "wgmma", "config": config,
+                                   "tma_min_work": 0}):  # persistent
+            q, k, v = (torch.randn(2, 300, 2, config[0] * 64, dtype=torch.bfloat16,
+                                   device="cuda") for _ in range(3))
+            flash_attn(q, k, v, causal=True)
+            flash_attn(q, k, v, window_size=(70, 3))
     with overrides(flash_attn={"impl": "wgmma", "tma_min_work": 0}):  # planned TMA forms
         for d in (64, 256):
             q, k, v = (torch.randn(2, 300, 2, d, dtype=torch.bfloat16, device="cuda")

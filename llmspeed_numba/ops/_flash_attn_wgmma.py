@@ -57,6 +57,7 @@ from ._attention_common import (NEG_INF, block_is_full, clamped_range, finish_ro
                                 key_bounds, rescale_factor, row_key_range, scaled_max,
                                 varlen_sequence)
 from ._gemm_tensor_core import tile_loader
+from ._last_block import draw_ticket
 from ._stage_ring import init_stage_barriers
 
 PANEL = 64            # b16 elements in one 128-byte swizzle row
@@ -111,7 +112,8 @@ def shared_bytes(dim, groups, block_n, stages):
 
 
 def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen, min_blocks=0,
-                     producer=False, pingpong=False, tma=False, lazy=False, overlap=False):
+                     producer=False, pingpong=False, tma=False, lazy=False, overlap=False,
+                     persistent=False):
     """The kernel for a padded head dimension ``dim`` (multiple of 64) holding ``head_dim``;
     parameters as ``_flash_attn_tc._tc_kernel_fn`` (the block table and its numbers unused).
     ``min_blocks`` (launch bounds) only enters the closure, for numba's disk cache key.
@@ -126,8 +128,12 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
     leave the factors at 1 and a warp whose rows all kept theirs skips rescaling O (P is then
     at most ``2 ** LAZY_RESCALE_LOG2``; the result is the same softmax); ``overlap``
     (warp-specialised): the softmax of key block j + 1 runs under block j's P V (see
-    ``producer_kernel``'s loop)."""
+    ``producer_kernel``'s loop); ``persistent`` (TMA producer, no ping-pong, ``dim`` up to
+    128): a block an SM slot works through tiles drawn from a counter (``persistent_kernel``).
+    Not at 256: its epilogue spills O, and inside the tile loop ptxas then serialises every
+    wgmma (C7519, offline sm_90a)."""
     assert not pingpong or (producer and groups >= 2)
+    assert not persistent or (tma and not pingpong and dim <= 128)
     assert not overlap or producer
     assert not tma or (producer and head_dim == dim)
     assert dim % PANEL == 0 and head_dim <= dim <= 256
@@ -180,17 +186,22 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                       head_dim, tid)
 
     @_device
+    def tma_boxes(tiles, bars, k_map, v_map, s, k_col0, v_col0, k_row, v_row):
+        """Key block rows ``k_row`` / ``v_row`` of K and V into stage ``s`` by TMA (one thread):
+        the stage's bytes announced on its ``full`` barrier (an arrival), then the boxes."""
+        ptx.mbarrier_arrive_expect_tx(bars, s, stage_bytes)
+        s_k = s_kv + s * 2 * kv_elems
+        for p in range(dim // PANEL):
+            ptx.cp_async_bulk_tensor_2d_g2s(tiles, s_k + p * kv_panel, k_map,
+                                            k_col0 + p * PANEL, k_row, bars, s)
+            ptx.cp_async_bulk_tensor_2d_g2s(tiles, s_k + kv_elems + p * kv_panel, v_map,
+                                            v_col0 + p * PANEL, v_row, bars, s)
+
+    @_device
     def tma_block(tiles, bars, k_map, v_map, s, k_col0, v_col0, k_row, v_row, tid):
-        """Key block rows ``k_row`` / ``v_row`` of K and V into stage ``s`` by TMA: thread 0
-        announces the stage's bytes and issues the boxes, the other producer threads arrive."""
+        """``tma_boxes`` by thread 0; the other producer threads arrive."""
         if tid == 0:
-            ptx.mbarrier_arrive_expect_tx(bars, s, stage_bytes)
-            s_k = s_kv + s * 2 * kv_elems
-            for p in range(dim // PANEL):
-                ptx.cp_async_bulk_tensor_2d_g2s(tiles, s_k + p * kv_panel, k_map,
-                                                k_col0 + p * PANEL, k_row, bars, s)
-                ptx.cp_async_bulk_tensor_2d_g2s(tiles, s_k + kv_elems + p * kv_panel, v_map,
-                                                v_col0 + p * PANEL, v_row, bars, s)
+            tma_boxes(tiles, bars, k_map, v_map, s, k_col0, v_col0, k_row, v_row)
         else:
             ptx.mbarrier_arrive(bars, s)
 
@@ -222,16 +233,17 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                 phase ^= 1
 
     @_device
-    def zero_v_tail(tiles, first, ctid):
-        """Zero rows ``first ..`` of stage 0's V tile (the first key block visited, the only one
-        that can end past ``seqlen_k``), so that P's zeros there meet zeros and not another
-        sequence's values (0 * inf would be NaN); then make the writes visible to wgmma and wait
-        for every consumer's."""
+    def zero_v_tail(tiles, stage, first, ctid):
+        """Zero rows ``first ..`` of ring stage ``stage``'s V tile (the tile's first key block
+        visited, the only one that can end past ``seqlen_k``), so that P's zeros there meet
+        zeros and not another sequence's values (0 * inf would be NaN); then make the writes
+        visible to wgmma and wait for every consumer's."""
         chunks = (block_n - first) * (dim // PANEL) * 8      # 16-byte chunks to zero
+        v_tile = s_kv + stage * 2 * kv_elems + kv_elems
         for i in range(ctid, chunks, consumer_threads):
             row = first + i // (8 * (dim // PANEL))
             rest = i % (8 * (dim // PANEL))
-            ptx.store_u32x4(tiles, s_kv + kv_elems + (rest // 8) * kv_panel + row * PANEL
+            ptx.store_u32x4(tiles, v_tile + (rest // 8) * kv_panel + row * PANEL
                             + (rest % 8) * 8, np.uint32(0), np.uint32(0), np.uint32(0),
                             np.uint32(0))
         ptx.fence_proxy_async()
@@ -609,7 +621,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                 ptx.named_barrier_arrive(sched0, 256)   # group 0 goes first
             ptx.mbarrier_wait_parity(bars, 0, 0)
             if tma and n_end * block_n > seqlen_k:
-                zero_v_tail(tiles, seqlen_k - (n_end - 1) * block_n, ctid)
+                zero_v_tail(tiles, 0, seqlen_k - (n_end - 1) * block_n, ctid)
             dk, dv = stage_descs(tiles, 0)
             turn_begin(wg)
             ptx.wgmma_fence()
@@ -661,7 +673,236 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                q_start, seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh,
                softmax_scale, 2 + wg)
 
-    kernel = producer_kernel if producer else ring_kernel
+    # ---- the persistent form ----------------------------------------------------------------
+    # barriers past the ring's: Q's full / empty, then the tile hand-over's full / empty pairs
+    q_full = 2 * stages
+    q_empty = q_full + 1
+    tile_full = q_full + 2       # + slot (two slots)
+    tile_empty = q_full + 4      # + slot
+    n_persistent_bars = q_full + 6
+    q_bytes = block_m * dim * 2
+
+    @_device
+    def tile_work(tile, m_blocks, nheads, cu_seqlens_q, cu_seqlens_k, seqlen_q_arg,
+                  seqlen_k_arg, window_left, window_right):
+        """Tile ``tile``'s ``(batch, head, row0, q_start, seqlen_q, k_start, seqlen_k, n_end,
+        n_blocks)``. Tiles go head by head, each head's query blocks longest-first, so tiles
+        drawn together share their K and V in L2 and a causal head's long tiles start first;
+        ``row0 >= seqlen_q``: a tile past its sequence's rows, with nothing to do."""
+        m_block = m_blocks - 1 - tile % m_blocks
+        rest = tile // m_blocks
+        batch = rest // nheads
+        head = rest % nheads
+        q_start, seqlen_q, k_start, seqlen_k = _sequence(
+            cu_seqlens_q, cu_seqlens_k, batch, seqlen_q_arg, seqlen_k_arg, is_varlen)
+        row0 = m_block * block_m
+        lo, hi = key_bounds(row0, min(row0 + block_m, seqlen_q), seqlen_k - seqlen_q, seqlen_k,
+                            window_left, window_right)
+        n_end = (hi + block_n - 1) // block_n
+        n_blocks = n_end - lo // block_n if hi > lo else 0
+        return batch, head, row0, q_start, seqlen_q, k_start, seqlen_k, n_end, n_blocks
+
+    @_device
+    def persistent_producer(tiles, bars, slots, counter, q_map, k_map, v_map, cu_seqlens_q,
+                            cu_seqlens_k, seqlen_q_arg, seqlen_k_arg, q_sb, q_sn, q_sh, k_sb,
+                            k_sn, k_sh, v_sb, v_sn, v_sh, group, window_left, window_right,
+                            m_blocks, nheads, n_tiles):
+        """One thread: draws tiles from ``counter[0]`` (an atomic add: whoever is free first
+        takes the next tile) and hands each to the consumers through two slots, then loads the
+        tile's Q (once the consumers have released the last one) and its key blocks into the
+        ring, whose stage and phase run on across tiles, so the next tile's loads overlap this
+        one's last blocks and its output. After the first tile past the end, the block's ticket
+        on ``counter[1]``; the last block's sets both back to 0 for the next launch."""
+        s = np.int32(0)
+        phase = np.int32(1)          # the ring's first pass waits on already completed phases
+        loaded = np.int32(0)         # Q tiles loaded
+        drawn = np.int32(0)
+        while True:
+            tile = cuda.atomic.add(counter, 0, 1)
+            slot = drawn % 2
+            ptx.mbarrier_wait_parity(bars, tile_empty + slot, ((drawn // 2) & 1) ^ 1)
+            slots[slot] = tile
+            ptx.mbarrier_arrive(bars, tile_full + slot)
+            drawn += 1
+            if tile >= n_tiles:
+                break
+            batch, head, row0, q_start, seqlen_q, k_start, seqlen_k, n_end, n_blocks = \
+                tile_work(tile, m_blocks, nheads, cu_seqlens_q, cu_seqlens_k, seqlen_q_arg,
+                          seqlen_k_arg, window_left, window_right)
+            if row0 >= seqlen_q:
+                continue
+            ptx.mbarrier_wait_parity(bars, q_empty, (loaded & 1) ^ 1)
+            ptx.mbarrier_arrive_expect_tx(bars, q_full, q_bytes)
+            q_row = np.int32(batch * (q_sb // q_sn) + q_start + row0)
+            for p in range(dim // PANEL):
+                ptx.cp_async_bulk_tensor_2d_g2s(tiles, p * q_panel, q_map,
+                                                np.int32(head * q_sh + p * PANEL), q_row, bars,
+                                                q_full)
+            loaded += 1
+            head_k = head // group
+            k_row0 = np.int32(batch * (k_sb // k_sn) + k_start)
+            v_row0 = np.int32(batch * (v_sb // v_sn) + k_start)
+            k_col0 = np.int32(head_k * k_sh)
+            v_col0 = np.int32(head_k * v_sh)
+            for b in range(n_blocks):
+                ptx.mbarrier_wait_parity(bars, stages + s, phase)
+                col = np.int32((n_end - 1 - b) * block_n)
+                tma_boxes(tiles, bars, k_map, v_map, s, k_col0, v_col0, k_row0 + col,
+                          v_row0 + col)
+                s += 1
+                if s == stages:
+                    s = 0
+                    phase ^= 1
+        cuda.threadfence()   # this block's draws on counter[0] land before its ticket
+        if draw_ticket(counter, 1, np.int32(cuda.gridDim.x - 1)):
+            counter[0] = 0
+
+    @_device
+    def store_row(acc_o, rows, out, lse, wg, warp, g, t, row0, q_start, seqlen_q, batch, head,
+                  o_sb, o_sn, o_sh, lse_sb, lse_sh, softmax_scale, h):
+        """Row ``g + 8 h`` of the warp normalised and written straight from registers (two b16
+        a store; no staging through shared memory, which holds the next tile's Q by then), and
+        its lse."""
+        total = rows[SUM, h]
+        total += ptx.shfl_xor_f32(total, 1)
+        total += ptx.shfl_xor_f32(total, 2)
+        inv_sum, row_lse = finish_row(rows[MAX, h], total, softmax_scale)
+        r = wg * 64 + warp * 16 + g + 8 * h
+        if row0 + r < seqlen_q:
+            base = batch * o_sb + (q_start + row0 + r) * o_sn + head * o_sh + 2 * t
+            for jb in range(o_regs // 4):
+                out[base + 8 * jb] = from_f32(acc_o[4 * jb + 2 * h] * inv_sum)
+                out[base + 8 * jb + 1] = from_f32(acc_o[4 * jb + 2 * h + 1] * inv_sum)
+            if t == 0:
+                lse[batch * lse_sb + head * lse_sh + q_start + row0 + r] = row_lse
+
+    def persistent_kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
+                          seqlen_q_arg, seqlen_k_arg, q_sb, q_sn, q_sh, k_sb, k_sn, k_sh, v_sb,
+                          v_sn, v_sh, o_sb, o_sn, o_sh, lse_sb, lse_sh, bt_sb, bt_ss, group,
+                          softmax_scale, scale_log2, window_left, window_right, num_pages,
+                          bs_shift, k_map, v_map, q_map, counter, m_blocks, nheads, batches):
+        """Persistent and warp-specialised: a block per SM slot works through tiles (``BLOCK_M``
+        query rows of one head) drawn by its producer thread (``persistent_producer``); the
+        consumers take each tile's number from the hand-over slots and compute it as
+        ``producer_kernel`` does, releasing Q after its last S, then write O from registers
+        (``store_row``) and go on to the next tile, whose Q and first key blocks are already
+        on their way."""
+        min_blocks  # noqa: B018  (cache key only, see the factory)
+        tiles = _tiles(cuda.shared.array(0, np.uint16))
+        bars = cuda.shared.array(n_persistent_bars, np.uint64)
+        slots = cuda.shared.array(2, np.int32)
+        tid = np.int32(cuda.threadIdx.x)
+        n_tiles = m_blocks * nheads * batches
+        if tid == 0:
+            for st in range(stages):
+                ptx.mbarrier_init(bars, st, 1)
+                ptx.mbarrier_init(bars, stages + st, consumer_threads)
+            ptx.mbarrier_init(bars, q_full, 1)
+            ptx.mbarrier_init(bars, q_empty, consumer_threads)
+            for slot in range(2):
+                ptx.mbarrier_init(bars, tile_full + slot, 1)
+                ptx.mbarrier_init(bars, tile_empty + slot, consumer_threads)
+            ptx.fence_mbarrier_init()
+        cuda.syncthreads()
+        if tid < 128:
+            ptx.setmaxnreg_dec(producer_regs)
+            if tid == 0:
+                persistent_producer(tiles, bars, slots, counter, q_map, k_map, v_map,
+                                    cu_seqlens_q, cu_seqlens_k, seqlen_q_arg, seqlen_k_arg, q_sb,
+                                    q_sn, q_sh, k_sb, k_sn, k_sh, v_sb, v_sn, v_sh, group,
+                                    window_left, window_right, m_blocks, nheads, n_tiles)
+            return
+
+        ptx.setmaxnreg_inc(consumer_regs)
+        ctid = tid - 128
+        wg = ptx.shfl_idx_i32(ctid // 128, 0)   # warp-uniform, as in ``producer_kernel``
+        warp = (ctid % 128) // 32
+        lane = ctid % 32
+        g = lane // 4
+        t = lane % 4
+        acc_s = cuda.local.array(s_regs, np.float32)
+        acc_o = cuda.local.array(o_regs, np.float32)
+        acc_o2 = cuda.local.array(o_regs if o_parts == 2 else 1, np.float32)
+        p_frag = cuda.local.array(p_regs, np.uint32)
+        rows = cuda.local.array((4, 2), np.float32)
+        dq = ptx.smem_desc(tiles, wg * 64 * PANEL, 16, 1024, 1)   # this warpgroup's rows of Q
+        s = np.int32(0)
+        phase = np.int32(0)          # parity of the ring's current pass
+        loaded = np.int32(0)         # Q tiles used
+        taken = np.int32(0)          # tiles taken from the slots
+        while True:
+            slot = taken % 2
+            ptx.mbarrier_wait_parity(bars, tile_full + slot, (taken // 2) & 1)
+            tile = slots[slot]
+            ptx.mbarrier_arrive(bars, tile_empty + slot)
+            taken += 1
+            if tile >= n_tiles:
+                break
+            batch, head, row0, q_start, seqlen_q, k_start, seqlen_k, n_end, n_blocks = \
+                tile_work(tile, m_blocks, nheads, cu_seqlens_q, cu_seqlens_k, seqlen_q_arg,
+                          seqlen_k_arg, window_left, window_right)
+            if row0 >= seqlen_q:
+                continue
+            offset = seqlen_k - seqlen_q
+            warp_row0 = row0 + wg * 64 + warp * 16     # this warp's 16 query rows
+            init_state(acc_o, acc_o2, rows)
+            ptx.mbarrier_wait_parity(bars, q_full, loaded & 1)
+            loaded += 1
+            if n_blocks > 0:
+                ptx.mbarrier_wait_parity(bars, s, phase)
+                if n_end * block_n > seqlen_k:
+                    zero_v_tail(tiles, s, seqlen_k - (n_end - 1) * block_n, ctid)
+                dk, dv = stage_descs(tiles, s)
+                ptx.wgmma_fence()
+                issue_s(dq, dk, acc_s)
+                ptx.wgmma_wait(acc_s, s_regs, 0)
+                if n_blocks == 1:
+                    ptx.mbarrier_arrive(bars, q_empty)     # Q read for the last time
+                softmax(acc_s, rows, warp_row0, g, t, (n_end - 1) * block_n, offset, seqlen_k,
+                        window_left, window_right, scale_log2)
+                rescale_and_pack(acc_o, acc_o2, acc_s, p_frag, rows)
+            else:
+                ptx.mbarrier_arrive(bars, q_empty)
+            for j in range(n_blocks - 1):
+                s_next = s + 1 if s < stages - 1 else 0
+                if s_next == 0:
+                    phase ^= 1
+                ptx.mbarrier_wait_parity(bars, s_next, phase)
+                dk_next, dv_next = stage_descs(tiles, s_next)
+                ptx.wgmma_fence()
+                issue_s(dq, dk_next, acc_s)
+                rescale_o(acc_o, acc_o2, rows)
+                ptx.wgmma_fence()
+                issue_pv(dv, p_frag, acc_o, acc_o2)
+                ptx.wgmma_wait(acc_s, s_regs, 1)       # S of j + 1 is done, P V of j may run
+                if j == n_blocks - 2:
+                    ptx.mbarrier_arrive(bars, q_empty)  # that S was Q's last use
+                softmax(acc_s, rows, warp_row0, g, t, (n_end - 2 - j) * block_n, offset,
+                        seqlen_k, window_left, window_right, scale_log2)
+                if overlap and seqlen_k < 0:
+                    return   # never (see ``producer_kernel``)
+                wait_o(acc_o, acc_o2)
+                ptx.mbarrier_arrive(bars, stages + s)  # K and V of block j are no longer read
+                pack_p(acc_s, p_frag)
+                s = s_next
+                dv = dv_next
+            if n_blocks > 0:
+                rescale_o(acc_o, acc_o2, rows)
+                ptx.wgmma_fence()
+                issue_pv(dv, p_frag, acc_o, acc_o2)
+                wait_o(acc_o, acc_o2)
+                ptx.mbarrier_arrive(bars, stages + s)
+                s = s + 1 if s < stages - 1 else 0    # the next tile's first stage
+                if s == 0:
+                    phase ^= 1
+            for h in range(2):
+                store_row(acc_o, rows, out, lse, wg, warp, g, t, row0, q_start, seqlen_q,
+                          batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh, softmax_scale, h)
+
+    if persistent:
+        kernel = persistent_kernel
+    else:
+        kernel = producer_kernel if producer else ring_kernel
     kernel.__name__ = "flash_attn_wgmma_kernel"
     return kernel
 
@@ -693,10 +934,11 @@ def launch_options(groups, min_blocks, producer):
 
 @functools.lru_cache(maxsize=None)
 def wgmma_kernel(signature, head_dim, dim, groups, block_n, stages, min_blocks, producer,
-                 pingpong, is_bf16, is_varlen, tma=False, lazy=False, overlap=False):
+                 pingpong, is_bf16, is_varlen, tma=False, lazy=False, overlap=False,
+                 persistent=False):
     """The wgmma kernel for one configuration; ``min_blocks`` 0 leaves registers to ptxas."""
     return Kernel(jit(_wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16,
                                        is_varlen, min_blocks, producer, pingpong, tma, lazy,
-                                       overlap),
+                                       overlap, persistent),
                       **launch_options(groups, min_blocks, producer)),
                   signature, "flash_attn_wgmma_kernel")

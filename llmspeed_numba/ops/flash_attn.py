@@ -39,7 +39,7 @@ from .._arrays import Buffer, Tensor, empty, host_ints, kernel_buffer, stream_ha
 from .._checks import (aligned, contiguous, last_dim_contiguous, non_negative_strides, output,
                        same_dtype, shape, tensor)
 from .._env import SIMULATOR
-from .._launch import array1d, collecting
+from .._launch import array1d, collecting, sm_count
 from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._tensor_map import may_make_map, tensor_map_2d
@@ -78,7 +78,10 @@ SIMULATOR_TC_CONFIG = (1, 1, 16, 0)
 #: rows keep their maximum until a block raises it by more than 2 ** 8, and warps whose rows all
 #: kept it skip O's rescale (``_flash_attn_wgmma``; opt-in: within +-2% of the planned forms at
 #: d64 / d128 / d256, session 31); ``overlap`` 1 (with a producer): the softmax of key block
-#: j + 1 runs under block j's P V (opt-in until timed on the H200).
+#: j + 1 runs under block j's P V (opt-in until timed on the H200); ``persistent`` 1 (with the
+#: TMA producer, no ping-pong): a grid of one block per SM slot drawing tiles from a counter,
+#: Q loaded by TMA too, so a tile's start and end overlap the next one's loads (opt-in until
+#: timed; calls whose Q no tensor map holds run the non-persistent form).
 #: Registers a consumer thread: S ``block_n / 2`` + O ``headdim / 2`` fp32 + P ``block_n / 4``.
 #: 64: one consumer group, two blocks an SM (each hides the other's start and end, which causal
 #: blocks have half the key blocks to hide behind), TMA; its cp.async form spills, so calls that
@@ -137,6 +140,10 @@ _SIGNATURE = (
 )
 
 _WGMMA_SIGNATURE = _SIGNATURE + (array1d(np.uint64),) * 2
+#: ... and the persistent ones five: Q's tensor map, the tile counters (a per-stream int32
+#: workspace of two), and the query blocks a head, heads and sequences the tiles span.
+_WGMMA_PERSISTENT_SIGNATURE = _WGMMA_SIGNATURE + (array1d(np.uint64), array1d(np.int32),
+                                                  types.int32, types.int32, types.int32)
 
 _GRID_YZ_LIMIT = 65535
 _INT32_MAX = 2**31 - 1
@@ -162,9 +169,9 @@ def wgmma_config(dim):
 
 
 def _wgmma_fields(config):
-    """The nine fields of a wgmma configuration (missing trailing ones 0)."""
+    """The ten fields of a wgmma configuration (missing trailing ones 0)."""
     config = tuple(config)
-    return config + (0,) * (9 - len(config))
+    return config + (0,) * (10 - len(config))
 
 
 def tc_config(headdim):
@@ -275,29 +282,35 @@ def _dummy(like, dtype=np.int32):
     return Buffer(like.ptr, 1, np.dtype(dtype), like.obj)
 
 
+def _token_map(name, t, strides, batch, seqlen, nheads, box_rows, stream):
+    """Tensor map of q, k or v for the wgmma kernel's TMA loads, seen as a 2-D tensor: token
+    rows (``sb / sn`` rows a sequence, so the batch must be whole rows apart; varlen passes
+    ``sb`` 0 and its packed total as ``seqlen``), head ``h`` at column ``h * sh``, boxes of
+    ``box_rows`` rows and 64 columns. None (the call copies with cp.async) when the layout does
+    not fit a map, or inside a torch CUDA-graph capture before the map exists."""
+    sb, sn, sh = strides
+    if sn <= 0 or sb % sn:
+        return None
+    rows = (batch - 1) * (sb // sn) + seqlen
+    cols = (nheads - 1) * sh + t.shape[-1]
+    if cols > sn or rows >= 2**31:
+        return None
+    view = Tensor(t.obj, t.kind, t.ptr, (rows, cols), (sn, 1), t.dtype, t.host)
+    try:
+        return tensor_map_2d(view, box_rows, _flash_attn_wgmma.PANEL, name=name,
+                             make=may_make_map(t, stream), stream=stream)
+    except ValueError:
+        return None
+
+
 def _kv_tensor_maps(tk, tv, k_strides, v_strides, batch, seqlen_k, nheads_k, block_n, stream):
-    """Tensor maps of K and V for the wgmma kernel's TMA producer, each seen as a 2-D tensor:
-    token rows (``sb / sn`` rows a sequence, so the batch must be whole rows apart; varlen
-    passes ``sb`` 0 and its packed total as ``seqlen_k``), head ``h`` at column ``h * sh``,
-    boxes of ``block_n`` rows and 64 columns. None (the call copies with cp.async) when the
-    layout does not fit a map, or inside a torch CUDA-graph capture before the maps exist."""
-    maps = []
-    for name, t, (sb, sn, sh) in (("k", tk, k_strides), ("v", tv, v_strides)):
-        if sn <= 0 or sb % sn:
-            return None
-        rows = (batch - 1) * (sb // sn) + seqlen_k
-        cols = (nheads_k - 1) * sh + t.shape[-1]
-        if cols > sn or rows >= 2**31:
-            return None
-        view = Tensor(t.obj, t.kind, t.ptr, (rows, cols), (sn, 1), t.dtype, t.host)
-        try:
-            maps.append(tensor_map_2d(view, block_n, _flash_attn_wgmma.PANEL, name=name,
-                                      make=may_make_map(t, stream), stream=stream))
-        except ValueError:
-            return None
-        if maps[-1] is None:
-            return None
-    return tuple(maps)
+    """Tensor maps of K and V for the wgmma kernel's TMA producer (``_token_map``, boxes of
+    ``block_n`` rows), or None."""
+    k_map = _token_map("k", tk, k_strides, batch, seqlen_k, nheads_k, block_n, stream)
+    if k_map is None:
+        return None
+    v_map = _token_map("v", tv, v_strides, batch, seqlen_k, nheads_k, block_n, stream)
+    return None if v_map is None else (k_map, v_map)
 
 
 def _pick_impl(tensors, headdim=None):
@@ -346,15 +359,20 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
             impl, config = "tc", None
         elif maps is None and TUNING.config is None and not SIMULATOR:
             config = WGMMA_CP_ASYNC_CONFIGS.get(dim, config)
+    persistent = None
     if impl == "wgmma":
-        groups, block_n, stages, min_blocks, producer, pingpong, _, lazy, overlap = \
+        groups, block_n, stages, min_blocks, producer, pingpong, _, lazy, overlap, persist = \
             _wgmma_fields(config)
         block_m = 64 * groups
-        kernel = _flash_attn_wgmma.wgmma_kernel(_WGMMA_SIGNATURE, headdim, dim, groups,
-                                                block_n, stages, min_blocks, bool(producer),
-                                                bool(pingpong), is_bf16, is_varlen,
-                                                maps is not None, lazy=bool(lazy),
-                                                overlap=bool(overlap))
+        if persist and maps is not None:
+            q_map = _token_map("q", tq, q_strides, batch, seqlen_q, nheads, block_m, handle)
+            if q_map is not None:
+                persistent = (q_map, workspace(tq, handle, "attention_tiles", 2, np.int32))
+        kernel = _flash_attn_wgmma.wgmma_kernel(
+            _WGMMA_PERSISTENT_SIGNATURE if persistent else _WGMMA_SIGNATURE, headdim, dim,
+            groups, block_n, stages, min_blocks, bool(producer), bool(pingpong), is_bf16,
+            is_varlen, maps is not None, lazy=bool(lazy), overlap=bool(overlap),
+            persistent=persistent is not None)
         threads = _flash_attn_wgmma.threads_for(groups, producer)
         shared = _flash_attn_wgmma.shared_bytes(dim, groups, block_n, stages)
     elif impl == "tc":
@@ -387,7 +405,14 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
             0, 0)
     if impl == "wgmma":
         args += maps or (_dummy(tq, np.uint64),) * 2
-    if impl != "simt" and not SIMULATOR:
+    if persistent is not None:
+        m_blocks = grid[0]
+        args += (*persistent, m_blocks, nheads, batch)
+        if not SIMULATOR:
+            _prefer_shared_memory(kernel)
+        slots = sm_count() * max(1, kernel.blocks_per_sm(threads, shared))
+        grid = (min(m_blocks * nheads * batch, slots), 1, 1)
+    elif impl != "simt" and not SIMULATOR:
         _prefer_shared_memory(kernel)
     kernel(grid, threads, args, handle, shared)
 
@@ -620,14 +645,15 @@ def _wgmma_compile_target(headdim, is_bf16, is_varlen, config=None):
     linked whole-program as numba does there, which setmaxnreg needs)."""
     def build():
         dim = _flash_attn_wgmma.padded_dim(headdim)
-        groups, block_n, stages, min_blocks, producer, pingpong, tma, lazy, overlap = \
+        groups, block_n, stages, min_blocks, producer, pingpong, tma, lazy, overlap, persist = \
             _wgmma_fields(config or wgmma_config(dim))
         fn = _flash_attn_wgmma._wgmma_kernel_fn(headdim, dim, groups, block_n, stages, is_bf16,
                                                 is_varlen, min_blocks, bool(producer),
                                                 bool(pingpong), bool(tma), bool(lazy),
-                                                bool(overlap))
+                                                bool(overlap), bool(persist))
         options = _flash_attn_wgmma.launch_options(groups, min_blocks, producer)
-        return fn, _WGMMA_SIGNATURE, dict(options, lto=True)
+        signature = _WGMMA_PERSISTENT_SIGNATURE if persist else _WGMMA_SIGNATURE
+        return fn, signature, dict(options, lto=True)
 
     return build
 
@@ -669,6 +695,17 @@ compile_check.register(
     ptx_must_have=_WGMMA_PTX + ("setmaxnreg.inc", "cp.async.bulk.tensor.2d"),
     sass_must_have=_WGMMA_SASS + ("UTMALDG",),
     sass_between=("WARPGROUP.DEPBAR.LE gsb0, 0x1", "MUFU.EX2", "WARPGROUP.DEPBAR.LE gsb0, 0x0"))
+# the persistent form (opt-in ``persistent``): Q by TMA too, tiles from an atomic counter
+for _name, _headdim, _varlen, _config in (
+        ("d64", 64, False, WGMMA_CONFIGS[64] + (0, 0, 1)),
+        ("d64_varlen", 64, True, WGMMA_CONFIGS[64] + (0, 0, 1)),
+        ("d128", 128, False, WGMMA_CONFIGS[128][:5] + (0, 1, 0, 0, 1))):   # no ping-pong
+    compile_check.register(
+        f"flash_attn_wgmma_{_name}_bf16_persistent",
+        _wgmma_compile_target(_headdim, True, _varlen, _config),
+        ptx_must_have=_WGMMA_PTX[:1] + ("ex2.approx", "setmaxnreg.inc",
+                                        "cp.async.bulk.tensor.2d", "atom.global.add"),
+        sass_must_have=("HGMMA", "MUFU.EX2", "UTMALDG", "USETMAXREG.TRY_ALLOC"))
 # the all-threads-copy form (no producer), kept as the simpler fallback configuration
 compile_check.register(
     "flash_attn_wgmma_ring_d128_f16", _wgmma_compile_target(128, False, False, (2, 128, 2, 1, 0)),
