@@ -393,45 +393,47 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         pack_p(acc_s, p_frag)
 
     @_device
-    def stage_row(tiles, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start, seqlen_q,
-                  batch, head, lse_sb, lse_sh, softmax_scale, h):
-        """Row ``g + 8 h`` of the warp, normalised, into its Q row of ``tiles``; its lse."""
+    def stage_row(tiles, o_tile, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start,
+                  seqlen_q, batch, head, lse_sb, lse_sh, softmax_scale, h):
+        """Row ``g + 8 h`` of the warp, normalised, into its row of the staging tile at
+        ``o_tile`` (laid out as the Q tile); its lse."""
         total = rows[SUM, h]
         total += ptx.shfl_xor_f32(total, 1)
         total += ptx.shfl_xor_f32(total, 2)
         inv_sum, row_lse = finish_row(rows[MAX, h], total, softmax_scale)
         r = wg * 64 + warp * 16 + g + 8 * h
         for jb in range(o_regs // 4):
-            base = swizzled(r, 8 * jb + 2 * t, block_m)
+            base = o_tile + swizzled(r, 8 * jb + 2 * t, block_m)
             tiles[base] = from_f32(acc_o[4 * jb + 2 * h] * inv_sum)
             tiles[base + 1] = from_f32(acc_o[4 * jb + 2 * h + 1] * inv_sum)
         if o_parts == 2:
             for jb in range(o_regs // 4):
-                base = swizzled(r, o_n + 8 * jb + 2 * t, block_m)
+                base = o_tile + swizzled(r, o_n + 8 * jb + 2 * t, block_m)
                 tiles[base] = from_f32(acc_o2[4 * jb + 2 * h] * inv_sum)
                 tiles[base + 1] = from_f32(acc_o2[4 * jb + 2 * h + 1] * inv_sum)
         if t == 0 and row0 + r < seqlen_q:
             lse[batch * lse_sb + head * lse_sh + q_start + row0 + r] = row_lse
 
     @_device
-    def finish(tiles, acc_o, acc_o2, rows, out, lse, wg, warp, g, t, wtid, row0, q_start,
-               seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh, softmax_scale,
+    def finish(tiles, o_tile, acc_o, acc_o2, rows, out, lse, wg, warp, g, t, wtid, row0,
+               q_start, seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh, softmax_scale,
                barrier):
-        """Normalise once, stage the warpgroup's rows in its own Q rows (no other warpgroup
-        reads them), write 16-byte chunks; ``barrier``: the warpgroup's named barrier."""
-        ptx.fence_proxy_async()   # wgmma's reads of Q (async proxy) before these writes
+        """Normalise once, stage the warpgroup's rows in its own rows of the tile at ``o_tile``
+        (the Q tile, 0, or a ring stage's K and V; no other warpgroup reads them), write
+        16-byte chunks; ``barrier``: the warpgroup's named barrier."""
+        ptx.fence_proxy_async()   # wgmma's reads of the tile (async proxy) before these writes
         if o_parts == 2:
             # each of the thread's two rows by a call of its own: with ``h`` a constant every
             # accumulator index is one (at d256 a loop over h stays rolled, leaving O in local
             # memory; up to d128 it is unrolled, and kept for the same code as before)
-            stage_row(tiles, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start, seqlen_q,
-                      batch, head, lse_sb, lse_sh, softmax_scale, 0)
-            stage_row(tiles, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start, seqlen_q,
-                      batch, head, lse_sb, lse_sh, softmax_scale, 1)
+            stage_row(tiles, o_tile, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start,
+                      seqlen_q, batch, head, lse_sb, lse_sh, softmax_scale, 0)
+            stage_row(tiles, o_tile, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start,
+                      seqlen_q, batch, head, lse_sb, lse_sh, softmax_scale, 1)
         else:
             for h in range(2):
-                stage_row(tiles, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0, q_start,
-                          seqlen_q, batch, head, lse_sb, lse_sh, softmax_scale, h)
+                stage_row(tiles, o_tile, acc_o, acc_o2, rows, lse, wg, warp, g, t, row0,
+                          q_start, seqlen_q, batch, head, lse_sb, lse_sh, softmax_scale, h)
         ptx.named_barrier_sync(barrier, 128)   # the warpgroup's rows are staged
         o_base = batch * o_sb + (q_start + row0) * o_sn + head * o_sh
         for c in range(out_chunks):
@@ -439,7 +441,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             r = wg * 64 + i // chunks_per_row
             col = (i % chunks_per_row) * 8
             if row0 + r < seqlen_q and col < head_dim:
-                w0, w1, w2, w3 = ptx.load_u32x4(tiles, swizzled(r, col, block_m))
+                w0, w1, w2, w3 = ptx.load_u32x4(tiles, o_tile + swizzled(r, col, block_m))
                 ptx.store_u32x4(out, o_base + r * o_sn + col, w0, w1, w2, w3)
 
     def ring_kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table, seqlen_q_arg,
@@ -520,7 +522,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         ptx.cp_async_wait(0)
         if is_varlen:                # read again rather than kept in registers over the loop
             q_start, seqlen_q = clamped_range(cu_seqlens_q, batch, seqlen_q_arg)
-        finish(tiles, acc_o, acc_o2, rows, out, lse, wg, warp, g, t, tid % 128, row0,
+        finish(tiles, 0, acc_o, acc_o2, rows, out, lse, wg, warp, g, t, tid % 128, row0,
                q_start, seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh,
                softmax_scale, 1 + wg)
 
@@ -669,7 +671,7 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
 
         if is_varlen:                # read again rather than kept in registers over the loop
             q_start, seqlen_q = clamped_range(cu_seqlens_q, batch, seqlen_q_arg)
-        finish(tiles, acc_o, acc_o2, rows, out, lse, wg, warp, g, t, ctid % 128, row0,
+        finish(tiles, 0, acc_o, acc_o2, rows, out, lse, wg, warp, g, t, ctid % 128, row0,
                q_start, seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh,
                softmax_scale, 2 + wg)
 
@@ -681,6 +683,9 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
     tile_empty = q_full + 4      # + slot
     n_persistent_bars = q_full + 6
     q_bytes = block_m * dim * 2
+    # O staged in the last key block's stage when its K and V tiles hold it (else stored from
+    # registers): Q's buffer is the next tile's by then
+    stage_out = 2 * block_n >= block_m
 
     @_device
     def tile_work(tile, m_blocks, nheads, cu_seqlens_q, cu_seqlens_k, seqlen_q_arg,
@@ -761,8 +766,8 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
     def store_row(acc_o, rows, out, lse, wg, warp, g, t, row0, q_start, seqlen_q, batch, head,
                   o_sb, o_sn, o_sh, lse_sb, lse_sh, softmax_scale, h):
         """Row ``g + 8 h`` of the warp normalised and written straight from registers (two b16
-        a store; no staging through shared memory, which holds the next tile's Q by then), and
-        its lse."""
+        a store), and its lse: the persistent kernel's output where no ring stage holds O's
+        staging tile (``stage_out``)."""
         total = rows[SUM, h]
         total += ptx.shfl_xor_f32(total, 1)
         total += ptx.shfl_xor_f32(total, 2)
@@ -776,6 +781,23 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
             if t == 0:
                 lse[batch * lse_sb + head * lse_sh + q_start + row0 + r] = row_lse
 
+    @_device
+    def store_empty_rows(out, lse, wg, warp, g, t, row0, q_start, seqlen_q, batch, head, o_sb,
+                         o_sn, o_sh, lse_sb, lse_sh):
+        """The thread's rows of a tile that attends no key: O 0 and lse -inf (``finish_row``'s
+        values), without reading the accumulators (a second path reading them made the
+        persistent kernel spill, offline sm_90a)."""
+        zero = from_f32(np.float32(0.0))
+        for h in range(2):
+            r = wg * 64 + warp * 16 + g + 8 * h
+            if row0 + r < seqlen_q:
+                base = batch * o_sb + (q_start + row0 + r) * o_sn + head * o_sh + 2 * t
+                for jb in range(o_regs // 4):
+                    out[base + 8 * jb] = zero
+                    out[base + 8 * jb + 1] = zero
+                if t == 0:
+                    lse[batch * lse_sb + head * lse_sh + q_start + row0 + r] = NEG_INF
+
     def persistent_kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
                           seqlen_q_arg, seqlen_k_arg, q_sb, q_sn, q_sh, k_sb, k_sn, k_sh, v_sb,
                           v_sn, v_sh, o_sb, o_sn, o_sh, lse_sb, lse_sh, bt_sb, bt_ss, group,
@@ -784,9 +806,9 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
         """Persistent and warp-specialised: a block per SM slot works through tiles (``BLOCK_M``
         query rows of one head) drawn by its producer thread (``persistent_producer``); the
         consumers take each tile's number from the hand-over slots and compute it as
-        ``producer_kernel`` does, releasing Q after its last S, then write O from registers
-        (``store_row``) and go on to the next tile, whose Q and first key blocks are already
-        on their way."""
+        ``producer_kernel`` does, releasing Q after its last S, then write O staged through the
+        last key block's stage (or from registers, ``store_row``) and go on to the next tile,
+        whose Q and first key blocks are already on their way."""
         min_blocks  # noqa: B018  (cache key only, see the factory)
         tiles = _tiles(cuda.shared.array(0, np.uint16))
         bars = cuda.shared.array(n_persistent_bars, np.uint64)
@@ -891,13 +913,32 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                 ptx.wgmma_fence()
                 issue_pv(dv, p_frag, acc_o, acc_o2)
                 wait_o(acc_o, acc_o2)
+                if stage_out:
+                    # O staged in the last block's K and V (still held: the producer may not
+                    # refill them yet), stored by 16-byte chunks, then the stage released. The
+                    # thread's place comes through a shuffle (an identity, but opaque): LLVM
+                    # then cannot hoist the staging offsets out of the tile loop, where holding
+                    # them spilled ~280 B (offline sm_90a)
+                    me = ptx.shfl_idx_i32(ctid, lane)
+                    # every consumer warp's P V has read the stage's V (a warp's wgmma wait
+                    # says nothing of the other warps' parts) before any warp writes over it
+                    ptx.named_barrier_sync(1, consumer_threads)
+                    finish(tiles, s_kv + s * 2 * kv_elems, acc_o, acc_o2, rows, out, lse, wg,
+                           (me % 128) // 32, (me % 32) // 4, me % 4, me % 128, row0, q_start,
+                           seqlen_q, batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh,
+                           softmax_scale, 2 + wg)
+                    ptx.fence_proxy_async()   # these reads and writes before the next TMA's
                 ptx.mbarrier_arrive(bars, stages + s)
                 s = s + 1 if s < stages - 1 else 0    # the next tile's first stage
                 if s == 0:
                     phase ^= 1
-            for h in range(2):
-                store_row(acc_o, rows, out, lse, wg, warp, g, t, row0, q_start, seqlen_q,
-                          batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh, softmax_scale, h)
+            if not stage_out:
+                for h in range(2):
+                    store_row(acc_o, rows, out, lse, wg, warp, g, t, row0, q_start, seqlen_q,
+                              batch, head, o_sb, o_sn, o_sh, lse_sb, lse_sh, softmax_scale, h)
+            elif n_blocks == 0:
+                store_empty_rows(out, lse, wg, warp, g, t, row0, q_start, seqlen_q, batch, head,
+                                 o_sb, o_sn, o_sh, lse_sb, lse_sh)
 
     if persistent:
         kernel = persistent_kernel
