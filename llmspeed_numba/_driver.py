@@ -26,6 +26,7 @@ _SIGNATURES = {
     "cuEventDestroy_v2": [_P],
     "cuStreamWaitEvent": [_P, _P, _UINT],
     "cuThreadExchangeStreamCaptureMode": [ctypes.POINTER(ctypes.c_int)],
+    "cuStreamIsCapturing": [_P, ctypes.POINTER(ctypes.c_int)],
 }
 
 
@@ -80,6 +81,14 @@ def stream_wait_event(stream, event):
     """Work queued on ``stream`` from now on waits for ``event`` (on the device; the host goes
     on at once)."""
     _call("cuStreamWaitEvent", stream, event, 0)
+
+
+def stream_capturing(stream):
+    """Whether ``stream`` is being captured into a CUDA graph (``cuStreamIsCapturing``: active
+    or invalidated)."""
+    status = ctypes.c_int(0)
+    _call("cuStreamIsCapturing", stream, ctypes.byref(status))
+    return status.value != 0
 
 
 @contextlib.contextmanager

@@ -157,13 +157,17 @@ def cached_map(layout, ptr, in_capture, stream=0):
     too, which holds it until it has launched), made on ``stream`` if missing; None inside a
     graph capture when it is missing, or when its upload on another stream may not have landed
     yet (a replay then takes its checked path). One found inside a capture is pinned."""
-    buf = _DEVICE_MAPS.get((ptr,) + layout, None if in_capture else _new_map_of_key,
-                           in_capture, stream)
-    if buf is not None:
-        slot = buf.owner
-        if slot.event is not None and slot.stream != stream and not _ready_on(slot, stream,
-                                                                              in_capture):
+    key = (ptr,) + layout
+    if in_capture:   # pinned only once usable: the capture's graph reads it for good
+        buf = _DEVICE_MAPS.get(key, None, False)
+        if buf is None or (buf.owner.event is not None and not _ready_on(buf.owner, stream,
+                                                                         True)):
             return None
+        return _DEVICE_MAPS.get(key, None, True)
+    buf = _DEVICE_MAPS.get(key, _new_map_of_key, False, stream)
+    slot = buf.owner
+    if slot.event is not None and slot.stream != stream:
+        _ready_on(slot, stream, False)
     return buf
 
 
@@ -199,29 +203,28 @@ class _Chunk:
 
 
 class MapSlot:
-    """The owner of one map's device bytes: its chunk, the stream its upload was queued on,
-    and the event recorded after the upload (None once a kernel on any stream may read it)."""
+    """The owner of one map's device bytes: its chunk, the stream its upload was queued on
+    (None for the per-thread default stream, a different stream in each thread), and the event
+    recorded after the upload (``event``: None once a kernel on any stream may read the map; the
+    event itself lives until the slot does, so a thread that read it before another settled the
+    slot still holds a valid event)."""
 
-    __slots__ = ("chunk", "stream", "event", "__weakref__")
+    __slots__ = ("chunk", "stream", "event", "_event", "__weakref__")
 
     def __init__(self, chunk, stream, event):
-        self.chunk, self.stream, self.event = chunk, stream, event
-
-    def settle(self):
-        with _SETTLE_LOCK:   # two threads may find the upload done at once
-            event, self.event = self.event, None
-        if event is not None:
-            _driver.destroy_event(event)
+        self.chunk, self.stream, self.event, self._event = chunk, stream, event, event
 
     def __del__(self):
         try:
-            self.settle()
+            if self._event is not None:
+                _driver.destroy_event(self._event)
         except Exception:  # noqa: BLE001  (at interpreter exit the driver may be gone)
             pass
 
 
 MAP_WORDS = MAP_BYTES // 8
-_SETTLE_LOCK = threading.Lock()
+#: ``CU_STREAM_PER_THREAD``: the same handle names another stream in each thread
+_PER_THREAD_STREAM = 2
 _CHUNKS = {}   # device id -> the chunk new maps take slots of (``MapCache``'s lock held)
 
 
@@ -229,7 +232,12 @@ def _upload(words, device_id, stream):
     """The map ``words`` in the next free slot, written on ``stream``: into the slot's pinned
     host twin, then an asynchronous copy queued on ``stream`` (no wait for the device's queued
     work, as a copy from pageable memory or on the legacy stream would), then an event for
-    calls on other streams (``_ready_on``). Called under ``MapCache``'s lock."""
+    calls on other streams (``_ready_on``). Called under ``MapCache``'s lock. A stream being
+    captured into a CUDA graph is refused: the copy would be recorded, not run (torch callers
+    never get here then: ``may_make_map``)."""
+    if _driver.stream_capturing(stream):
+        raise RuntimeError("a tensor map cannot be made while the call's stream is captured "
+                           "into a CUDA graph: run the call once before capturing it")
     chunk = _CHUNKS.get(device_id)
     if chunk is None or chunk.used == CHUNK_MAPS:
         chunk = _CHUNKS[device_id] = _Chunk()
@@ -241,25 +249,26 @@ def _upload(words, device_id, stream):
     event = _driver.new_event()
     _driver.record_event(event, stream)
     # the fast launch path takes a Buffer for an array parameter
-    return Buffer(dst, MAP_WORDS, np.dtype(np.uint64), MapSlot(chunk, stream, event))
+    owner = MapSlot(chunk, None if stream == _PER_THREAD_STREAM else stream, event)
+    return Buffer(dst, MAP_WORDS, np.dtype(np.uint64), owner)
 
 
 def _ready_on(slot, stream, in_capture):
-    """Whether a kernel queued on ``stream`` now reads the map of ``slot``, whose upload was
-    queued on another stream: yes once the upload has completed (the slot is then settled for
-    every stream); else outside a capture ``stream`` is made to wait for the upload's event
-    (yes), while inside one the map is not used (no: the capture may not wait on work recorded
-    outside it; the call copies without a map)."""
-    if in_capture:
-        with _driver.relaxed_capture_mode():
-            done = _driver.event_done(slot.event)
-    else:
-        done = _driver.event_done(slot.event)
-        if not done:
-            _driver.stream_wait_event(stream, slot.event)
-            return True
+    """Whether a kernel queued on ``stream`` now reads the map of ``slot``, whose upload may not
+    have landed (queued on another stream, or inside a capture on any): yes once the upload has
+    completed (the slot is then settled for every stream); else outside a capture ``stream`` is
+    made to wait for the upload's event (yes), while inside one the map is not used (no: a
+    capture may not wait on work recorded outside it, and a replay may run on another stream;
+    the call copies without a map). The query runs in the relaxed capture mode: in the default
+    global mode any thread's capture forbids it (and is invalidated by it)."""
+    event = slot._event
+    with _driver.relaxed_capture_mode():
+        done = _driver.event_done(event)
     if done:
-        slot.settle()
+        slot.event = None
+    elif not in_capture:
+        _driver.stream_wait_event(stream, event)
+        return True
     return done
 
 

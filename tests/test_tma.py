@@ -46,7 +46,10 @@ def _copy_boxes(src_device, shape, box_rows, stages, consumer_warps, grid):
     by, bx = tma_stage.box_grid(rows, cols, box_rows)
     boxes = _device(np.full(by * bx * box_rows * tma_stage.BOX_COLS, POISON, np.uint16))
     kernel = tma_stage.staging_kernel(box_rows, stages, consumer_warps)
-    tmap = getattr(tmap, "owner", tmap)   # the GPU's map: a Buffer; the dispatcher takes its array
+    if not SIMULATOR:   # the GPU's map: a Buffer in a chunk of maps; the dispatcher takes arrays
+        chunk = tmap.owner.chunk
+        first = (tmap.ptr - chunk.device_ptr) // 8
+        tmap = chunk.device[first:first + tmap.size]
     kernel[grid, tma_stage.threads_for(consumer_warps)](tmap, boxes, np.int32(bx),
                                                         np.int32(by * bx))
     out = boxes if SIMULATOR else boxes.copy_to_host()
@@ -180,13 +183,17 @@ class _FakeChunk:
         self.used = 0
 
 
+_CAPTURING = set()   # streams the fake driver says are being captured
+
+
 @pytest.fixture
 def fake_driver(monkeypatch):
     """Every driver call of the map upload logged as ``(name, args)``; ``DONE`` holds the events
     whose work has completed; ``CAPTURE_MODE`` the thread's mode while a call ran."""
     from llmspeed_numba import _driver, _tensor_map
 
-    calls, done, mode = [], set(), ["global"]
+    calls, done, mode, capturing = [], set(), ["global"], _CAPTURING
+    capturing.clear()
     events = iter(range(1000, 2000))
 
     @contextlib.contextmanager
@@ -201,6 +208,7 @@ def fake_driver(monkeypatch):
             return result(*args) if result else None
         return fn
 
+    monkeypatch.setattr(_driver, "stream_capturing", lambda stream: stream in capturing)
     monkeypatch.setattr(_driver, "copy_to_device_async", log("copy"))
     monkeypatch.setattr(_driver, "new_event", log("new_event", lambda: next(events)))
     monkeypatch.setattr(_driver, "record_event", log("record"))
@@ -242,15 +250,20 @@ def test_a_map_used_on_another_stream_waits_for_its_upload_until_it_is_done(fake
     event = buf.owner.event
     calls.clear()
     assert _tensor_map.cached_map(LAYOUT, 0x5000, False, 9).ptr == buf.ptr
-    assert [c[:2] for c in calls] == [("query", (event,)), ("wait", (9, event))]
+    assert calls == [("query", (event,), "relaxed"), ("wait", (9, event), "global")]
     done.add(event)
     calls.clear()
     _tensor_map.cached_map(LAYOUT, 0x5000, False, 9)
-    assert [c[:2] for c in calls] == [("query", (event,)), ("destroy", (event,))]
-    assert buf.owner.event is None
+    assert calls == [("query", (event,), "relaxed")] and buf.owner.event is None
     calls.clear()
     _tensor_map.cached_map(LAYOUT, 0x5000, False, 11)     # settled: any stream, no calls
     assert calls == []
+    slot = buf.owner
+    del buf
+    _tensor_map._DEVICE_MAPS.recent.clear()
+    del slot
+    gc.collect()
+    assert calls == [("destroy", (event,), "global")]     # the event lives as long as its map
 
 
 def test_inside_a_capture_a_map_whose_upload_has_not_landed_is_not_used(fake_driver):
@@ -265,10 +278,33 @@ def test_inside_a_capture_a_map_whose_upload_has_not_landed_is_not_used(fake_dri
     assert _tensor_map.cached_map(LAYOUT, 0x5000, True, 9) is None
     assert calls == [("query", (buf.owner.event,), "relaxed")]
     assert _tensor_map.cached_map(LAYOUT, 0x6000, True, 9) is None      # none made in a capture
+    # its own stream too: a replay of the graph may run on another stream
+    assert _tensor_map.cached_map(LAYOUT, 0x5000, True, 7) is None
+    assert not _tensor_map._DEVICE_MAPS.pinned           # pinned only once usable
     done.add(buf.owner.event)
     assert _tensor_map.cached_map(LAYOUT, 0x5000, True, 9).ptr == buf.ptr
     assert (0x5000,) + LAYOUT in _tensor_map._DEVICE_MAPS.pinned
-    assert _tensor_map.cached_map(LAYOUT, 0x5000, True, 7).ptr == buf.ptr   # its own stream
+
+
+def test_a_map_is_not_made_on_a_stream_being_captured(fake_driver):
+    """A numba or CuPy caller capturing its stream (torch callers are kept out before): the copy
+    would be recorded into the graph, not run, leaving the cached map unwritten."""
+    from llmspeed_numba import _tensor_map
+
+    _CAPTURING.add(7)
+    with pytest.raises(RuntimeError, match="captured"):
+        _tensor_map.cached_map(LAYOUT, 0x5000, False, 7)
+    assert len(_tensor_map._DEVICE_MAPS) == 0
+
+
+def test_the_per_thread_default_stream_is_never_taken_for_the_same_stream(fake_driver):
+    from llmspeed_numba import _tensor_map
+
+    calls, _ = fake_driver
+    buf = _tensor_map.cached_map(LAYOUT, 0x5000, False, 2)
+    calls.clear()
+    _tensor_map.cached_map(LAYOUT, 0x5000, False, 2)     # maybe another thread's stream
+    assert [c[0] for c in calls] == ["query", "wait"] and buf.owner.stream is None
 
 
 def test_map_slots_fill_a_chunk_then_the_next_and_are_never_reused(fake_driver):
