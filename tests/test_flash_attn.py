@@ -234,6 +234,7 @@ WGMMA_CASES = [
     (1, 150, 96, 2, 2, 64, "bfloat16", True, (-1, -1), WG_PERSISTENT_3),  # ... 6, rows of none
     (1, 33, 70, 1, 1, 64, "float16", False, (9, 4), WG_PERSISTENT_3),     # ... window
     (2, 130, 20, 1, 1, 64, "bfloat16", True, (-1, -1), WG_PERSISTENT_TWO_GROUPS),  # ... 2 groups
+    (1, 150, 20, 1, 1, 64, "float16", True, (-1, -1), WG_PERSISTENT),     # ... tiles of no key
 ]
 
 
@@ -378,6 +379,16 @@ def test_persistent_blocks_share_the_tiles_and_leave_the_counter_zero():
         counters = [buf for (_, _, name), buf in _workspace._WORKSPACE.items()
                     if name == "attention_tiles"]
         assert counters and all((c[:2] == 0).all() for c in counters)
+
+
+@pytest.mark.parametrize("config,headdim", [((2, 16, 2, 0, 1, 1, 1, 0, 0, 1), 64),   # ping-pong
+                                            ((1, 16, 2, 0, 1, 0, 0, 0, 0, 1), 64),   # no TMA
+                                            ((1, 16, 2, 0, 1, 0, 1, 0, 0, 1), 256)])
+def test_persistent_form_refuses_what_it_cannot_run(config, headdim):
+    rng = np.random.default_rng(3)
+    q, k, v = _qkv(rng, 1, 8, 8, 1, 1, headdim, "float16")
+    with pytest.raises(ValueError, match="persistent"):
+        _run(q, k, v, impl="wgmma", config=config)
 
 
 def test_wgmma_register_split_fits_the_block():

@@ -50,25 +50,36 @@ def test_two_ops_captured_in_a_cuda_graph_replay_correctly(rng):
 
 
 #: workspaces that must be zero when a kernel starts (each kernel leaves them zero)
-_ZERO_STATE = ("gemm_split_tickets", "argmax_keys", "argmax_tickets", "softmax_counts")
+_ZERO_STATE = ("gemm_split_tickets", "argmax_keys", "argmax_tickets", "softmax_counts",
+               "attention_tiles")
 
 
 def test_graph_replays_do_not_depend_on_counters_left_dirty(rng):
     """Graphs sharing a memory pool use each other's freed memory as scratch on replay, so a
     ticket or counter buffer made inside one capture can be left dirty by another graph's replay
-    (the engine's wrong greedy token at 99a8acf). Split-K gemm, split argmax and split softmax
-    captured into two graphs of one pool; before each replay every such buffer the workspace
-    module holds (eager, and the graphs' own) is filled with ones: each replay still gives the
-    eager results, bit for bit."""
+    (the engine's wrong greedy token at 99a8acf). Split-K gemm, split argmax, split softmax and
+    (on Hopper) the persistent attention kernel's tile counter captured into two graphs of one
+    pool; before each replay every such buffer the workspace module holds (eager, and the
+    graphs' own) is filled with ones: each replay still gives the eager results, bit for bit."""
     torch = pytest.importorskip("torch")
-    from llmspeed_numba import _workspace, argmax, gemm, softmax
+    from llmspeed_numba import _workspace, argmax, flash_attn, gemm, softmax
+    from llmspeed_numba._overrides import overrides
+    from llmspeed_numba.ops.flash_attn import WGMMA_CONFIGS
+    from llmspeed_numba.ops.gemm_configs import wgmma_supported
 
     a = to_device(random_array((8, 4096), "bfloat16", rng), "torch")      # split K at M 8
     b = to_device(random_array((4096, 1024), "bfloat16", rng), "torch")
     x = to_device(random_array((2, 49152), "float32", rng), "torch")      # split rows
+    q, k, v = (to_device(random_array((2, 300, 4, 64), "bfloat16", rng), "torch")
+               for _ in range(3))
+    persistent = {"impl": "wgmma", "config": WGMMA_CONFIGS[64] + (0, 0, 1), "tma_min_work": 0}
 
     def work():
-        return gemm(a, b), argmax(x), softmax(x)
+        outs = gemm(a, b), argmax(x), softmax(x)
+        if wgmma_supported():
+            with overrides(flash_attn=persistent):
+                outs += (flash_attn(q, k, v, causal=True),)
+        return outs
 
     expected = work()
     torch.cuda.synchronize()

@@ -758,8 +758,9 @@ def _wgmma_kernel_fn(head_dim, dim, groups, block_n, stages, is_bf16, is_varlen,
                 if s == stages:
                     s = 0
                     phase ^= 1
-        cuda.threadfence()   # this block's draws on counter[0] land before its ticket
+        cuda.threadfence()   # release: this block's draws on counter[0] before its ticket
         if draw_ticket(counter, 1, np.int32(cuda.gridDim.x - 1)):
+            cuda.threadfence()   # acquire: every block's draws before the reset
             counter[0] = 0
 
     @_device

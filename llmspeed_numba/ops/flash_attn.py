@@ -361,13 +361,19 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
             config = WGMMA_CP_ASYNC_CONFIGS.get(dim, config)
     persistent = None
     if impl == "wgmma":
-        groups, block_n, stages, min_blocks, producer, pingpong, _, lazy, overlap, persist = \
+        groups, block_n, stages, min_blocks, producer, pingpong, tma, lazy, overlap, persist = \
             _wgmma_fields(config)
         block_m = 64 * groups
+        if persist and (pingpong or dim > 128 or not (producer and tma)):
+            raise ValueError(f"config: the persistent form (field 10) needs the TMA producer "
+                             f"without ping-pong and a head dimension up to 128, got {config} "
+                             f"at head dimension {headdim}")
         if persist and maps is not None:
             q_map = _token_map("q", tq, q_strides, batch, seqlen_q, nheads, block_m, handle)
-            if q_map is not None:
-                persistent = (q_map, workspace(tq, handle, "attention_tiles", 2, np.int32))
+            if q_map is not None:   # the tile counters: zero when a launch starts (each leaves
+                # them so); a captured graph's own (see ``_workspace``)
+                persistent = (q_map, workspace(tq, handle, "attention_tiles", 2, np.int32,
+                                               own_in_graph="graph"))
         kernel = _flash_attn_wgmma.wgmma_kernel(
             _WGMMA_PERSISTENT_SIGNATURE if persistent else _WGMMA_SIGNATURE, headdim, dim,
             groups, block_n, stages, min_blocks, bool(producer), bool(pingpong), is_bf16,
