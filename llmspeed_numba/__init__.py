@@ -26,7 +26,7 @@ _LAZY = {
     "paged_decode_attention": ".ops.paged_decode",
     "paged_kv_append": ".ops.paged_kv_append",
     "paged_prefill_attention": ".ops.paged_prefill",
-    "quant_gemm": ".ops.quant_gemm",
+    **dict.fromkeys(("quant_gemm", "quant_gemm_rms_norm"), ".ops.quant_gemm"),
     **dict.fromkeys(("QuantizedWeight", "quantize_weight"), ".ops.quant_weight"),
     "rms_norm": ".ops.rms_norm",
     "rotary_embedding": ".ops.rotary",
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from .ops.paged_decode import paged_decode_attention
     from .ops.paged_kv_append import paged_kv_append
     from .ops.paged_prefill import paged_prefill_attention
-    from .ops.quant_gemm import quant_gemm
+    from .ops.quant_gemm import quant_gemm, quant_gemm_rms_norm
     from .ops.quant_weight import QuantizedWeight, quantize_weight
     from .ops.rms_norm import rms_norm
     from .ops.rotary import rotary_embedding
@@ -67,7 +67,7 @@ __all__ = [
     "flash_attn", "flash_attn_varlen",
     "rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul", "gelu", "gelu_and_mul",
     "softmax", "argmax", "sample", "embedding",
-    "quant_gemm", "quantize_weight", "QuantizedWeight",
+    "quant_gemm", "quant_gemm_rms_norm", "quantize_weight", "QuantizedWeight",
     "paged_decode_attention", "paged_prefill_attention", "paged_kv_append", "rotary_kv_append",
     "PagedKVCache",
     "PageAllocator", "OutOfPages",

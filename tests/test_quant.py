@@ -475,6 +475,65 @@ def test_quant_gemm_stream_replays_with_tickets_left_zero(rng):
             run(rng, qw, 5, "bfloat16", activation="silu")
 
 
+# ---- quant_gemm_rms_norm: the projection with the next norm fused -------------------------
+
+@pytest.mark.parametrize("path,M,splits,w_dtype,bias", [
+    ("stream", 1, 1, "bfloat16", False), ("stream", 3, 2, "float32", True),
+    ("stream", 9, 3, "bfloat16", False), ("decode", 2, None, "bfloat16", True)])
+def test_quant_gemm_rms_norm_equals_the_two_calls(path, M, splits, w_dtype, bias, rng):
+    """``quant_gemm_rms_norm`` against ``quant_gemm`` then ``rms_norm(..., residual=...)`` on
+    copies of the same operands: the projection and the updated residual bit for bit, the
+    normed rows within the norm scale's last bit (its mean square is summed in another order)
+    and against float64. On the streaming kernel (unsplit, K split: only a column's last block
+    goes on to the norm's ticket; 4 column blocks under the simulator, one norms), and where
+    the call is the two ops (the decode kernel)."""
+    dtype = "bfloat16"
+    N, K = 64, 256
+    qw = lsn.quantize_weight(device(weight(rng, N, K, dtype)), "int4", group_size=64)
+    x = device(random_array((M, K), dtype, rng))
+    residual_h = random_array((M, N), dtype, rng)
+    norm_w = device(random_array((N,), w_dtype, rng, scale=1.0))
+    b = device(random_array((N,), dtype, rng)) if bias else None
+    with overrides(quant_gemm={"splits": splits, **PATHS[path]}):
+        assert on_stream_kernel(qw, M) == (path == "stream")
+        for _ in range(2):   # a second call: the tickets were left at 0
+            residual, residual2 = device(residual_h.copy()), device(residual_h.copy())
+            h, normed = poison(_empty((M, N), dtype)), poison(_empty((M, N), dtype))
+            got = lsn.quant_gemm_rms_norm(x, qw, residual, norm_w, 1e-5, bias=b, out=h,
+                                          normed=normed)
+            assert got is normed
+            h2 = lsn.quant_gemm(x, qw, bias=b)
+            normed2 = lsn.rms_norm(h2, norm_w, 1e-5, residual=residual2)
+            for a, c in ((h, h2), (residual, residual2)):
+                np.testing.assert_array_equal(np.asarray(to_host(a)).view(np.uint16),
+                                              np.asarray(to_host(c)).view(np.uint16))
+            r64 = f64(to_host(residual))
+            expected = (r64 / np.sqrt((r64 ** 2).mean(axis=1, keepdims=True) + 1e-5)
+                        * f64(to_host(norm_w)))
+            derived_check(f64(to_host(normed)), expected, f64(to_host(normed2)))
+
+
+def test_quant_gemm_rms_norm_bad_inputs(rng):
+    qw = lsn.quantize_weight(device(weight(rng, 32, 128, "float16")), "int4", group_size=64)
+    x = device(random_array((2, 128), "float16", rng))
+    r = device(random_array((2, 32), "float16", rng))
+    w = device(random_array((32,), "float16", rng))
+    with pytest.raises(ValueError, match="residual"):
+        lsn.quant_gemm_rms_norm(x, qw, device(random_array((2, 16), "float16", rng)), w)
+    with pytest.raises(TypeError, match="residual"):
+        lsn.quant_gemm_rms_norm(x, qw, device(random_array((2, 32), "bfloat16", rng)), w)
+    with pytest.raises(TypeError, match="norm_weight"):
+        lsn.quant_gemm_rms_norm(x, qw, r, device(random_array((32,), "bfloat16", rng)))
+    with pytest.raises(ValueError, match="norm_weight"):
+        lsn.quant_gemm_rms_norm(x, qw, r, device(random_array((16,), "float16", rng)))
+    with pytest.raises(ValueError, match="normed"):
+        lsn.quant_gemm_rms_norm(x, qw, r, w, normed=r)
+    with pytest.raises(ValueError, match="eps"):
+        lsn.quant_gemm_rms_norm(x, qw, r, w, -1.0)
+    with pytest.raises(TypeError, match="qw"):
+        lsn.quant_gemm_rms_norm(x, "not a weight", r, w)
+
+
 #: How each path is forced at small M (``quant_gemm.TUNING``).
 PATHS = {"stream": {"stream_max_m": 16},
          "decode": {"stream_max_m": 0, "decode_max_m": 16},

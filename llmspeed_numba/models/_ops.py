@@ -18,7 +18,7 @@ from ..ops.gemm import gemm
 from ..ops.paged_decode import paged_decode_attention
 from ..ops.paged_kv_append import paged_kv_append
 from ..ops.paged_prefill import paged_prefill_attention
-from ..ops.quant_gemm import quant_gemm
+from ..ops.quant_gemm import quant_gemm, quant_gemm_rms_norm
 from ..ops.rms_norm import rms_norm
 from ..ops.rotary import rotary_embedding
 from ..ops.rotary_kv_append import rotary_kv_append
@@ -29,7 +29,7 @@ _OPS = {
     "argmax": argmax, "embedding": embedding, "flash_attn_varlen": flash_attn_varlen,
     "gemm": gemm, "paged_decode_attention": paged_decode_attention,
     "paged_kv_append": paged_kv_append, "paged_prefill_attention": paged_prefill_attention,
-    "quant_gemm": quant_gemm, "rms_norm": rms_norm,
+    "quant_gemm": quant_gemm, "quant_gemm_rms_norm": quant_gemm_rms_norm, "rms_norm": rms_norm,
     "rotary_embedding": rotary_embedding, "rotary_kv_append": rotary_kv_append,
     "sample": sample, "silu_and_mul": silu_and_mul,
 }

@@ -308,6 +308,19 @@ class LlamaModel:
             return self.ops.quant_gemm(x, w, bias=bias, activation=activation)
         return self.ops.gemm(x, w, bias=bias, activation=activation)
 
+    def _linear_norm(self, x, w, bias, residual, norm_weight, fuse):
+        """A projection whose result goes into the residual stream, then the next RMSNorm:
+        ``residual += x @ W^T + bias``, returns its norm. ``fuse`` (a decode step of a quantized
+        model without tensor parallelism): one ``quant_gemm_rms_norm`` (one launch on the
+        streaming kernel); else the projection, the ranks' sum, then ``rms_norm``."""
+        eps = self.config.rms_norm_eps
+        if fuse and isinstance(w, QuantizedWeight):
+            return self.ops.quant_gemm_rms_norm(x, w, residual, norm_weight, eps, bias=bias)
+        y = self.linear(x, w, bias=bias)
+        if self.tp is not None:      # row-parallel: each rank holds a partial sum
+            self.tp.all_reduce(y)
+        return self.ops.rms_norm(y, norm_weight, eps, residual=residual, out=y)
+
     def release(self):
         """Drop every device tensor (after a failed load, or to free the GPU)."""
         for name in ("embed", "lm_head_t", "norm", "layers", "cos_sin"):
@@ -352,29 +365,29 @@ class LlamaModel:
             residual = ops.embedding(step.token_ids, self.embed)
         else:       # each rank looks up its vocabulary slice (zeros elsewhere), then the sum
             residual = tp.all_reduce(ops.embedding(tp.local_ids(step.token_ids), self.embed))
+        # a decode step of a quantized model runs each projection into the residual stream with
+        # the next norm fused (``_linear_norm``); other steps norm only the last rows at the end
+        fuse = step.is_decode and tp is None and self.quantization is not None
+        h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
         x = None
         for index, layer in enumerate(self.layers):
-            if x is None:
-                h = ops.rms_norm(residual, layer.input_norm, eps)
-            else:
-                h = ops.rms_norm(x, layer.input_norm, eps, residual=residual, out=x)
             attn = self._attention(index, layer, h, step, cache)
-            o = self.linear(attn, layer.o_t, bias=layer.o_bias)
-            if tp is not None:      # row-parallel: each rank holds a partial sum
-                tp.all_reduce(o)
-            h = ops.rms_norm(o, layer.post_norm, eps, residual=residual, out=o)
+            h = self._linear_norm(attn, layer.o_t, layer.o_bias, residual, layer.post_norm, fuse)
             if self.gated_mlp:
-                x = self.linear(self.linear(h, layer.gate_up_t, activation="silu_and_mul"),
-                                layer.down_t)
+                a = self.linear(h, layer.gate_up_t, activation="silu_and_mul")
             else:
-                gate_up = self.linear(h, layer.gate_up_t)
-                x = self.linear(ops.silu_and_mul(gate_up), layer.down_t)
-            if tp is not None:
-                tp.all_reduce(x)
-        if not all_logits and not step.is_decode:   # a decode step's rows are all last rows
-            x = ops.embedding(step.last_rows, x)
-            residual = ops.embedding(step.last_rows, residual)
-        h = ops.rms_norm(x, self.norm, eps, residual=residual, out=x)
+                a = ops.silu_and_mul(self.linear(h, layer.gate_up_t))
+            last = index == len(self.layers) - 1
+            if last and not all_logits and not step.is_decode:
+                x = self.linear(a, layer.down_t)
+                if tp is not None:
+                    tp.all_reduce(x)
+                x = ops.embedding(step.last_rows, x)    # the final norm of the last rows only
+                residual = ops.embedding(step.last_rows, residual)
+                h = ops.rms_norm(x, self.norm, eps, residual=residual, out=x)
+            else:
+                norm = self.norm if last else self.layers[index + 1].input_norm
+                h = self._linear_norm(a, layer.down_t, None, residual, norm, fuse)
         return ops.gemm(h, self.lm_head_t, out_dtype="float32")
 
     def _attention(self, index, layer, h, step, cache):

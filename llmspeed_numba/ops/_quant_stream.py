@@ -47,6 +47,7 @@ scales, zero points and codes is then whole 16-byte units); other weights take
 """
 
 import functools
+import math
 
 import numpy as np
 from numba import types
@@ -56,10 +57,11 @@ from .._arrays import STORAGE
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
 from ._activations_device import GATED_ACTIVATIONS
-from ._epilogue import GATE_BLOCK, epilogue, gate_column, gated_epilogue, storer
+from ._epilogue import GATE_BLOCK, epilogue, gate_column, gated_epilogue, loader, storer
 from ._index32 import udiv
 from ._last_block import last_block
 from ._quant_kernels import operand_types, sum_splits
+from ._rowwise import add_f32, row_reducer
 from ._stage_ring import init_stage_barriers
 
 #: Chunks (32 k each) of a ring stage: 16 bytes a row each (8 KB of codes at 64 rows).
@@ -147,7 +149,7 @@ def _half_loader(dtype):
 
 
 def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtype, x_dtype,
-              out_dtype, bias_dtype, act, partial, programmatic=False):
+              out_dtype, bias_dtype, act, partial, programmatic=False, norm_dtype=None):
     """Kernel ``(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m,
     so_n, x_vec)``, grid (column blocks, splits), ``32 * (warps + 1)`` threads, ``shared_bytes``
     of dynamic shared memory (module docstring). ``kspan``: chunks a split, a multiple of
@@ -158,7 +160,13 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     ``programmatic``: launched as a programmatic dependent (``_launch.programmatic_launch``):
     a block first releases the next programmatic kernel's launch, the producer issues the first
     stages of the weight, which no kernel writes, and then every thread waits for the previous
-    kernel (``griddep_wait``); x, the outputs and the split-K buffers are touched only after."""
+    kernel (``griddep_wait``); x, the outputs and the split-K buffers are touched only after.
+    ``norm_dtype`` (the norm weight's dtype; ``out_dtype`` then x's, no gated activation): the
+    kernel takes six more parameters ``(residual, norm_weight, normed, r_sm, n_sm, eps)`` and
+    ends with vLLM's fused add + RMSNorm of its result (``add_rms_norm_rows``): once every
+    column block has stored its outputs (a ticket on ``counters[gridDim.x]``, so ``counters``
+    holds one more), the last block adds them into ``residual`` and writes ``normed``."""
+    assert norm_dtype is None or (out_dtype == x_dtype and act not in GATED_ACTIVATIONS)
     block_n = 16 * warps
     m_frags = -(-m_block // 8)
     S = STAGE_CHUNKS
@@ -381,8 +389,38 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     for c in range(S - 2, -1, -1):
         stage_steps = chain(chunk_step(c), stage_steps)
 
-    def quant_stream_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan,
-                            so_m, so_n, x_vec):
+    load_x = loader(x_dtype)
+    store_x = storer(x_dtype)
+    load_w = loader(norm_dtype or "float32")
+    block_sum = row_reducer(threads, add_f32)
+    scratch_slots = warps + 1   # a float a warp (``block_sum``)
+
+    @cuda.jit(device=True, inline="always")
+    def add_rms_norm_rows(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm, eps,
+                          scratch, tid):
+        """``rms_norm(out, norm_weight, eps, residual=residual, out=normed)`` by the whole
+        block, as ``ops/rms_norm.py`` computes it: each row's ``s = out + residual`` rounded to
+        x's dtype (stored into ``residual``), its mean square in fp32, ``s * inv * w`` rounded
+        once. The sum's order differs (a block reduction), so results may differ in the last
+        bit of the norm's scale."""
+        for m in range(M):
+            ss = _F0
+            for n in range(tid, N, threads):
+                store_x(residual, m * r_sm + n,
+                        load_x(out, m * so_m + n * so_n) + load_x(residual, m * r_sm + n))
+                v = load_x(residual, m * r_sm + n)     # as rounded (this thread's own store)
+                ss += v * v
+            total = block_sum(ss, scratch)
+            inv = _F1 / math.sqrt(total / np.float32(N) + eps)
+            for n in range(tid, N, threads):
+                store_x(normed, m * n_sm + n,
+                        load_x(residual, m * r_sm + n) * inv * load_w(norm_weight, n))
+
+    @cuda.jit(device=True, inline="always")
+    def run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m, so_n,
+            x_vec):
+        """The kernel's work; True in a block that stored final outputs (every block without a
+        split, a column block's last one with)."""
         ring = cuda.shared.array(0, np.uint32)
         bars = cuda.shared.array(barriers, np.uint64)  # full[s] = bars[s], empty: stages + s
         tid = cuda.threadIdx.x
@@ -480,10 +518,10 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
                             store_out(acc[4 * f + i], n, out, token * so_m + n * so_n, out, 0,
                                       bias, _F1, _F0)
         if not partial:
-            return
+            return True
         splits = cuda.gridDim.y
         if last_block(counters, cuda.blockIdx.x, 1, splits) == 0:
-            return
+            return False
         if gated:
             half = block_n // 2
             for i in range(tid, half * M, threads):
@@ -496,27 +534,50 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
                                 combine(sum_splits(work, m * N + n, M * N, splits),
                                         sum_splits(work, m * N + n + GATE_BLOCK, M * N, splits),
                                         bias_gate, bias_up, _F1))
-            return
+            return True
         for i in range(tid, block_n * M, threads):
             m = i // block_n
             n = n0 + i - m * block_n
             if n < N:
                 store_out(sum_splits(work, m * N + n, M * N, splits), n, out,
                           m * so_m + n * so_n, out, 0, bias, _F1, _F0)
+        return True
 
-    return quant_stream_kernel
+    def quant_stream_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan,
+                            so_m, so_n, x_vec):
+        run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m, so_n,
+            x_vec)
+
+    def quant_stream_norm_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm,
+                                 kspan, so_m, so_n, x_vec, residual, norm_weight, normed, r_sm,
+                                 n_sm, eps):
+        scratch = cuda.shared.array(scratch_slots, np.float32)
+        if not run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m,
+                   so_n, x_vec):
+            return
+        # every column block's outputs stored: the last one to get here norms the rows
+        if last_block(counters, cuda.gridDim.x, 1, cuda.gridDim.x):
+            add_rms_norm_rows(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm,
+                              eps, scratch, cuda.threadIdx.x)
+
+    return quant_stream_kernel if norm_dtype is None else quant_stream_norm_kernel
 
 
-def signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
+def signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype, norm_dtype=None):
     i32, i64 = types.int32, types.int64
-    return operand_types(mode, scale_dtype, x_dtype, out_dtype, bias_dtype) + (
+    sig = operand_types(mode, scale_dtype, x_dtype, out_dtype, bias_dtype) + (
         array1d(np.float32), array1d(np.int32), i32, i32, i32, i64, i32, i64, i64, types.boolean)
+    if norm_dtype is not None:   # residual, norm weight, normed, their row strides, eps
+        x_storage = array1d(STORAGE[x_dtype])
+        sig += (x_storage, array1d(STORAGE[norm_dtype]), x_storage, i64, i64, types.float32)
+    return sig
 
 
 @functools.cache
 def stream_kernel(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtype, x_dtype,
-                  out_dtype, bias_dtype, act, partial, programmatic=False):
+                  out_dtype, bias_dtype, act, partial, programmatic=False, norm_dtype=None):
     fn = kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtype, x_dtype,
-                   out_dtype, bias_dtype, act, partial, programmatic)
-    return Kernel(jit(fn), signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype),
+                   out_dtype, bias_dtype, act, partial, programmatic, norm_dtype)
+    return Kernel(jit(fn), signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype,
+                                     norm_dtype),
                   "quant_stream_kernel", programmatic=programmatic)

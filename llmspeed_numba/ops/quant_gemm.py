@@ -49,7 +49,8 @@ import numpy as np
 
 from .. import compile_check
 from .._arrays import empty, kernel_buffer, stream_handle
-from .._checks import bias_vector, choice, last_dim_contiguous, output, result_dtype, shape, tensor
+from .._checks import (bias_vector, choice, last_dim_contiguous, no_overlap, one_of_dtypes,
+                       output, result_dtype, same_dtype, shape, tensor)
 from .._env import SIMULATOR
 from .._launch import max_shared_per_block_optin, programmatic_launch, sm_count
 from .._overrides import Knobs
@@ -295,7 +296,9 @@ def tc_plan(qw, M):
     return tile, _cdiv(kp, k_split), k_split
 
 
-def _stream(tx, qw, tbias, to, out_dtype, activation, stream):
+def _stream(tx, qw, tbias, to, out_dtype, activation, stream, norm=None):
+    """The streaming kernel; ``norm``: ``(residual, norm weight, normed, eps)`` tensors of
+    ``quant_gemm_rms_norm``, fused after the GEMM."""
     M, K = tx.shape
     N = qw.N
     m_block, group_chunks, splits, kspan = stream_plan(qw, M)
@@ -304,19 +307,25 @@ def _stream(tx, qw, tbias, to, out_dtype, activation, stream):
     kernel = _quant_stream.stream_kernel(warps, stages, m_block, group_chunks, qw.mode,
                                          qw.zero_point, qw.scale_dtype, tx.dtype, out_dtype,
                                          tbias.dtype if tbias is not None else None,
-                                         activation, partial, programmatic_launch())
+                                         activation, partial, programmatic_launch(),
+                                         None if norm is None else norm[1].dtype)
     codes, scales, aux = _buffers(qw)
     out_buf = kernel_buffer(to)
     bias_buf = kernel_buffer(tbias) if tbias is not None else out_buf
     col_blocks = _cdiv(N, 16 * warps)
-    counters, work = _split_buffers(tx, stream, col_blocks, splits, M, N)
+    # the fused norm's ticket follows the column blocks' (``_quant_stream.kernel_fn``)
+    counters, work = _split_buffers(tx, stream, col_blocks + (norm is not None), splits, M, N)
     x_sm = tx.strides[0] if M > 1 else K
     x_buf = kernel_buffer(tx)
     x_vec = _address(x_buf) % 16 == 0 and x_sm % 8 == 0 and K % 8 == 0
     so_m, so_n = to.strides
-    kernel((col_blocks, splits), 32 * (warps + 1),
-           (x_buf, codes, scales, aux, out_buf, bias_buf, work, counters, M, N, K, x_sm, kspan,
-            so_m, so_n, x_vec), stream,
+    args = (x_buf, codes, scales, aux, out_buf, bias_buf, work, counters, M, N, K, x_sm, kspan,
+            so_m, so_n, x_vec)
+    if norm is not None:
+        tr, tw, tn, eps = norm
+        args += (kernel_buffer(tr), kernel_buffer(tw), kernel_buffer(tn), tr.strides[0],
+                 tn.strides[0], np.float32(eps))
+    kernel((col_blocks, splits), 32 * (warps + 1), args, stream,
            _quant_stream.shared_bytes(warps, stages, m_block, kspan, group_chunks, qw.mode,
                                       qw.scale_dtype))
 
@@ -442,14 +451,20 @@ def quant_gemm(x: ArrayLike, qw: QuantizedWeight, *, bias: ArrayLike | None = No
     return result
 
 
-def _quant_gemm_checked(x, qw, bias, activation, out, out_dtype, stream):
-    """The checked path of ``quant_gemm`` (validation, planning, launch)."""
+def _checked_x(x, qw):
+    """x as a ``Tensor`` (M, qw's K), fp16 / bf16, last dimension contiguous."""
     tx = tensor(x, "x", ndim=2)
-    N, K = qw.shape
-    shape("x", tx, (None, K), "to match qw's K (qw.shape = " + str(qw.shape) + ")")
+    shape("x", tx, (None, qw.shape[1]), "to match qw's K (qw.shape = " + str(qw.shape) + ")")
     if tx.dtype not in X_DTYPES:
         raise TypeError(f"x: expected dtype in {X_DTYPES}, got {tx.dtype}")
     last_dim_contiguous("x", tx)
+    return tx
+
+
+def _quant_gemm_checked(x, qw, bias, activation, out, out_dtype, stream):
+    """The checked path of ``quant_gemm`` (validation, planning, launch)."""
+    tx = _checked_x(x, qw)
+    N = qw.N
     M = tx.shape[0]
     tbias = bias_vector(bias, N, OUT_DTYPES, "(qw's N,)")
     choice("activation", activation, QUANT_ACTIVATIONS)
@@ -490,6 +505,93 @@ def _quant_gemm_checked(x, qw, bias, activation, out, out_dtype, stream):
     else:
         _tensor_core(tx, qw, tbias, to, out_dtype, activation, handle)
     return out
+
+
+_QUANT_GEMM_NORM_CALLS = OpCalls("quant_gemm_rms_norm")
+
+
+def quant_gemm_rms_norm(x: ArrayLike, qw: QuantizedWeight, residual: ArrayLike,
+                        norm_weight: ArrayLike, eps: float = 1e-6, *,
+                        bias: ArrayLike | None = None, out: ArrayLike | None = None,
+                        normed: ArrayLike | None = None,
+                        stream: StreamLike = None) -> ArrayLike:
+    """A projection, then vLLM's fused add + RMSNorm: ``h = x @ qw.dequantize().T + bias``
+    (rounded to x's dtype, into ``out``), ``residual += h`` in place (rounded), and the result
+    ``normed = rms_norm(residual) * norm_weight``: what ``rms_norm(quant_gemm(x, qw, bias=bias),
+    norm_weight, eps, residual=residual)`` returns, as a decoder layer's output projection and
+    the next norm run. Where the streaming kernel runs (4-bit weights on Hopper, M up to 16) it
+    is one launch (the kernel's last block to finish adds and norms the rows); elsewhere those
+    two calls. The norm's mean square is summed in another order than ``rms_norm``'s, so the
+    two may differ in the last bit.
+
+    Args:
+        x: (M, K) fp16 / bf16, last dimension contiguous; K must be qw's K.
+        qw: a ``QuantizedWeight`` whose arrays live where x does (not gated: N outputs).
+        residual: (M, N), x's dtype, last dimension contiguous; updated in place.
+        norm_weight: (N,) x's dtype or float32, contiguous.
+        eps: added to the mean square (a finite number >= 0).
+        bias: optional (N,) fp16 / bf16 / fp32, contiguous.
+        out: optional (M, N) of x's dtype for ``h`` (else a new array; read back by the norm).
+        normed: optional (M, N) of x's dtype, last dimension contiguous.
+        stream: CUDA stream (default: the caller's framework's current stream).
+
+    Returns ``normed`` (allocated in x's kind when not given).
+
+    Raises:
+        TypeError / ValueError: as ``quant_gemm`` and ``rms_norm`` for the arguments they share;
+            ``out``, ``residual`` and ``normed`` overlapping.
+    """
+    if not isinstance(qw, QuantizedWeight):
+        raise TypeError(f"qw: expected a QuantizedWeight (quantize_weight, QuantizedWeight."
+                        f"from_gguf / from_gptq / from_awq), got {type(qw).__name__}")
+    result = _QUANT_GEMM_NORM_CALLS.replay(
+        (x, qw.qweight, qw.scales, qw.aux, qw.k_perm, residual, norm_weight, bias, out, normed),
+        (qw.key, eps), stream)
+    if result is MISS:
+        result = _QUANT_GEMM_NORM_CALLS.record(_quant_gemm_rms_norm_checked, x, qw, residual,
+                                               norm_weight, eps, bias, out, normed, stream)
+    return result
+
+
+def _quant_gemm_rms_norm_checked(x, qw, residual, norm_weight, eps, bias, out, normed, stream):
+    """The checked path of ``quant_gemm_rms_norm``."""
+    from .rms_norm import _rms_norm_checked, check_eps
+
+    eps = check_eps(eps)
+    tx = _checked_x(x, qw)
+    M, N = tx.shape[0], qw.N
+    tbias = bias_vector(bias, N, OUT_DTYPES, "(qw's N,)")
+    tr = tensor(residual, "residual", ndim=2)
+    shape("residual", tr, (M, N), "to be (x's M, qw's N)")
+    same_dtype("x", tx, residual=tr)
+    last_dim_contiguous("residual", tr)
+    tw = tensor(norm_weight, "norm_weight", ndim=1)
+    shape("norm_weight", tw, (N,), "to match qw's N")
+    one_of_dtypes("norm_weight", tw, (tx.dtype, "float32"), "x's")
+    if N > 1 and tw.strides[0] != 1:
+        raise ValueError(f"norm_weight: expected a contiguous vector, got strides {tw.strides}")
+    to = output("out", out, (M, N), tx.dtype, tx)
+    if to is None:
+        out = empty(tx, (M, N), tx.dtype)
+        to = tensor(out, "out")
+    tn = output("normed", normed, (M, N), tx.dtype, tx)
+    if tn is None:
+        normed = empty(tx, (M, N), tx.dtype)
+        tn = tensor(normed, "normed")
+    last_dim_contiguous("normed", tn)
+    no_overlap("out", to, "residual", tr)
+    no_overlap("out", to, "normed", tn)
+    no_overlap("normed", tn, "residual", tr)
+    if M == 0:
+        return normed
+    if qw.format == "fp8_e4m3" or not on_stream_kernel(qw, M):
+        _quant_gemm_checked(x, qw, bias, None, out, None, stream)
+        return _rms_norm_checked(out, norm_weight, eps, residual, normed, stream)
+    handle = stream_handle(stream, (tx,))
+    if qw.k_perm is not None:
+        tx = _gather_columns(tx, qw, handle)
+    _stream(tx, qw, tbias, to, tx.dtype, None, handle, norm=(tr, tw, tn, eps))
+    return normed
 
 
 # ---- compile-only checks (sm_90a SASS): the decode kernels of the issue's shapes ------------
@@ -534,15 +636,21 @@ def _register():
                                                         "bfloat16", None, "silu_and_mul", True),
         "quant_stream_int4_g128_bf16_m8_gated": (8, 4, "const", 8, "bfloat16", "bfloat16",
                                                  "bfloat16", "bfloat16", "silu_and_mul", False),
+        # the output / down projections with the next norm fused (``quant_gemm_rms_norm``)
+        "quant_stream_int4_g128_bf16_m1_splitk_norm": (1, 4, "const", 8, "bfloat16", "bfloat16",
+                                                       "bfloat16", None, None, True),
+        "quant_stream_int4_g128_bf16_m16_norm": (16, 4, "const", 8, "bfloat16", "bfloat16",
+                                                 "bfloat16", None, None, False),
     }
     for name, (mb, gc, mode, zp, sd, xd, od, bd, act, partial) in stream_variants.items():
         programmatic = name.endswith("_programmatic")
+        norm_dtype = xd if name.endswith("_norm") else None
 
         def build_stream(mb=mb, gc=gc, mode=mode, zp=zp, sd=sd, xd=xd, od=od, bd=bd, act=act,
-                         partial=partial, programmatic=programmatic):
+                         partial=partial, programmatic=programmatic, norm_dtype=norm_dtype):
             return (_quant_stream.kernel_fn(STREAM_WARPS, STREAM_STAGES, mb, gc, mode, zp, sd, xd,
-                                            od, bd, act, partial, programmatic),
-                    _quant_stream.signature(mode, sd, xd, od, bd))
+                                            od, bd, act, partial, programmatic, norm_dtype),
+                    _quant_stream.signature(mode, sd, xd, od, bd, norm_dtype))
 
         compile_check.register(name, build_stream,
                                ptx_must_have=("mma.sync.aligned.m16n8k16",
