@@ -5,7 +5,10 @@
 - ``rotary_kv_append`` (Llama-3-8B attention: 32 q heads, 8 kv heads, head dim 128, bf16, pages
   of 16 tokens) against ``rotary_embedding`` followed by ``paged_kv_append`` of the same tokens;
 - the gated ``quant_gemm`` (int4 groups of 128, gate / up interleaved, 28672 x 4096: Llama-3-8B's
-  MLP) against ``quant_gemm`` followed by ``silu_and_mul``.
+  MLP) against ``quant_gemm`` followed by ``silu_and_mul``;
+- ``quant_gemm_rms_norm`` (int4 g128, the down projection 4096 x 14336 and the output one
+  4096 x 4096, then the next add + RMSNorm) against ``quant_gemm`` followed by ``rms_norm`` with
+  the residual.
 
 Each side is captured in one CUDA graph and replayed (``_harness.time_gpu``: L2 flushed before
 each replay, median of 20), so the difference is the second launch's kernel and the gap between
@@ -109,6 +112,42 @@ def gated_case(m):
     return fused, pair, check
 
 
+def norm_case(m, k):
+    """(fused, pair, check) of a projection into the residual stream (N = 4096, K = ``k``,
+    int4 g128) and the next add + RMSNorm at ``m`` tokens."""
+    import torch
+
+    from llmspeed_numba import quant_gemm, quant_gemm_rms_norm, quantize_weight, rms_norm
+
+    dev = "cuda"
+    qw = quantize_weight(torch.randn(HIDDEN, k, device=dev, dtype=torch.bfloat16) * 0.02,
+                         "int4", group_size=128)
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    start = torch.randn(m, HIDDEN, device=dev, dtype=torch.bfloat16)
+    norm_w = torch.rand(HIDDEN, device=dev, dtype=torch.bfloat16) + 0.5
+    residual, residual_pair = start.clone(), start.clone()
+    h, h_pair = (torch.empty(m, HIDDEN, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    normed, normed_pair = torch.empty_like(h), torch.empty_like(h)
+
+    def fused():
+        quant_gemm_rms_norm(x, qw, residual, norm_w, 1e-5, out=h, normed=normed)
+
+    def pair():
+        quant_gemm(x, qw, out=h_pair)
+        rms_norm(h_pair, norm_w, 1e-5, residual=residual_pair, out=normed_pair)
+
+    def check():
+        residual.copy_(start)
+        residual_pair.copy_(start)
+        fused()
+        pair()
+        same = torch.equal(residual, residual_pair)
+        diff = (normed.float() - normed_pair.float()).abs().max().item()
+        return f"residual equal: {same}; max |normed - pair| = {diff:.2e}"
+
+    return fused, pair, check
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="1,16,64,256,8192",
@@ -124,6 +163,9 @@ def main(argv=None):
     rows += [("quant_gemm silu_and_mul", f"M{m} int4 g128 {2 * INTER}x{HIDDEN}",
               "quant_gemm + silu_and_mul", lambda m=m: gated_case(m))
              for m in map(int, args.m.split(","))]
+    rows += [("quant_gemm_rms_norm", f"M{m} int4 g128 {HIDDEN}x{k}",
+              "quant_gemm + rms_norm(residual)", lambda m=m, k=k: norm_case(m, k))
+             for k in (HIDDEN, INTER) for m in map(int, args.m.split(","))]
     for op, shape, baseline, make in rows:
         fused, pair, check = make()
         note = check()
