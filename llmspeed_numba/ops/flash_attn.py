@@ -702,13 +702,13 @@ compile_check.register(
     sass_must_have=_WGMMA_SASS + ("UTMALDG",),
     sass_between=("WARPGROUP.DEPBAR.LE gsb0, 0x1", "MUFU.EX2", "WARPGROUP.DEPBAR.LE gsb0, 0x0"))
 # the persistent form (opt-in ``persistent``): Q by TMA too, tiles from an atomic counter
-for _name, _headdim, _varlen, _config in (
+for _name, _headdim, _varlen, _persistent_config in (
         ("d64", 64, False, WGMMA_CONFIGS[64] + (0, 0, 1)),
         ("d64_varlen", 64, True, WGMMA_CONFIGS[64] + (0, 0, 1)),
         ("d128", 128, False, WGMMA_CONFIGS[128][:5] + (0, 1, 0, 0, 1))):   # no ping-pong
     compile_check.register(
         f"flash_attn_wgmma_{_name}_bf16_persistent",
-        _wgmma_compile_target(_headdim, True, _varlen, _config),
+        _wgmma_compile_target(_headdim, True, _varlen, _persistent_config),
         ptx_must_have=_WGMMA_PTX[:1] + ("ex2.approx", "setmaxnreg.inc",
                                         "cp.async.bulk.tensor.2d", "atom.global.add"),
         sass_must_have=("HGMMA", "MUFU.EX2", "UTMALDG", "USETMAXREG.TRY_ALLOC"),
