@@ -477,25 +477,30 @@ def test_quant_gemm_stream_replays_with_tickets_left_zero(rng):
 
 # ---- quant_gemm_rms_norm: the projection with the next norm fused -------------------------
 
-@pytest.mark.parametrize("path,M,splits,w_dtype,bias", [
-    ("stream", 1, 1, "bfloat16", False), ("stream", 3, 2, "float32", True),
-    ("stream", 9, 3, "bfloat16", False), ("decode", 2, None, "bfloat16", True)])
-def test_quant_gemm_rms_norm_equals_the_two_calls(path, M, splits, w_dtype, bias, rng):
+@pytest.mark.parametrize("path,fmt,M,splits,w_dtype,bias", [
+    ("stream", "int4", 1, 1, "bfloat16", False), ("stream", "int4", 3, 2, "float32", True),
+    ("stream", "int4", 9, 3, "bfloat16", False), ("decode", "int4", 2, None, "bfloat16", True),
+    ("decode", "int8", 1, 2, "float32", False), ("decode", "int4", 3, 1, "bfloat16", False),
+    ("tensor_core", "int4", 5, None, "bfloat16", True)])
+def test_quant_gemm_rms_norm_equals_the_two_calls(path, fmt, M, splits, w_dtype, bias, rng):
     """``quant_gemm_rms_norm`` against ``quant_gemm`` then ``rms_norm(..., residual=...)`` on
     copies of the same operands: the projection and the updated residual bit for bit, the
     normed rows within the norm scale's last bit (its mean square is summed in another order)
-    and against float64. On the streaming kernel (unsplit, K split: only a column's last block
-    goes on to the norm's ticket; 4 column blocks under the simulator, one norms), and where
-    the call is the two ops (the decode kernel)."""
+    and against float64. Fused on the streaming and the decode kernels (unsplit, K split: only
+    a column's last block goes on to the norm's ticket; several column blocks under the
+    simulator, one norms), and where the call is the two ops (the Tensor Core kernel)."""
     dtype = "bfloat16"
     N, K = 64, 256
-    qw = lsn.quantize_weight(device(weight(rng, N, K, dtype)), "int4", group_size=64)
+    qw = lsn.quantize_weight(device(weight(rng, N, K, dtype)), fmt,
+                             group_size=64 if fmt == "int4" else -1)
     x = device(random_array((M, K), dtype, rng))
     residual_h = random_array((M, N), dtype, rng)
     norm_w = device(random_array((N,), w_dtype, rng, scale=1.0))
     b = device(random_array((N,), dtype, rng)) if bias else None
     with overrides(quant_gemm={"splits": splits, **PATHS[path]}):
         assert on_stream_kernel(qw, M) == (path == "stream")
+        if path != "stream":
+            assert on_decode_kernel(qw, M) == (path == "decode")
         for _ in range(2):   # a second call: the tickets were left at 0
             residual, residual2 = device(residual_h.copy()), device(residual_h.copy())
             h, normed = poison(_empty((M, N), dtype)), poison(_empty((M, N), dtype))

@@ -23,6 +23,7 @@ The Tensor Core kernel of larger M (``_quant_tc``) converts codes with the same 
 """
 
 import functools
+import math
 
 import numpy as np
 from numba import types
@@ -34,6 +35,7 @@ from .._launch import Kernel, array1d, jit
 from ._epilogue import epilogue, loader, storer
 from ._index32 import udiv
 from ._last_block import last_block
+from ._rowwise import add_f32, row_reducer
 
 #: 2^23 as float bits: OR-ing a code into the mantissa makes the float 2^23 + code.
 _MAGIC = np.uint32(0x4B000000)
@@ -137,6 +139,53 @@ def sum_splits(work, index, stride, splits):
     return total
 
 
+@functools.cache
+def add_rms_norm_rows(threads, x_dtype, norm_dtype):
+    """Device function ``(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm,
+    eps, scratch, tid)``, run by a whole block of ``threads`` threads (``scratch``: a float32
+    shared array of ``norm_scratch_slots(threads)``): ``rms_norm(out, norm_weight, eps,
+    residual=residual, out=normed)`` over the M rows of N (``quant_gemm_rms_norm``'s fused
+    tail), as ``ops/rms_norm.py`` computes it: each row's ``s = out + residual`` rounded to x's
+    dtype (stored into ``residual``), its mean square in fp32, ``s * inv * w`` rounded once.
+    The mean square is summed in another order (a block reduction), so a result may differ in
+    the last bit."""
+    load_x = loader(x_dtype)
+    store_x = storer(x_dtype)
+    load_w = loader(norm_dtype)
+    block_sum = row_reducer(threads, add_f32)
+
+    @cuda.jit(device=True, inline="always")
+    def rows(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm, eps, scratch,
+             tid):
+        for m in range(M):
+            ss = _F0
+            for n in range(tid, N, threads):
+                store_x(residual, m * r_sm + n,
+                        load_x(out, m * so_m + n * so_n) + load_x(residual, m * r_sm + n))
+                v = load_x(residual, m * r_sm + n)     # as rounded (this thread's own store)
+                ss += v * v
+            total = block_sum(ss, scratch)
+            inv = _F1 / math.sqrt(total / np.float32(N) + eps)
+            for n in range(tid, N, threads):
+                store_x(normed, m * n_sm + n,
+                        load_x(residual, m * r_sm + n) * inv * load_w(norm_weight, n))
+
+    return rows
+
+
+def norm_scratch_slots(threads):
+    """float32 shared slots ``add_rms_norm_rows`` needs: one a warp."""
+    return -(-threads // 32)
+
+
+def norm_types(x_dtype, norm_dtype):
+    """Numba types of a fused-norm kernel's six extra parameters: residual, norm weight,
+    normed, their row strides, eps."""
+    i64 = types.int64
+    return (_storage(x_dtype), _storage(norm_dtype), _storage(x_dtype), i64, i64,
+            types.float32)
+
+
 def operand_types(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
     """Numba types of the quant kernels' first six parameters: (x, codes, scales, aux, out,
     bias)."""
@@ -145,7 +194,7 @@ def operand_types(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
 
 
 def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype, out_dtype,
-                     bias_dtype, act, partial):
+                     bias_dtype, act, partial, norm_dtype=None):
     """Kernel ``(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, group_shift,
     k_split, so_m, so_n)`` (see the module docstring). The group of k is ``k >> group_shift``
     (group sizes are powers of two; one group a row: 31), a shift, not a 64-bit division.
@@ -155,7 +204,9 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
     epilogue, so a split launch is still one kernel. Without ``partial``, ``work`` and
     ``counters`` are unused. ``k_split`` is a multiple of ``tile_k(bits)``. The tile's four
     chunks and each chunk's four words are written out (device functions called four times),
-    not looped: a rolled loop indexes the loaded words, which puts them in local memory."""
+    not looped: a rolled loop indexes the loaded words, which puts them in local memory.
+    ``norm_dtype``: the fused add + RMSNorm tail (``_quant_stream.kernel_fn``'s), six more
+    parameters (``norm_types``) and one more counter."""
     per_word = 32 // bits
     ck = 4 * per_word
     tile = tile_k(bits)
@@ -221,8 +272,11 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
                 for m in range(m_block):
                     acc[m] += s * part[m]
 
-    def quant_decode_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm,
-                            group_shift, k_split, so_m, so_n):
+    @cuda.jit(device=True, inline="always")
+    def run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, group_shift, k_split,
+            so_m, so_n):
+        """The kernel's work; True in a block that stored final outputs (every block without a
+        split, a column block's last one with)."""
         xs = cuda.shared.array(xs_size, np.float32, alignment=16)
         xsum = cuda.shared.array(xsum_size, np.float32)
         acc = cuda.local.array(m_block, np.float32)
@@ -277,7 +331,7 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
                 for m in range(m_block):
                     if m < M:
                         store_out(acc[m], n, out, m * so_m + n * so_n, out, 0, bias, _F1, _F0)
-            return
+            return True
         # split K: fp32 partial sums to ``work`` (splits, M, N); the block of these columns that
         # finishes last sums them in split order (deterministic) and applies the epilogue
         splits = cuda.gridDim.y
@@ -285,20 +339,43 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
             for m in range(m_block):
                 if m < M:
                     work[(cuda.blockIdx.y * M + m) * N + n] = acc[m]
-        if last_block(counters, cuda.blockIdx.x, 1, splits) == 0 or not live:
+        if last_block(counters, cuda.blockIdx.x, 1, splits) == 0:
+            return False
+        if live:
+            for m in range(m_block):
+                if m < M:
+                    store_out(sum_splits(work, m * N + n, M * N, splits), n, out,
+                              m * so_m + n * so_n, out, 0, bias, _F1, _F0)
+        return True
+
+    def quant_decode_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm,
+                            group_shift, k_split, so_m, so_n):
+        run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, group_shift, k_split,
+            so_m, so_n)
+
+    norm_rows = add_rms_norm_rows(block_n, x_dtype, norm_dtype or "float32")
+    scratch_slots = norm_scratch_slots(block_n)
+
+    def quant_decode_norm_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm,
+                                 group_shift, k_split, so_m, so_n, residual, norm_weight, normed,
+                                 r_sm, n_sm, eps):
+        scratch = cuda.shared.array(scratch_slots, np.float32)
+        if not run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, group_shift,
+                   k_split, so_m, so_n):
             return
-        for m in range(m_block):
-            if m < M:
-                store_out(sum_splits(work, m * N + n, M * N, splits), n, out, m * so_m + n * so_n,
-                          out, 0, bias, _F1, _F0)
+        # every column block's outputs stored: the last one to get here norms the rows
+        if last_block(counters, cuda.gridDim.x, 1, cuda.gridDim.x):
+            norm_rows(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm, eps,
+                      scratch, cuda.threadIdx.x)
 
-    return quant_decode_kernel
+    return quant_decode_kernel if norm_dtype is None else quant_decode_norm_kernel
 
 
-def decode_signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
+def decode_signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype, norm_dtype=None):
     i32, i64 = types.int32, types.int64
-    return operand_types(mode, scale_dtype, x_dtype, out_dtype, bias_dtype) + (
+    sig = operand_types(mode, scale_dtype, x_dtype, out_dtype, bias_dtype) + (
         array1d(np.float32), array1d(np.int32), i32, i32, i32, i64, i32, i32, i64, i64)
+    return sig if norm_dtype is None else sig + norm_types(x_dtype, norm_dtype)
 
 
 def decode_options(block_n, m_block):
@@ -309,11 +386,12 @@ def decode_options(block_n, m_block):
 
 @functools.cache
 def decode_kernel(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype, out_dtype,
-                  bias_dtype, act, partial):
+                  bias_dtype, act, partial, norm_dtype=None):
     fn = decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype,
-                          out_dtype, bias_dtype, act, partial)
+                          out_dtype, bias_dtype, act, partial, norm_dtype)
     return Kernel(jit(fn, **decode_options(block_n, m_block)),
-                  decode_signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype),
+                  decode_signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype,
+                                   norm_dtype),
                   "quant_decode_kernel")
 
 

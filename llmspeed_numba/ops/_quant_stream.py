@@ -47,7 +47,6 @@ scales, zero points and codes is then whole 16-byte units); other weights take
 """
 
 import functools
-import math
 
 import numpy as np
 from numba import types
@@ -57,11 +56,11 @@ from .._arrays import STORAGE
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
 from ._activations_device import GATED_ACTIVATIONS
-from ._epilogue import GATE_BLOCK, epilogue, gate_column, gated_epilogue, loader, storer
+from ._epilogue import GATE_BLOCK, epilogue, gate_column, gated_epilogue, storer
 from ._index32 import udiv
 from ._last_block import last_block
-from ._quant_kernels import operand_types, sum_splits
-from ._rowwise import add_f32, row_reducer
+from ._quant_kernels import (add_rms_norm_rows, norm_scratch_slots, norm_types, operand_types,
+                             sum_splits)
 from ._stage_ring import init_stage_barriers
 
 #: Chunks (32 k each) of a ring stage: 16 bytes a row each (8 KB of codes at 64 rows).
@@ -163,9 +162,10 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     kernel (``griddep_wait``); x, the outputs and the split-K buffers are touched only after.
     ``norm_dtype`` (the norm weight's dtype; ``out_dtype`` then x's, no gated activation): the
     kernel takes six more parameters ``(residual, norm_weight, normed, r_sm, n_sm, eps)`` and
-    ends with vLLM's fused add + RMSNorm of its result (``add_rms_norm_rows``): once every
-    column block has stored its outputs (a ticket on ``counters[gridDim.x]``, so ``counters``
-    holds one more), the last block adds them into ``residual`` and writes ``normed``."""
+    ends with vLLM's fused add + RMSNorm of its result (``_quant_kernels.add_rms_norm_rows``):
+    once every column block has stored its outputs (a ticket on ``counters[gridDim.x]``, so
+    ``counters`` holds one more), the last block adds them into ``residual`` and writes
+    ``normed``."""
     assert norm_dtype is None or (out_dtype == x_dtype and act not in GATED_ACTIVATIONS)
     block_n = 16 * warps
     m_frags = -(-m_block // 8)
@@ -389,32 +389,8 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     for c in range(S - 2, -1, -1):
         stage_steps = chain(chunk_step(c), stage_steps)
 
-    load_x = loader(x_dtype)
-    store_x = storer(x_dtype)
-    load_w = loader(norm_dtype or "float32")
-    block_sum = row_reducer(threads, add_f32)
-    scratch_slots = warps + 1   # a float a warp (``block_sum``)
-
-    @cuda.jit(device=True, inline="always")
-    def add_rms_norm_rows(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm, eps,
-                          scratch, tid):
-        """``rms_norm(out, norm_weight, eps, residual=residual, out=normed)`` by the whole
-        block, as ``ops/rms_norm.py`` computes it: each row's ``s = out + residual`` rounded to
-        x's dtype (stored into ``residual``), its mean square in fp32, ``s * inv * w`` rounded
-        once. The sum's order differs (a block reduction), so results may differ in the last
-        bit of the norm's scale."""
-        for m in range(M):
-            ss = _F0
-            for n in range(tid, N, threads):
-                store_x(residual, m * r_sm + n,
-                        load_x(out, m * so_m + n * so_n) + load_x(residual, m * r_sm + n))
-                v = load_x(residual, m * r_sm + n)     # as rounded (this thread's own store)
-                ss += v * v
-            total = block_sum(ss, scratch)
-            inv = _F1 / math.sqrt(total / np.float32(N) + eps)
-            for n in range(tid, N, threads):
-                store_x(normed, m * n_sm + n,
-                        load_x(residual, m * r_sm + n) * inv * load_w(norm_weight, n))
+    norm_rows = add_rms_norm_rows(threads, x_dtype, norm_dtype or "float32")
+    scratch_slots = norm_scratch_slots(threads)
 
     @cuda.jit(device=True, inline="always")
     def run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m, so_n,
@@ -557,8 +533,8 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
             return
         # every column block's outputs stored: the last one to get here norms the rows
         if last_block(counters, cuda.gridDim.x, 1, cuda.gridDim.x):
-            add_rms_norm_rows(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm,
-                              eps, scratch, cuda.threadIdx.x)
+            norm_rows(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm, eps,
+                      scratch, cuda.threadIdx.x)
 
     return quant_stream_kernel if norm_dtype is None else quant_stream_norm_kernel
 
@@ -567,10 +543,7 @@ def signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype, norm_dtype=None
     i32, i64 = types.int32, types.int64
     sig = operand_types(mode, scale_dtype, x_dtype, out_dtype, bias_dtype) + (
         array1d(np.float32), array1d(np.int32), i32, i32, i32, i64, i32, i64, i64, types.boolean)
-    if norm_dtype is not None:   # residual, norm weight, normed, their row strides, eps
-        x_storage = array1d(STORAGE[x_dtype])
-        sig += (x_storage, array1d(STORAGE[norm_dtype]), x_storage, i64, i64, types.float32)
-    return sig
+    return sig if norm_dtype is None else sig + norm_types(x_dtype, norm_dtype)
 
 
 @functools.cache

@@ -245,7 +245,8 @@ def _split_buffers(tx, stream, col_blocks, splits, M, N):
     return counters, splitk_partials(tx, stream, splits * M * N) if splits > 1 else counters
 
 
-def _decode(tx, qw, tbias, to, out_dtype, activation, stream):
+def _decode(tx, qw, tbias, to, out_dtype, activation, stream, norm=None):
+    """The decode kernel; ``norm`` as ``_stream``'s."""
     M, K = tx.shape
     N = qw.N
     block_n, splits, k_split = decode_plan(qw, M)
@@ -253,17 +254,17 @@ def _decode(tx, qw, tbias, to, out_dtype, activation, stream):
     partial = splits > 1
     kernel = qk.decode_kernel(qw.bits, _m_block(M), block_n, qw.mode, qw.zero_point,
                               qw.scale_dtype, tx.dtype, out_dtype, bias_dtype, activation,
-                              partial)
+                              partial, None if norm is None else norm[1].dtype)
     codes, scales, aux = _buffers(qw)
     out_buf = kernel_buffer(to)
     bias_buf = kernel_buffer(tbias) if tbias is not None else out_buf
     col_blocks = _cdiv(N, block_n)
-    counters, work = _split_buffers(tx, stream, col_blocks, splits, M, N)
+    counters, work = _split_buffers(tx, stream, col_blocks + (norm is not None), splits, M, N)
     x_sm = tx.strides[0] if M > 1 else K
     so_m, so_n = to.strides
-    kernel((col_blocks, splits), block_n,
-           (kernel_buffer(tx), codes, scales, aux, out_buf, bias_buf, work, counters, M, N, K,
-            x_sm, group_shift(qw), k_split, so_m, so_n), stream)
+    args = (kernel_buffer(tx), codes, scales, aux, out_buf, bias_buf, work, counters, M, N, K,
+            x_sm, group_shift(qw), k_split, so_m, so_n)
+    kernel((col_blocks, splits), block_n, args + _norm_args(norm), stream)
 
 
 def tc_tile(M):
@@ -321,13 +322,18 @@ def _stream(tx, qw, tbias, to, out_dtype, activation, stream, norm=None):
     so_m, so_n = to.strides
     args = (x_buf, codes, scales, aux, out_buf, bias_buf, work, counters, M, N, K, x_sm, kspan,
             so_m, so_n, x_vec)
-    if norm is not None:
-        tr, tw, tn, eps = norm
-        args += (kernel_buffer(tr), kernel_buffer(tw), kernel_buffer(tn), tr.strides[0],
-                 tn.strides[0], np.float32(eps))
-    kernel((col_blocks, splits), 32 * (warps + 1), args, stream,
+    kernel((col_blocks, splits), 32 * (warps + 1), args + _norm_args(norm), stream,
            _quant_stream.shared_bytes(warps, stages, m_block, kspan, group_chunks, qw.mode,
                                       qw.scale_dtype))
+
+
+def _norm_args(norm):
+    """The fused norm's kernel arguments (``_quant_kernels.norm_types``), or none."""
+    if norm is None:
+        return ()
+    tr, tw, tn, eps = norm
+    return (kernel_buffer(tr), kernel_buffer(tw), kernel_buffer(tn), tr.strides[0],
+            tn.strides[0], np.float32(eps))
 
 
 def _dequant_gemm(tx, qw, bias, activation, out, out_dtype, stream):
@@ -519,9 +525,9 @@ def quant_gemm_rms_norm(x: ArrayLike, qw: QuantizedWeight, residual: ArrayLike,
     (rounded to x's dtype, into ``out``), ``residual += h`` in place (rounded), and the result
     ``normed = rms_norm(residual) * norm_weight``: what ``rms_norm(quant_gemm(x, qw, bias=bias),
     norm_weight, eps, residual=residual)`` returns, as a decoder layer's output projection and
-    the next norm run. Where the streaming kernel runs (4-bit weights on Hopper, M up to 16) it
-    is one launch (the kernel's last block to finish adds and norms the rows); elsewhere those
-    two calls. The norm's mean square is summed in another order than ``rms_norm``'s, so the
+    the next norm run. Where the streaming or the decode kernel runs (4-bit weights on Hopper
+    at M up to 16; int4 / int8 at M up to 4 / 2, GGUF blocks) it is one launch (the kernel's
+    last block to finish adds and norms the rows); elsewhere those two calls. The norm's mean square is summed in another order than ``rms_norm``'s, so the
     two may differ in the last bit.
 
     Args:
@@ -584,13 +590,15 @@ def _quant_gemm_rms_norm_checked(x, qw, residual, norm_weight, eps, bias, out, n
     no_overlap("normed", tn, "residual", tr)
     if M == 0:
         return normed
-    if qw.format == "fp8_e4m3" or not on_stream_kernel(qw, M):
+    stream_kernel = on_stream_kernel(qw, M)
+    if qw.format == "fp8_e4m3" or not (stream_kernel or on_decode_kernel(qw, M)):
         _quant_gemm_checked(x, qw, bias, None, out, None, stream)
         return _rms_norm_checked(out, norm_weight, eps, residual, normed, stream)
     handle = stream_handle(stream, (tx,))
     if qw.k_perm is not None:
         tx = _gather_columns(tx, qw, handle)
-    _stream(tx, qw, tbias, to, tx.dtype, None, handle, norm=(tr, tw, tn, eps))
+    run = _stream if stream_kernel else _decode
+    run(tx, qw, tbias, to, tx.dtype, None, handle, norm=(tr, tw, tn, eps))
     return normed
 
 
@@ -609,13 +617,19 @@ def _register():
                                      False),
         "quant_decode_int8_bf16_m8": (8, 8, "const", 128, "bfloat16", "bfloat16", "float32",
                                       True),
+        # the default model's (SmolLM2 Q4_1) output / down projections with the next norm
+        "quant_decode_q4_1_f16_m1_splitk_norm": (4, 1, "affine", None, "float16", "float16",
+                                                 "float16", True),
     }
     for name, (bits, mb, mode, zp, sd, xd, od, partial) in variants.items():
-        def build(bits=bits, mb=mb, mode=mode, zp=zp, sd=sd, xd=xd, od=od, partial=partial):
+        norm_dtype = xd if name.endswith("_norm") else None
+
+        def build(bits=bits, mb=mb, mode=mode, zp=zp, sd=sd, xd=xd, od=od, partial=partial,
+                  norm_dtype=norm_dtype):
             fn = qk.decode_kernel_fn(bits, mb, BLOCK_N, mode, zp, sd, xd, od, None, None,
-                                     partial)
-            return fn, qk.decode_signature(mode, sd, xd, od, None), qk.decode_options(BLOCK_N,
-                                                                                      mb)
+                                     partial, norm_dtype)
+            return (fn, qk.decode_signature(mode, sd, xd, od, None, norm_dtype),
+                    qk.decode_options(BLOCK_N, mb))
 
         compile_check.register(name, build, sass_must_have=("LDG.E.128", "LDS.128"))
     stream_variants = {
