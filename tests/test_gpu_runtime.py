@@ -51,18 +51,20 @@ def test_two_ops_captured_in_a_cuda_graph_replay_correctly(rng):
 
 #: workspaces that must be zero when a kernel starts (each kernel leaves them zero)
 _ZERO_STATE = ("gemm_split_tickets", "argmax_keys", "argmax_tickets", "softmax_counts",
-               "attention_tiles")
+               "attention_tiles", "quant_gemm_tickets")
 
 
 def test_graph_replays_do_not_depend_on_counters_left_dirty(rng):
     """Graphs sharing a memory pool use each other's freed memory as scratch on replay, so a
     ticket or counter buffer made inside one capture can be left dirty by another graph's replay
-    (the engine's wrong greedy token at 99a8acf). Split-K gemm, split argmax, split softmax and
-    (on Hopper) the persistent attention kernel's tile counter captured into two graphs of one
-    pool; before each replay every such buffer the workspace module holds (eager, and the
-    graphs' own) is filled with ones: each replay still gives the eager results, bit for bit."""
+    (the engine's wrong greedy token at 99a8acf). Split-K gemm, split argmax, split softmax, a
+    quantized projection with the next norm fused (its split and norm tickets) and (on Hopper)
+    the persistent attention kernel's tile counter captured into two graphs of one pool; before
+    each replay every such buffer the workspace module holds (eager, and the graphs' own) is
+    filled with ones: each replay still gives the eager results, bit for bit."""
     torch = pytest.importorskip("torch")
-    from llmspeed_numba import _workspace, argmax, flash_attn, gemm, softmax
+    from llmspeed_numba import (_workspace, argmax, flash_attn, gemm, quant_gemm_rms_norm,
+                                quantize_weight, softmax)
     from llmspeed_numba._overrides import overrides
     from llmspeed_numba.ops.flash_attn import WGMMA_CONFIGS
     from llmspeed_numba.ops.gemm_configs import wgmma_supported
@@ -73,9 +75,15 @@ def test_graph_replays_do_not_depend_on_counters_left_dirty(rng):
     q, k, v = (to_device(random_array((2, 300, 4, 64), "bfloat16", rng), "torch")
                for _ in range(3))
     persistent = {"impl": "wgmma", "config": WGMMA_CONFIGS[64] + (0, 0, 1), "tma_min_work": 0}
+    qw = quantize_weight(to_device(random_array((2048, 4096), "bfloat16", rng), "torch"), "int4")
+    h = to_device(random_array((1, 4096), "bfloat16", rng), "torch")
+    start = to_device(random_array((1, 2048), "bfloat16", rng), "torch")
+    residual = start.clone()
+    norm_w = to_device(random_array((2048,), "bfloat16", rng), "torch")
 
     def work():
-        outs = gemm(a, b), argmax(x), softmax(x)
+        residual.copy_(start)     # the fused norm adds into it: every run from the same start
+        outs = gemm(a, b), argmax(x), softmax(x), quant_gemm_rms_norm(h, qw, residual, norm_w)
         if wgmma_supported():
             with overrides(flash_attn=persistent):
                 outs += (flash_attn(q, k, v, causal=True),)

@@ -477,33 +477,52 @@ def test_quant_gemm_stream_replays_with_tickets_left_zero(rng):
 
 # ---- quant_gemm_rms_norm: the projection with the next norm fused -------------------------
 
-@pytest.mark.parametrize("path,fmt,M,splits,w_dtype,bias", [
-    ("stream", "int4", 1, 1, "bfloat16", False), ("stream", "int4", 3, 2, "float32", True),
-    ("stream", "int4", 9, 3, "bfloat16", False), ("decode", "int4", 2, None, "bfloat16", True),
-    ("decode", "int8", 1, 2, "float32", False), ("decode", "int4", 3, 1, "bfloat16", False),
-    ("tensor_core", "int4", 5, None, "bfloat16", True)])
-def test_quant_gemm_rms_norm_equals_the_two_calls(path, fmt, M, splits, w_dtype, bias, rng):
+def _padded(host, pad):
+    """``host`` on the device as the leading columns of rows ``pad`` elements longer (a row
+    stride that is not the width); ``pad`` 0: contiguous."""
+    M, N = host.shape
+    full = np.zeros((M, N + pad), host.dtype)
+    full[:, :N] = host
+    return device(full)[:, :N]
+
+
+@pytest.mark.parametrize("path,fmt,M,N,splits,w_dtype,bias,pad,fused_max", [
+    ("stream", "int4", 1, 64, 1, "bfloat16", False, 0, None),
+    ("stream", "int4", 3, 64, 2, "float32", True, 8, 16),     # rows 16-byte aligned, strided
+    ("stream", "int4", 9, 48, 3, "bfloat16", False, 3, 16),   # ... not aligned: element-wise
+    ("stream", "int4", 3, 64, 2, "bfloat16", False, 0, None),  # above FUSED_NORM_MAX_M: 2 calls
+    ("decode", "int4", 2, 64, None, "bfloat16", True, 0, None),
+    ("decode", "int8", 1, 40, 2, "float32", False, 0, None),
+    ("decode", "int8", 2, 36, 2, "bfloat16", False, 0, None),  # N = 36: element-wise
+    ("decode", "int4", 3, 64, 1, "bfloat16", False, 8, 16),
+    ("tensor_core", "int4", 5, 64, None, "bfloat16", True, 0, 16)])
+def test_quant_gemm_rms_norm_equals_the_two_calls(path, fmt, M, N, splits, w_dtype, bias, pad,
+                                                  fused_max, rng):
     """``quant_gemm_rms_norm`` against ``quant_gemm`` then ``rms_norm(..., residual=...)`` on
     copies of the same operands: the projection and the updated residual bit for bit, the
     normed rows within the norm scale's last bit (its mean square is summed in another order)
     and against float64. Fused on the streaming and the decode kernels (unsplit, K split: only
     a column's last block goes on to the norm's ticket; several column blocks under the
-    simulator, one norms), and where the call is the two ops (the Tensor Core kernel)."""
+    simulator, one norms), by 16-byte chunks or element by element (rows not 16-byte aligned,
+    N not a multiple of 8), with out / residual / normed of row strides of their own; the two
+    calls where M is above ``fused_norm_max_m`` and on the Tensor Core kernel."""
     dtype = "bfloat16"
-    N, K = 64, 256
+    K = 256
     qw = lsn.quantize_weight(device(weight(rng, N, K, dtype)), fmt,
                              group_size=64 if fmt == "int4" else -1)
     x = device(random_array((M, K), dtype, rng))
     residual_h = random_array((M, N), dtype, rng)
     norm_w = device(random_array((N,), w_dtype, rng, scale=1.0))
     b = device(random_array((N,), dtype, rng)) if bias else None
-    with overrides(quant_gemm={"splits": splits, **PATHS[path]}):
+    poisoned = poison(np.empty((M, N), numpy_dtype(dtype)))
+    with overrides(quant_gemm={"splits": splits, "fused_norm_max_m": fused_max,
+                               **PATHS[path]}):
         assert on_stream_kernel(qw, M) == (path == "stream")
         if path != "stream":
             assert on_decode_kernel(qw, M) == (path == "decode")
         for _ in range(2):   # a second call: the tickets were left at 0
-            residual, residual2 = device(residual_h.copy()), device(residual_h.copy())
-            h, normed = poison(_empty((M, N), dtype)), poison(_empty((M, N), dtype))
+            residual, residual2 = _padded(residual_h, pad), device(residual_h.copy())
+            h, normed = _padded(poisoned, 2 * pad), _padded(poisoned, pad + 16)
             got = lsn.quant_gemm_rms_norm(x, qw, residual, norm_w, 1e-5, bias=b, out=h,
                                           normed=normed)
             assert got is normed

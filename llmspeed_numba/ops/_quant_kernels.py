@@ -35,7 +35,7 @@ from .._launch import Kernel, array1d, jit
 from ._epilogue import epilogue, loader, storer
 from ._index32 import udiv
 from ._last_block import last_block
-from ._rowwise import add_f32, row_reducer
+from . import _rowwise as rw
 
 #: 2^23 as float bits: OR-ing a code into the mantissa makes the float 2^23 + code.
 _MAGIC = np.uint32(0x4B000000)
@@ -139,36 +139,116 @@ def sum_splits(work, index, stride, splits):
     return total
 
 
+#: 16-byte chunks of a row a thread of the fused norm loads before it uses any (a row of up to
+#: threads x this many chunks then takes one round trip to L2, and stays in registers for its
+#: second pass). Two took the streaming kernel to 90 registers (two blocks an SM, not three;
+#: offline sm_90a), one to 72.
+NORM_CHUNKS_IN_FLIGHT = 1
+
+
 @functools.cache
 def add_rms_norm_rows(threads, x_dtype, norm_dtype):
     """Device function ``(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm,
-    eps, scratch, tid)``, run by a whole block of ``threads`` threads (``scratch``: a float32
-    shared array of ``norm_scratch_slots(threads)``): ``rms_norm(out, norm_weight, eps,
+    eps, vec, scratch, tid)``, run by a whole block of ``threads`` threads (``scratch``: a
+    float32 shared array of ``norm_scratch_slots(threads)``): ``rms_norm(out, norm_weight, eps,
     residual=residual, out=normed)`` over the M rows of N (``quant_gemm_rms_norm``'s fused
     tail), as ``ops/rms_norm.py`` computes it: each row's ``s = out + residual`` rounded to x's
     dtype (stored into ``residual``), its mean square in fp32, ``s * inv * w`` rounded once.
     The mean square is summed in another order (a block reduction), so a result may differ in
-    the last bit."""
+    the last bit. ``vec``: 16-byte chunks (N a multiple of 8, every row 16-byte aligned, out's
+    columns contiguous), ``NORM_CHUNKS_IN_FLIGHT`` a thread loaded before any is used; else
+    element by element."""
+    width = rw.vector_width(x_dtype)     # 8 halves a 16-byte chunk, 4 words
+    flight = NORM_CHUNKS_IN_FLIGHT
+    words = 4 * flight                   # a thread's chunks in flight, as raw words
+    one_pass = threads * flight          # a row of at most this many chunks stays in registers
+    bf16 = x_dtype == "bfloat16"
+    unpack2 = ptx.unpack_bf16x2 if bf16 else ptx.unpack_f16x2
+    pack2 = ptx.pack_bf16x2 if bf16 else ptx.pack_f16x2
+    w_words = norm_dtype == x_dtype      # else fp32 weights: 8 floats a chunk
+    load_chunk = rw.chunk_words_loader(rw.kind(x_dtype), width)
+    store_chunk = rw.chunk_words_storer(rw.kind(x_dtype), width)
+    load_w_floats = rw.chunk_loader(rw.kind(norm_dtype), width)
     load_x = loader(x_dtype)
     store_x = storer(x_dtype)
-    load_w = loader(norm_dtype)
-    block_sum = row_reducer(threads, add_f32)
+    load_w1 = loader(norm_dtype)
+    block_sum = rw.row_reducer(threads, rw.add_f32)
 
     @cuda.jit(device=True, inline="always")
-    def rows(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm, eps, scratch,
-             tid):
-        for m in range(M):
-            ss = _F0
+    def add_row(out, residual, m, N, so_m, so_n, r_sm, vec, tid, ow, rwd):
+        """``residual[m] += out[m]`` (rounded); this thread's part of the row's sum of
+        squares. The rounded words stay in ``rwd`` (the whole row's, in one pass)."""
+        ss = _F0
+        if vec:
+            chunks = N // width
+            for c0 in range(0, chunks, one_pass):
+                for u in range(flight):    # loads first
+                    c = c0 + u * threads + tid
+                    if c < chunks:
+                        load_chunk(out, m * so_m + c * width, ow, 4 * u)
+                        load_chunk(residual, m * r_sm + c * width, rwd, 4 * u)
+                for u in range(flight):
+                    c = c0 + u * threads + tid
+                    if c < chunks:
+                        for w in range(4 * u, 4 * u + 4):   # pairs: no float arrays
+                            o0, o1 = unpack2(ow[w])
+                            r0, r1 = unpack2(rwd[w])
+                            rwd[w] = pack2(o0 + r0, o1 + r1)    # rounded to x's dtype
+                            s0, s1 = unpack2(rwd[w])
+                            ss += s0 * s0 + s1 * s1
+                        store_chunk(residual, m * r_sm + c * width, rwd, 4 * u)
+        else:
             for n in range(tid, N, threads):
                 store_x(residual, m * r_sm + n,
                         load_x(out, m * so_m + n * so_n) + load_x(residual, m * r_sm + n))
                 v = load_x(residual, m * r_sm + n)     # as rounded (this thread's own store)
                 ss += v * v
-            total = block_sum(ss, scratch)
-            inv = _F1 / math.sqrt(total / np.float32(N) + eps)
+        return ss
+
+    @cuda.jit(device=True, inline="always")
+    def norm_row(residual, norm_weight, normed, m, N, r_sm, n_sm, inv, vec, tid, ow, rwd, wf):
+        """``normed[m] = residual[m] * inv * w``."""
+        if vec:
+            chunks = N // width
+            for c0 in range(0, chunks, one_pass):
+                for u in range(flight):
+                    c = c0 + u * threads + tid
+                    if c < chunks:
+                        if chunks > one_pass:   # else still in rwd from ``add_row``
+                            load_chunk(residual, m * r_sm + c * width, rwd, 4 * u)
+                        if w_words:
+                            load_chunk(norm_weight, c * width, ow, 4 * u)
+                for u in range(flight):
+                    c = c0 + u * threads + tid
+                    if c < chunks:
+                        if not w_words:
+                            load_w_floats(norm_weight, c * width, wf, 0)
+                        for w in range(4 * u, 4 * u + 4):
+                            s0, s1 = unpack2(rwd[w])
+                            if w_words:
+                                w0, w1 = unpack2(ow[w])
+                            else:
+                                w0 = wf[2 * (w - 4 * u)]
+                                w1 = wf[2 * (w - 4 * u) + 1]
+                            ow[w] = pack2(s0 * inv * w0, s1 * inv * w1)
+                        store_chunk(normed, m * n_sm + c * width, ow, 4 * u)
+        else:
             for n in range(tid, N, threads):
                 store_x(normed, m * n_sm + n,
-                        load_x(residual, m * r_sm + n) * inv * load_w(norm_weight, n))
+                        load_x(residual, m * r_sm + n) * inv * load_w1(norm_weight, n))
+
+    @cuda.jit(device=True, inline="always")
+    def rows(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm, eps, vec,
+             scratch, tid):
+        ow = cuda.local.array(words, np.uint32)
+        rwd = cuda.local.array(words, np.uint32)
+        wf = cuda.local.array(width, np.float32)
+        for m in range(M):
+            ss = add_row(out, residual, m, N, so_m, so_n, r_sm, vec, tid, ow, rwd)
+            total = block_sum(ss, scratch)
+            inv = _F1 / math.sqrt(total / np.float32(N) + eps)
+            norm_row(residual, norm_weight, normed, m, N, r_sm, n_sm, inv, vec, tid, ow, rwd,
+                     wf)
 
     return rows
 
@@ -179,11 +259,11 @@ def norm_scratch_slots(threads):
 
 
 def norm_types(x_dtype, norm_dtype):
-    """Numba types of a fused-norm kernel's six extra parameters: residual, norm weight,
-    normed, their row strides, eps."""
+    """Numba types of a fused-norm kernel's seven extra parameters: residual, norm weight,
+    normed, their row strides, eps, and whether the rows go by 16-byte chunks."""
     i64 = types.int64
     return (_storage(x_dtype), _storage(norm_dtype), _storage(x_dtype), i64, i64,
-            types.float32)
+            types.float32, types.boolean)
 
 
 def operand_types(mode, scale_dtype, x_dtype, out_dtype, bias_dtype):
@@ -358,7 +438,7 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
 
     def quant_decode_norm_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm,
                                  group_shift, k_split, so_m, so_n, residual, norm_weight, normed,
-                                 r_sm, n_sm, eps):
+                                 r_sm, n_sm, eps, vec):
         scratch = cuda.shared.array(scratch_slots, np.float32)
         if not run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, group_shift,
                    k_split, so_m, so_n):
@@ -366,7 +446,7 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
         # every column block's outputs stored: the last one to get here norms the rows
         if last_block(counters, cuda.gridDim.x, 1, cuda.gridDim.x):
             norm_rows(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm, eps,
-                      scratch, cuda.threadIdx.x)
+                      vec, scratch, cuda.threadIdx.x)
 
     return quant_decode_kernel if norm_dtype is None else quant_decode_norm_kernel
 
@@ -378,9 +458,12 @@ def decode_signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype, norm_dty
     return sig if norm_dtype is None else sig + norm_types(x_dtype, norm_dtype)
 
 
-def decode_options(block_n, m_block):
-    """Launch bounds: the block size, and blocks enough per SM to keep loads in flight (at most
-    64 registers for m_block <= 4, 128 above: 16 accumulators and 16 partial sums a thread)."""
+def decode_options(block_n, m_block, norm=False):
+    """Launch bounds: none (ptxas's choice), except for the fused norm's kernel at m_block up to
+    4, held to the plain kernel's 64 registers (its 16-byte norm passes took 72: one block an
+    SM fewer than the split plan counts on, ``BLOCKS_PER_SM``)."""
+    if norm and m_block <= 4:
+        return {"launch_bounds": (block_n, max(1, 65536 // (block_n * 64)))}
     return {}
 
 
@@ -389,7 +472,7 @@ def decode_kernel(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype
                   bias_dtype, act, partial, norm_dtype=None):
     fn = decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dtype,
                           out_dtype, bias_dtype, act, partial, norm_dtype)
-    return Kernel(jit(fn, **decode_options(block_n, m_block)),
+    return Kernel(jit(fn, **decode_options(block_n, m_block, norm_dtype is not None)),
                   decode_signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype,
                                    norm_dtype),
                   "quant_decode_kernel")

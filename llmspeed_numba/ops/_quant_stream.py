@@ -161,11 +161,10 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     stages of the weight, which no kernel writes, and then every thread waits for the previous
     kernel (``griddep_wait``); x, the outputs and the split-K buffers are touched only after.
     ``norm_dtype`` (the norm weight's dtype; ``out_dtype`` then x's, no gated activation): the
-    kernel takes six more parameters ``(residual, norm_weight, normed, r_sm, n_sm, eps)`` and
-    ends with vLLM's fused add + RMSNorm of its result (``_quant_kernels.add_rms_norm_rows``):
-    once every column block has stored its outputs (a ticket on ``counters[gridDim.x]``, so
-    ``counters`` holds one more), the last block adds them into ``residual`` and writes
-    ``normed``."""
+    kernel takes seven more parameters (``_quant_kernels.norm_types``) and ends with vLLM's
+    fused add + RMSNorm of its result (``_quant_kernels.add_rms_norm_rows``): once every column
+    block has stored its outputs (a ticket on ``counters[gridDim.x]``, so ``counters`` holds
+    one more), the last block adds them into ``residual`` and writes ``normed``."""
     assert norm_dtype is None or (out_dtype == x_dtype and act not in GATED_ACTIVATIONS)
     block_n = 16 * warps
     m_frags = -(-m_block // 8)
@@ -526,7 +525,7 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
 
     def quant_stream_norm_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm,
                                  kspan, so_m, so_n, x_vec, residual, norm_weight, normed, r_sm,
-                                 n_sm, eps):
+                                 n_sm, eps, vec):
         scratch = cuda.shared.array(scratch_slots, np.float32)
         if not run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m,
                    so_n, x_vec):
@@ -534,7 +533,7 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
         # every column block's outputs stored: the last one to get here norms the rows
         if last_block(counters, cuda.gridDim.x, 1, cuda.gridDim.x):
             norm_rows(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm, eps,
-                      scratch, cuda.threadIdx.x)
+                      vec, scratch, cuda.threadIdx.x)
 
     return quant_stream_kernel if norm_dtype is None else quant_stream_norm_kernel
 

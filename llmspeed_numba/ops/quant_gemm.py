@@ -48,9 +48,10 @@ kernel's tiles are untuned (measurements: benchmarks/NOTES.md).
 import numpy as np
 
 from .. import compile_check
-from .._arrays import empty, kernel_buffer, stream_handle
-from .._checks import (bias_vector, choice, last_dim_contiguous, no_overlap, one_of_dtypes,
-                       output, result_dtype, same_dtype, shape, tensor)
+from .._arrays import STORAGE, empty, kernel_buffer, stream_handle
+from .._checks import (bias_vector, choice, last_dim_contiguous, no_overlap,
+                       non_negative_strides, one_of_dtypes, output, result_dtype, same_dtype,
+                       shape, tensor)
 from .._env import SIMULATOR
 from .._launch import max_shared_per_block_optin, programmatic_launch, sm_count
 from .._overrides import Knobs
@@ -122,9 +123,17 @@ STREAM_TWO_FRAGMENT_BLOCKS_PER_SM = 1
 TUNING = Knobs("quant_gemm", decode_max_m=None, block_n=32 if SIMULATOR else BLOCK_N,
                splits=None, blocks_per_sm=BLOCKS_PER_SM,
                tc_tile=SIM_TC_TILE if SIMULATOR else None, stream_max_m=None,
+               fused_norm_max_m=None,
                stream_warps=1 if SIMULATOR else STREAM_WARPS,
                stream_stages=2 if SIMULATOR else STREAM_STAGES,
                stream_blocks_per_sm=STREAM_BLOCKS_PER_SM, dequant_min_m=None)
+
+
+#: Largest M ``quant_gemm_rms_norm`` fuses: its last block norms the rows one after another
+#: (about two round trips to L2 a row, predicted ~1-1.5 us), against one launch and its gap
+#: saved (~3.5 us in a decode graph), so beyond a few rows the two launches are faster (not yet
+#: timed: ``bench_decode_fusions.py``, with ``fused_norm_max_m`` to force it).
+FUSED_NORM_MAX_M = 2
 
 
 def on_stream_kernel(qw, M):
@@ -264,7 +273,7 @@ def _decode(tx, qw, tbias, to, out_dtype, activation, stream, norm=None):
     so_m, so_n = to.strides
     args = (kernel_buffer(tx), codes, scales, aux, out_buf, bias_buf, work, counters, M, N, K,
             x_sm, group_shift(qw), k_split, so_m, so_n)
-    kernel((col_blocks, splits), block_n, args + _norm_args(norm), stream)
+    kernel((col_blocks, splits), block_n, args + _norm_args(norm, to), stream)
 
 
 def tc_tile(M):
@@ -322,18 +331,23 @@ def _stream(tx, qw, tbias, to, out_dtype, activation, stream, norm=None):
     so_m, so_n = to.strides
     args = (x_buf, codes, scales, aux, out_buf, bias_buf, work, counters, M, N, K, x_sm, kspan,
             so_m, so_n, x_vec)
-    kernel((col_blocks, splits), 32 * (warps + 1), args + _norm_args(norm), stream,
+    kernel((col_blocks, splits), 32 * (warps + 1), args + _norm_args(norm, to), stream,
            _quant_stream.shared_bytes(warps, stages, m_block, kspan, group_chunks, qw.mode,
                                       qw.scale_dtype))
 
 
-def _norm_args(norm):
-    """The fused norm's kernel arguments (``_quant_kernels.norm_types``), or none."""
+def _norm_args(norm, to):
+    """The fused norm's kernel arguments (``_quant_kernels.norm_types``), or none; ``to``: the
+    projection's output, which the norm reads back."""
     if norm is None:
         return ()
     tr, tw, tn, eps = norm
+    width = 16 // STORAGE[to.dtype].itemsize
+    vec = (to.shape[1] % width == 0 and to.strides[1] == 1
+           and all(t.ptr % 16 == 0 and t.strides[0] % width == 0 for t in (to, tr, tn))
+           and tw.ptr % 16 == 0)
     return (kernel_buffer(tr), kernel_buffer(tw), kernel_buffer(tn), tr.strides[0],
-            tn.strides[0], np.float32(eps))
+            tn.strides[0], np.float32(eps), vec)
 
 
 def _dequant_gemm(tx, qw, bias, activation, out, out_dtype, stream):
@@ -525,9 +539,10 @@ def quant_gemm_rms_norm(x: ArrayLike, qw: QuantizedWeight, residual: ArrayLike,
     (rounded to x's dtype, into ``out``), ``residual += h`` in place (rounded), and the result
     ``normed = rms_norm(residual) * norm_weight``: what ``rms_norm(quant_gemm(x, qw, bias=bias),
     norm_weight, eps, residual=residual)`` returns, as a decoder layer's output projection and
-    the next norm run. Where the streaming or the decode kernel runs (4-bit weights on Hopper
-    at M up to 16; int4 / int8 at M up to 4 / 2, GGUF blocks) it is one launch (the kernel's
-    last block to finish adds and norms the rows); elsewhere those two calls. The norm's mean square is summed in another order than ``rms_norm``'s, so the
+    the next norm run. Where the streaming or the decode kernel runs (4-bit weights on Hopper;
+    int4 / int8 at M up to 4 / 2, GGUF blocks) and M is at most ``FUSED_NORM_MAX_M`` it is one
+    launch (the kernel's last block to finish adds and norms the rows); elsewhere those two
+    calls. The norm's mean square is summed in another order than ``rms_norm``'s, so the
     two may differ in the last bit.
 
     Args:
@@ -576,22 +591,30 @@ def _quant_gemm_rms_norm_checked(x, qw, residual, norm_weight, eps, bias, out, n
     one_of_dtypes("norm_weight", tw, (tx.dtype, "float32"), "x's")
     if N > 1 and tw.strides[0] != 1:
         raise ValueError(f"norm_weight: expected a contiguous vector, got strides {tw.strides}")
+    non_negative_strides("residual", tr)
     to = output("out", out, (M, N), tx.dtype, tx)
     if to is None:
         out = empty(tx, (M, N), tx.dtype)
         to = tensor(out, "out")
+    last_dim_contiguous("out", to)      # rms_norm reads it back on the two-call path
     tn = output("normed", normed, (M, N), tx.dtype, tx)
     if tn is None:
         normed = empty(tx, (M, N), tx.dtype)
         tn = tensor(normed, "normed")
     last_dim_contiguous("normed", tn)
-    no_overlap("out", to, "residual", tr)
-    no_overlap("out", to, "normed", tn)
-    no_overlap("normed", tn, "residual", tr)
+    for name, t in (("out", to), ("normed", tn)):
+        non_negative_strides(name, t)
+    for name, t, others in (("out", to, (("x", tx), ("residual", tr), ("normed", tn))),
+                            ("residual", tr, (("x", tx), ("norm_weight", tw))),
+                            ("normed", tn, (("x", tx), ("residual", tr), ("norm_weight", tw)))):
+        for other_name, other in others:
+            no_overlap(name, t, other_name, other)
     if M == 0:
         return normed
     stream_kernel = on_stream_kernel(qw, M)
-    if qw.format == "fp8_e4m3" or not (stream_kernel or on_decode_kernel(qw, M)):
+    max_m = FUSED_NORM_MAX_M if TUNING.fused_norm_max_m is None else TUNING.fused_norm_max_m
+    if (qw.format == "fp8_e4m3" or M > max_m
+            or not (stream_kernel or on_decode_kernel(qw, M))):
         _quant_gemm_checked(x, qw, bias, None, out, None, stream)
         return _rms_norm_checked(out, norm_weight, eps, residual, normed, stream)
     handle = stream_handle(stream, (tx,))
@@ -629,7 +652,7 @@ def _register():
             fn = qk.decode_kernel_fn(bits, mb, BLOCK_N, mode, zp, sd, xd, od, None, None,
                                      partial, norm_dtype)
             return (fn, qk.decode_signature(mode, sd, xd, od, None, norm_dtype),
-                    qk.decode_options(BLOCK_N, mb))
+                    qk.decode_options(BLOCK_N, mb, norm_dtype is not None))
 
         compile_check.register(name, build, sass_must_have=("LDG.E.128", "LDS.128"))
     stream_variants = {
