@@ -7,8 +7,9 @@
 - the gated ``quant_gemm`` (int4 groups of 128, gate / up interleaved, 28672 x 4096: Llama-3-8B's
   MLP) against ``quant_gemm`` followed by ``silu_and_mul``;
 - ``quant_gemm_rms_norm`` (int4 g128, the down projection 4096 x 14336 and the output one
-  4096 x 4096, then the next add + RMSNorm) against ``quant_gemm`` followed by ``rms_norm`` with
-  the residual.
+  4096 x 4096, then the next add + RMSNorm), fused at every M (the op fuses only up to
+  ``quant_gemm.FUSED_NORM_MAX_M`` rows: these rows say where the limit belongs), against
+  ``quant_gemm`` followed by ``rms_norm`` with the residual.
 
 Each side is captured in one CUDA graph and replayed (``_harness.time_gpu``: L2 flushed before
 each replay, median of 20), so the difference is the second launch's kernel and the gap between
@@ -118,6 +119,7 @@ def norm_case(m, k):
     import torch
 
     from llmspeed_numba import quant_gemm, quant_gemm_rms_norm, quantize_weight, rms_norm
+    from llmspeed_numba._overrides import overrides
 
     dev = "cuda"
     qw = quantize_weight(torch.randn(HIDDEN, k, device=dev, dtype=torch.bfloat16) * 0.02,
@@ -129,8 +131,9 @@ def norm_case(m, k):
     h, h_pair = (torch.empty(m, HIDDEN, device=dev, dtype=torch.bfloat16) for _ in range(2))
     normed, normed_pair = torch.empty_like(h), torch.empty_like(h)
 
-    def fused():
-        quant_gemm_rms_norm(x, qw, residual, norm_w, 1e-5, out=h, normed=normed)
+    def fused():    # fused at every M (above FUSED_NORM_MAX_M the op itself takes the pair)
+        with overrides(quant_gemm={"fused_norm_max_m": 16}):
+            quant_gemm_rms_norm(x, qw, residual, norm_w, 1e-5, out=h, normed=normed)
 
     def pair():
         quant_gemm(x, qw, out=h_pair)
