@@ -258,6 +258,27 @@ def norm_scratch_slots(threads):
     return -(-threads // 32)
 
 
+@functools.cache
+def fused_norm_tail(threads, x_dtype, norm_dtype):
+    """Device function ``(counters, out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm,
+    n_sm, eps, vec)``: the end of a fused-norm kernel, called by every thread of each block that
+    stored final outputs: a ticket on ``counters[gridDim.x]`` (one a column block), and the
+    block drawing the last one (every column's outputs visible to it) runs
+    ``add_rms_norm_rows``."""
+    rows = add_rms_norm_rows(threads, x_dtype, norm_dtype)
+    slots = norm_scratch_slots(threads)
+
+    @cuda.jit(device=True, inline="always")
+    def tail(counters, out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm, eps,
+             vec):
+        scratch = cuda.shared.array(slots, np.float32)
+        if last_block(counters, cuda.gridDim.x, 1, cuda.gridDim.x):
+            rows(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm, eps, vec,
+                 scratch, cuda.threadIdx.x)
+
+    return tail
+
+
 def norm_types(x_dtype, norm_dtype):
     """Numba types of a fused-norm kernel's seven extra parameters: residual, norm weight,
     normed, their row strides, eps, and whether the rows go by 16-byte chunks."""
@@ -433,20 +454,15 @@ def decode_kernel_fn(bits, m_block, block_n, mode, zero_point, scale_dtype, x_dt
         run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, group_shift, k_split,
             so_m, so_n)
 
-    norm_rows = add_rms_norm_rows(block_n, x_dtype, norm_dtype or "float32")
-    scratch_slots = norm_scratch_slots(block_n)
+    norm_tail = fused_norm_tail(block_n, x_dtype, norm_dtype or "float32")
 
     def quant_decode_norm_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm,
                                  group_shift, k_split, so_m, so_n, residual, norm_weight, normed,
                                  r_sm, n_sm, eps, vec):
-        scratch = cuda.shared.array(scratch_slots, np.float32)
-        if not run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, group_shift,
-                   k_split, so_m, so_n):
-            return
-        # every column block's outputs stored: the last one to get here norms the rows
-        if last_block(counters, cuda.gridDim.x, 1, cuda.gridDim.x):
-            norm_rows(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm, eps,
-                      vec, scratch, cuda.threadIdx.x)
+        if run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, group_shift,
+               k_split, so_m, so_n):
+            norm_tail(counters, out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm,
+                      n_sm, eps, vec)
 
     return quant_decode_kernel if norm_dtype is None else quant_decode_norm_kernel
 

@@ -59,8 +59,7 @@ from ._activations_device import GATED_ACTIVATIONS
 from ._epilogue import GATE_BLOCK, epilogue, gate_column, gated_epilogue, storer
 from ._index32 import udiv
 from ._last_block import last_block
-from ._quant_kernels import (add_rms_norm_rows, norm_scratch_slots, norm_types, operand_types,
-                             sum_splits)
+from ._quant_kernels import fused_norm_tail, norm_types, operand_types, sum_splits
 from ._stage_ring import init_stage_barriers
 
 #: Chunks (32 k each) of a ring stage: 16 bytes a row each (8 KB of codes at 64 rows).
@@ -388,8 +387,7 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     for c in range(S - 2, -1, -1):
         stage_steps = chain(chunk_step(c), stage_steps)
 
-    norm_rows = add_rms_norm_rows(threads, x_dtype, norm_dtype or "float32")
-    scratch_slots = norm_scratch_slots(threads)
+    norm_tail = fused_norm_tail(threads, x_dtype, norm_dtype or "float32")
 
     @cuda.jit(device=True, inline="always")
     def run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m, so_n,
@@ -526,14 +524,10 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     def quant_stream_norm_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm,
                                  kspan, so_m, so_n, x_vec, residual, norm_weight, normed, r_sm,
                                  n_sm, eps, vec):
-        scratch = cuda.shared.array(scratch_slots, np.float32)
-        if not run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m,
-                   so_n, x_vec):
-            return
-        # every column block's outputs stored: the last one to get here norms the rows
-        if last_block(counters, cuda.gridDim.x, 1, cuda.gridDim.x):
-            norm_rows(out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm, n_sm, eps,
-                      vec, scratch, cuda.threadIdx.x)
+        if run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m, so_n,
+               x_vec):
+            norm_tail(counters, out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm,
+                      n_sm, eps, vec)
 
     return quant_stream_kernel if norm_dtype is None else quant_stream_norm_kernel
 
