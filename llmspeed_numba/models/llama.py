@@ -369,7 +369,6 @@ class LlamaModel:
         # the next norm fused (``_linear_norm``); other steps norm only the last rows at the end
         fuse = step.is_decode and tp is None and self.quantization is not None
         h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
-        x = None
         for index, layer in enumerate(self.layers):
             attn = self._attention(index, layer, h, step, cache)
             h = self._linear_norm(attn, layer.o_t, layer.o_bias, residual, layer.post_norm, fuse)
