@@ -48,7 +48,7 @@ kernel's tiles are untuned (measurements: benchmarks/NOTES.md).
 import numpy as np
 
 from .. import compile_check
-from .._arrays import STORAGE, empty, kernel_buffer, stream_handle
+from .._arrays import empty, kernel_buffer, stream_handle
 from .._checks import (bias_vector, choice, last_dim_contiguous, no_overlap,
                        non_negative_strides, one_of_dtypes, output, result_dtype, same_dtype,
                        shape, tensor)
@@ -60,6 +60,7 @@ from .._typing import ArrayLike, DTypeLike, StreamLike
 from .._workspace import workspace
 from . import _fp8_gemm, _quant_stream, _quant_tc
 from . import _quant_kernels as qk
+from . import _rowwise as rw
 from ._activations_device import ACTIVATIONS, GATED_ACTIVATIONS
 from ._epilogue import GATE_BLOCK, vector_width
 from . import gemm as _gemm
@@ -342,10 +343,9 @@ def _norm_args(norm, to):
     if norm is None:
         return ()
     tr, tw, tn, eps = norm
-    width = 16 // STORAGE[to.dtype].itemsize
-    vec = (to.shape[1] % width == 0 and to.strides[1] == 1
-           and all(t.ptr % 16 == 0 and t.strides[0] % width == 0 for t in (to, tr, tn))
-           and tw.ptr % 16 == 0)
+    width = rw.vector_width(to.dtype)
+    vec = (to.shape[1] % width == 0 and to.strides[1] == 1 and tw.ptr % 16 == 0
+           and all(rw.vector_aligned(t, t.strides[0], width) for t in (to, tr, tn)))
     return (kernel_buffer(tr), kernel_buffer(tw), kernel_buffer(tn), tr.strides[0],
             tn.strides[0], np.float32(eps), vec)
 
