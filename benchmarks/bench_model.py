@@ -23,6 +23,7 @@ in parallel processes per model) and exit. Rows: ``benchmarks/results/model.csv`
 """
 
 import argparse
+import ast
 import os
 import sys
 import time
@@ -254,14 +255,29 @@ def main(argv=None):
                         help="override the layer count (quick runs)")
     parser.add_argument("--programmatic", action="store_true",
                         help="programmatic dependent launches on (launch.programmatic)")
+    parser.add_argument("--override", action="append", default=[], metavar="SCOPE.KNOB=VALUE",
+                        help="time under a knob override (repeatable), e.g. "
+                             "quant_gemm.fused_norm_max_m=0: the unfused path as a baseline")
     args = parser.parse_args(argv)
     bad = [q for q in args.quantization.split(",") if q and q not in ("int4", "int8")]
     if bad:
         parser.error(f"--quantization: expected int4 or int8, got {bad}")
+    knobs: dict = {}
+    for item in args.override:
+        name, sep, value = item.partition("=")
+        scope, dot, knob = name.partition(".")
+        if not (sep and dot and scope and knob):
+            parser.error(f"--override: expected SCOPE.KNOB=VALUE, got {item!r}")
+        try:
+            knobs.setdefault(scope, {})[knob] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            parser.error(f"--override: {item!r}: the value must be a Python literal")
+    suffix = "".join(f" [{item}]" for item in args.override)
     if args.programmatic:
-        with overrides(launch={"programmatic": True}):
-            return _run(args, " [programmatic launch]")
-    return _run(args, "")
+        knobs.setdefault("launch", {})["programmatic"] = True
+        suffix += " [programmatic launch]"
+    with overrides(**knobs):
+        return _run(args, suffix)
 
 
 class _Suffixed:
