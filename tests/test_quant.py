@@ -487,13 +487,13 @@ def _padded(host, pad):
 
 
 @pytest.mark.parametrize("path,fmt,M,N,splits,w_dtype,bias,pad,fused_max", [
-    ("stream", "int4", 1, 64, 1, "bfloat16", False, 0, None),
+    ("stream", "int4", 1, 64, 1, "bfloat16", False, 0, 2),
     ("stream", "int4", 3, 64, 2, "float32", True, 8, 16),     # rows 16-byte aligned, strided
     ("stream", "int4", 9, 48, 3, "bfloat16", False, 3, 16),   # ... not aligned: element-wise
-    ("stream", "int4", 3, 64, 2, "bfloat16", False, 0, None),  # above FUSED_NORM_MAX_M: 2 calls
-    ("decode", "int4", 2, 64, None, "bfloat16", True, 0, None),
-    ("decode", "int8", 1, 40, 2, "float32", False, 0, None),
-    ("decode", "int8", 2, 36, 2, "bfloat16", False, 0, None),  # N = 36: element-wise
+    ("stream", "int4", 3, 64, 2, "bfloat16", False, 0, None),  # the default: 2 calls
+    ("decode", "int4", 2, 64, None, "bfloat16", True, 0, 2),
+    ("decode", "int8", 1, 40, 2, "float32", False, 0, 2),
+    ("decode", "int8", 2, 36, 2, "bfloat16", False, 0, 2),    # N = 36: element-wise
     ("decode", "int4", 3, 64, 1, "bfloat16", False, 8, 16),
     ("tensor_core", "int4", 5, 64, None, "bfloat16", True, 0, 16)])
 def test_quant_gemm_rms_norm_equals_the_two_calls(path, fmt, M, N, splits, w_dtype, bias, pad,

@@ -311,8 +311,8 @@ class LlamaModel:
     def _linear_norm(self, x, w, bias, residual, norm_weight, fuse):
         """A projection whose result goes into the residual stream, then the next RMSNorm:
         ``residual += x @ W^T + bias``, returns its norm. ``fuse`` (a decode step of a quantized
-        model without tensor parallelism): one ``quant_gemm_rms_norm`` (one launch on the
-        streaming kernel); else the projection, the ranks' sum, then ``rms_norm``."""
+        model without tensor parallelism): one ``quant_gemm_rms_norm`` (one launch where its
+        ``FUSED_NORM_MAX_M`` allows); else the projection, the ranks' sum, then ``rms_norm``."""
         eps = self.config.rms_norm_eps
         if fuse and isinstance(w, QuantizedWeight):
             return self.ops.quant_gemm_rms_norm(x, w, residual, norm_weight, eps, bias=bias)

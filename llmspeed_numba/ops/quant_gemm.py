@@ -130,11 +130,11 @@ TUNING = Knobs("quant_gemm", decode_max_m=None, block_n=32 if SIMULATOR else BLO
                stream_blocks_per_sm=STREAM_BLOCKS_PER_SM, dequant_min_m=None)
 
 
-#: Largest M ``quant_gemm_rms_norm`` fuses: its last block norms the rows one after another
-#: (about two round trips to L2 a row, predicted ~1-1.5 us), against one launch and its gap
-#: saved (~3.5 us in a decode graph), so beyond a few rows the two launches are faster (not yet
-#: timed: ``bench_decode_fusions.py``, with ``fused_norm_max_m`` to force it).
-FUSED_NORM_MAX_M = 2
+#: Largest M ``quant_gemm_rms_norm`` fuses (0: never, the two calls). Off: in Llama-3-8B's int4
+#: decode (H200, benchmarks/NOTES.md session 34) the fused streaming kernel took ~2.9 us a call
+#: more than the plain one plus ``rms_norm`` (its ticket's fence in every block, the last block
+#: norming alone), more than the launch gap it saves. ``fused_norm_max_m`` turns it on.
+FUSED_NORM_MAX_M = 0
 
 
 def on_stream_kernel(qw, M):
@@ -540,9 +540,9 @@ def quant_gemm_rms_norm(x: ArrayLike, qw: QuantizedWeight, residual: ArrayLike,
     ``normed = rms_norm(residual) * norm_weight``: what ``rms_norm(quant_gemm(x, qw, bias=bias),
     norm_weight, eps, residual=residual)`` returns, as a decoder layer's output projection and
     the next norm run. Where the streaming or the decode kernel runs (4-bit weights on Hopper;
-    int4 / int8 at M up to 4 / 2, GGUF blocks) and M is at most ``FUSED_NORM_MAX_M`` it is one
-    launch (the kernel's last block to finish adds and norms the rows); elsewhere those two
-    calls. The norm's mean square is summed in another order than ``rms_norm``'s, so the
+    int4 / int8 at M up to 4 / 2, GGUF blocks) and M is at most ``FUSED_NORM_MAX_M`` (0 by
+    default: measured slower) it is one launch (the kernel's last block to finish adds and norms
+    the rows); elsewhere those two calls. The norm's mean square is summed in another order than ``rms_norm``'s, so the
     two may differ in the last bit.
 
     Args:
