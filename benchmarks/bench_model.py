@@ -128,14 +128,23 @@ def _decode_gpu_ms(model, prompt, top=0):
     return kernel_us / 1e3 / PROFILED_STEPS, len(kernels) / PROFILED_STEPS
 
 
-def _decode_ms(model, prompt, graphs=True):
-    """ms a token of a batch-1 greedy generation (the 1-token run's time subtracted)."""
+def decode_times(model, prompt, graphs=True):
+    """(ms a token in steady state, ms of the first decode step) of batch-1 greedy generations
+    of ``DECODE_TOKENS``, 2 and 1 tokens. A generation with graphs captures its decode graph on
+    its first decode step, so the difference of the long and the 2-token runs is replays alone,
+    and that of the 2- and 1-token runs the first step, capture included."""
     def gen(n):
         return _wall(lambda: model.generate_greedy([prompt], n, stop_at_eos=False,
-                                                   cuda_graphs=graphs), rep=3)
+                                                   cuda_graphs=graphs), rep=3)["median"]
 
-    long, short = gen(DECODE_TOKENS), gen(1)
-    ms = (long["median"] - short["median"]) / (DECODE_TOKENS - 1)
+    long, two, one = gen(DECODE_TOKENS), gen(2), gen(1)
+    return (long - two) / (DECODE_TOKENS - 2), two - one
+
+
+def _decode_ms(model, prompt, graphs=True):
+    """ms a token of a batch-1 greedy generation in steady state (``decode_times``; before
+    session 34 the first step and its capture were spread over the tokens)."""
+    ms = decode_times(model, prompt, graphs)[0]
     return {"median": ms, "p20": ms, "p80": ms}
 
 
@@ -154,7 +163,7 @@ def bench_quantized(name, config, weights, quantizations, results, rep, shape, b
                     base["prefill"]["median"], note="time to last-token logits, host included")
         results.add("model", f"{name} decode b1 {q}", shape, q, t_decode, "ours bf16",
                     base["decode"], "ms", t_decode["median"], base["decode"]["median"],
-                    note=f"ms a token, CUDA-graph decode (kernels {gpu_ms:.3f} ms of it, "
+                    note=f"ms a token in steady state, CUDA-graph decode (kernels {gpu_ms:.3f} ms of it, "
                          f"{launches:.0f} launches); ratio = bf16 time / quantized time")
         print(f"  {name} {q}: prefill 1x2048 {t_prefill['median']:.2f} ms "
               f"(bf16 {base['prefill']['median']:.2f}), decode {t_decode['median']:.3f} ms a "
@@ -210,7 +219,7 @@ def bench(name, results, rep, layers=None, quantizations=()):
         ms = per_token[who]["median"]
         results.add("model", f"{name} {label}", shape, "bfloat16", per_token[who],
                     "transformers", per_token["hf"], "ms", ms, per_token["hf"]["median"],
-                    note=f"ms a token; kernels {gpu_ms:.3f} ms of it ({launches:.0f} "
+                    note=f"ms a token in steady state; kernels {gpu_ms:.3f} ms of it ({launches:.0f} "
                          f"launches), host and gaps {ms - gpu_ms:.3f} ms")
     print(f"  {name} decode: ours {per_token['ours']['median']:.3f} ms a token (graph), "
           f"{per_token['ours eager']['median']:.3f} ms eager, kernels {gpu_ms:.3f} ms "

@@ -1,8 +1,9 @@
 """Batch-1 CUDA-graph decode of one model under knob overrides, the variants alternating in one
 process on the same weights (a fused path against the unfused one it replaces, same run), and
-our bf16 model once for the ratio. Decode is timed in steady state (``decode_ms``: the graph
-capture of each generation's first decode step is reported apart). Each variant builds its own ``Model`` inside its
-``overrides`` block, so its graphs are captured with those settings.
+our bf16 model once for the ratio. Decode is timed in steady state
+(``bench_model.decode_times``: each generation's first decode step, its graph capture
+included, is reported apart). Each variant builds its own ``Model`` inside its ``overrides``
+block, so its graphs are captured with those settings.
 
     python benchmarks/probes/probe_decode_variants.py --model llama-3-8b --layers 8 \\
         --quantization int4 --variants "fused=;unfused=quant_gemm.fused_norm_max_m=0" [--warm]
@@ -22,24 +23,11 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 import _harness  # noqa: E402
-from bench_model import DECODE_PROMPT, DECODE_TOKENS, _decode_gpu_ms, _wall  # noqa: E402
+from bench_model import DECODE_PROMPT, _decode_gpu_ms, decode_times  # noqa: E402
 
 from llmspeed_numba._overrides import overrides  # noqa: E402
 from llmspeed_numba.models.model import Model  # noqa: E402
 from llmspeed_numba.models.random_model import preset_config, random_weights  # noqa: E402
-
-
-def decode_ms(model, prompt):
-    """(ms a token in steady state, ms of the first decode step): greedy generations of
-    ``DECODE_TOKENS``, 2 and 1 tokens. A generation captures its decode graph on its first
-    decode step, so the 64- and 2-token runs' difference is replays alone, and the 2- and 1-token
-    runs' difference is that first step, capture included."""
-    def gen(n):
-        return _wall(lambda: model.generate_greedy([prompt], n, stop_at_eos=False,
-                                                   cuda_graphs=True), rep=3)["median"]
-
-    long, two, one = gen(DECODE_TOKENS), gen(2), gen(1)
-    return (long - two) / (DECODE_TOKENS - 2), two - one
 
 
 def parse_variants(spec):
@@ -84,7 +72,7 @@ def main(argv=None):
                 model.generate_greedy([prompt], 3, stop_at_eos=False, cuda_graphs=True)
                 result = None
             else:
-                result = (*decode_ms(model, prompt),
+                result = (*decode_times(model, prompt),
                           *_decode_gpu_ms(model, prompt, top=profile_top))
             model.release()
         del model
