@@ -163,8 +163,9 @@ def bench_quantized(name, config, weights, quantizations, results, rep, shape, b
                     base["prefill"]["median"], note="time to last-token logits, host included")
         results.add("model", f"{name} decode b1 {q}", shape, q, t_decode, "ours bf16",
                     base["decode"], "ms", t_decode["median"], base["decode"]["median"],
-                    note=f"ms a token in steady state, CUDA-graph decode (kernels {gpu_ms:.3f} ms of it, "
-                         f"{launches:.0f} launches); ratio = bf16 time / quantized time")
+                    note=f"ms a token in steady state, CUDA-graph decode (kernels {gpu_ms:.3f} "
+                         f"ms of it, {launches:.0f} launches); ratio = bf16 time / quantized "
+                         f"time")
         print(f"  {name} {q}: prefill 1x2048 {t_prefill['median']:.2f} ms "
               f"(bf16 {base['prefill']['median']:.2f}), decode {t_decode['median']:.3f} ms a "
               f"token (bf16 {base['decode']['median']:.3f}), kernels {gpu_ms:.3f} ms, "
@@ -219,8 +220,8 @@ def bench(name, results, rep, layers=None, quantizations=()):
         ms = per_token[who]["median"]
         results.add("model", f"{name} {label}", shape, "bfloat16", per_token[who],
                     "transformers", per_token["hf"], "ms", ms, per_token["hf"]["median"],
-                    note=f"ms a token in steady state; kernels {gpu_ms:.3f} ms of it ({launches:.0f} "
-                         f"launches), host and gaps {ms - gpu_ms:.3f} ms")
+                    note=f"ms a token in steady state; kernels {gpu_ms:.3f} ms of it "
+                         f"({launches:.0f} launches), host and gaps {ms - gpu_ms:.3f} ms")
     print(f"  {name} decode: ours {per_token['ours']['median']:.3f} ms a token (graph), "
           f"{per_token['ours eager']['median']:.3f} ms eager, kernels {gpu_ms:.3f} ms "
           f"({launches:.0f} launches); "
