@@ -72,12 +72,15 @@ COVERED_BY_SIBLING = {
     "gemm_wgmma_bf16_nt_64x256_split": "gemm_wgmma_bf16_nt_64x256_silu_and_mul_split",
     "flash_attn_wgmma_d64_varlen_bf16_persistent": "flash_attn_wgmma_d64_bf16_persistent",
     "quant_stream_int4_g128_bf16_m16_norm": "quant_stream_int4_g128_bf16_m1_splitk_norm",
+    # head dim 256's varlen form: d256's tiles, with the varlen indexing of the d64 / d128 forms
+    "flash_attn_wgmma_d256_bf16_varlen": "flash_attn_wgmma_d256_bf16",
 }
 #: Also left out of the simulator suite's run: the slowest compiles (each several minutes of the
 #: two cores, measured in the suite), with a lighter kernel of the same family checked there.
 GPU_SUITE_ONLY = {
     "gemm_simt_f32_nn": "gemm_simt_f32_nn_64x64",                 # the SIMT mainloop
     "gemm_tc_bf16_nt_silu_and_mul": "gemm_tc_f16_nt_64x128_gelu_and_mul",  # mma.sync gated
+    "gemm_tc_f16_nt_default_gelu_and_mul": "gemm_tc_f16_nt_64x128_gelu_and_mul",  # ~80 s
     # the opt-in persistent attention at d128 (two groups, no ping-pong): the d64 form's code
     "flash_attn_wgmma_d128_bf16_persistent": "flash_attn_wgmma_d64_bf16_persistent",
 }
