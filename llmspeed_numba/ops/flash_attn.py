@@ -368,8 +368,8 @@ def _launch(tq, tk, tv, to, lse_buf, cu_q, cu_k, *, batch, nheads, nheads_k, seq
             raise ValueError(f"config: the persistent form (field 10) needs the TMA producer "
                              f"without ping-pong and a head dimension up to 128, got {config} "
                              f"at head dimension {headdim}")
-        tiles = -(-max_seqlen_q // block_m) * nheads * batch
-        if persist and maps is not None and tiles < _INT32_MAX - (1 << 20):   # int32 draws
+        if persist and maps is not None and (   # while the tile numbers fit int32 draws
+                -(-max_seqlen_q // block_m) * nheads * batch < _INT32_MAX - (1 << 20)):
             q_map = _token_map("q", tq, q_strides, batch, seqlen_q, nheads, block_m, handle)
             if q_map is not None:   # the tile counters: zero when a launch starts (each leaves
                 # them so); a captured graph's own (see ``_workspace``)
