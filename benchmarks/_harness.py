@@ -4,6 +4,7 @@
   flushed before it, median and spread over ``rep`` calls.
 - ``copy_bandwidth()``: device-to-device copy GB/s (bytes read + written), measured in the same
   run as the op it is compared with.
+- ``knob_settings(items)``: ``SCOPE.KNOB=VALUE`` strings as an ``overrides(**...)`` mapping.
 - ``Results``: rows (GPU, versions, commit, op, shape, ours, baseline, ratio) appended to a CSV in
   ``benchmarks/results/`` (or ``$OUT`` on the device machine), then plotted by ``plot.py``.
 
@@ -86,6 +87,24 @@ _FLUSHER = None
 #: ``fn`` meanwhile, so its Python overhead (up to ~250 us) is not counted as GPU time. Without
 #: it, a call whose host side outlasts the flush shows its host time, not its kernels'.
 HOST_SLACK_CYCLES = 600_000
+
+
+def knob_settings(items):
+    """``{scope: {knob: value}}`` for ``_overrides.overrides`` from ``SCOPE.KNOB=VALUE`` strings
+    (the value a Python literal); ``ValueError`` naming the string at fault."""
+    import ast
+
+    knobs: dict = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        scope, dot, knob = name.partition(".")
+        if not (sep and dot and scope and knob):
+            raise ValueError(f"expected SCOPE.KNOB=VALUE, got {item!r}")
+        try:
+            knobs.setdefault(scope, {})[knob] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"{item!r}: the value must be a Python literal") from None
+    return knobs
 
 
 def time_gpu(fn, warmup=3, rep=20, flush_l2=True, hide_host=True):

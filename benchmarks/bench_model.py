@@ -23,7 +23,6 @@ in parallel processes per model) and exit. Rows: ``benchmarks/results/model.csv`
 """
 
 import argparse
-import ast
 import os
 import sys
 import time
@@ -272,16 +271,10 @@ def main(argv=None):
     bad = [q for q in args.quantization.split(",") if q and q not in ("int4", "int8")]
     if bad:
         parser.error(f"--quantization: expected int4 or int8, got {bad}")
-    knobs: dict = {}
-    for item in args.override:
-        name, sep, value = item.partition("=")
-        scope, dot, knob = name.partition(".")
-        if not (sep and dot and scope and knob):
-            parser.error(f"--override: expected SCOPE.KNOB=VALUE, got {item!r}")
-        try:
-            knobs.setdefault(scope, {})[knob] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            parser.error(f"--override: {item!r}: the value must be a Python literal")
+    try:
+        knobs = _harness.knob_settings(args.override)
+    except ValueError as e:
+        parser.error(f"--override: {e}")
     suffix = "".join(f" [{item}]" for item in args.override)
     if args.programmatic:
         knobs.setdefault("launch", {})["programmatic"] = True

@@ -15,7 +15,6 @@ benchmarks/results/), ms a token and the profiled kernels' share.
 """
 
 import argparse
-import ast
 import os
 import sys
 
@@ -35,14 +34,10 @@ def parse_variants(spec):
     variants = {}
     for item in filter(None, (s.strip() for s in spec.split(";"))):
         name, _, settings = item.partition("=")
-        knobs: dict = {}
-        for setting in filter(None, settings.split(",")):
-            key, sep, value = setting.partition("=")
-            scope, dot, knob = key.partition(".")
-            if not (sep and dot and scope and knob):
-                raise ValueError(f"--variants: expected SCOPE.KNOB=VALUE, got {setting!r}")
-            knobs.setdefault(scope, {})[knob] = ast.literal_eval(value)
-        variants[name] = knobs
+        try:
+            variants[name] = _harness.knob_settings(filter(None, settings.split(",")))
+        except ValueError as e:
+            raise ValueError(f"--variants: {e}") from None
     if not variants:
         raise ValueError("--variants: at least one variant")
     return variants
