@@ -19,9 +19,12 @@ with ``own_in_graph``: under capture, ``"graph"`` gives each captured graph one 
 own (all its calls share it, one after another), ``True`` each captured call its own (paged
 decode: a graph that may run concurrently with another); either is made, and its zeroing
 captured, at the first call that needs it, so every replay zeroes it before its first use. They
-live as long as the process; the eager workspace of such state, never seen by a graph, is
-dropped when it grows.
+live as long as the process, unless the capture runs inside ``graph_owned()``: then they live as
+long as the object it returns (keep it with the graph). The eager workspace of such state, never
+seen by a graph, is dropped when it grows.
 """
+
+import contextlib
 
 import numpy as np
 
@@ -31,8 +34,21 @@ from ._env import SIMULATOR, cuda
 
 _WORKSPACE: dict = {}
 _RETIRED: list = []  # replaced workspaces stay alive: a captured CUDA graph may still point at them
-_CAPTURED: list = []  # (name, buffer) of captured own_in_graph calls: graphs replay into them
-_PER_GRAPH: dict = {}  # (device, stream, name, capture id) -> a captured graph's own buffer
+
+
+class GraphWorkspaces:
+    """The own-in-graph workspaces made while capturing one or more graphs: ``buffers``
+    (``(name, buffer)`` of each captured call) and ``per_graph`` (``(device, stream, name,
+    capture id)`` -> a graph's own buffer). Its graphs replay into them: keep it as long as
+    they live."""
+
+    def __init__(self):
+        self.buffers: list = []
+        self.per_graph: dict = {}
+
+
+_PROCESS = GraphWorkspaces()  # captures outside graph_owned(): kept for the life of the process
+_OWNERS: list = []  # the graph_owned() scopes open, innermost last
 _UNUSED: dict = {}
 #: Bumped whenever a shared workspace is made or replaced: a replayed call may keep the addresses
 #: it looked up while this stays the same (``_replay``).
@@ -118,10 +134,32 @@ def _make(kind, device, stream, n, dtype):
         return torch.zeros(n, dtype=storage, device=device)
 
 
+@contextlib.contextmanager
+def graph_owned():
+    """Within it, captured calls' own-in-graph workspaces belong to the ``GraphWorkspaces`` it
+    yields instead of the process: freed with it (with the graph that keeps it), so a program
+    capturing graph after graph does not keep every old graph's buffers."""
+    owner = GraphWorkspaces()
+    _OWNERS.append(owner)
+    try:
+        yield owner
+    finally:
+        _OWNERS.remove(owner)
+
+
+def _owner():
+    return _OWNERS[-1] if _OWNERS else _PROCESS
+
+
+def captured_buffers():
+    """``(name, buffer)`` of every captured call's own workspace still kept (tests)."""
+    return [pair for owner in [_PROCESS, *_OWNERS] for pair in owner.buffers]
+
+
 def _own(device, stream, name, size, dtype):
     """A captured call's own zero buffer (its zeroing captured into the graph)."""
     buf = _make("torch", device, stream, max(size, 1), dtype)
-    _CAPTURED.append((name, buf))
+    _owner().buffers.append((name, buf))
     return buf
 
 
@@ -145,9 +183,10 @@ def _per_graph(device, stream, name, size, dtype):
     if sequence is None:
         return _own(device, stream, name, size, dtype)
     key = (device, stream, name, sequence)
-    buf = _PER_GRAPH.get(key)
+    per_graph = _owner().per_graph
+    buf = per_graph.get(key)
     if buf is None or buf.shape[0] < size:
-        buf = _PER_GRAPH[key] = _own(device, stream, name, size, dtype)
+        buf = per_graph[key] = _own(device, stream, name, size, dtype)
     return buf
 
 

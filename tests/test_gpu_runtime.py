@@ -102,7 +102,7 @@ def test_graph_replays_do_not_depend_on_counters_left_dirty(rng):
         graphs.append((graph, outs))
 
     buffers = [buf for key, buf in _workspace._WORKSPACE.items() if key[2] in _ZERO_STATE]
-    buffers += [buf for name, buf in _workspace._CAPTURED if name in _ZERO_STATE]
+    buffers += [buf for name, buf in _workspace.captured_buffers() if name in _ZERO_STATE]
     assert buffers
     try:
         for _ in range(2):

@@ -163,3 +163,21 @@ def test_cuda_graph_decode_equals_eager():
         graphed = ours.generate_greedy(prompts, 40, stop_at_eos=stop, cuda_graphs=True)
         assert graphed == eager, (stop, graphed, eager)
     print("lengths with eos:", [len(o) for o in graphed])
+
+
+def test_repeated_graphed_generation_does_not_grow_device_memory():
+    """Each ``generate_greedy`` captures new decode graphs; their own workspaces (tickets,
+    counters) must go with them, not stay for the life of the process."""
+    import gc
+
+    from llmspeed_numba.models import load_model
+
+    ours = load_model(_smollm2_gguf())
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
+    allocated = []
+    for _ in range(4):
+        ours.generate_greedy(prompts, 8, stop_at_eos=False, cuda_graphs=True)
+        gc.collect()
+        torch.cuda.synchronize()
+        allocated.append(torch.cuda.memory_allocated())
+    assert allocated[1] == allocated[2] == allocated[3], allocated

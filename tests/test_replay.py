@@ -447,7 +447,7 @@ def workspaces(fast_path):
     fast_path.setattr(_workspace, "_make", lambda kind, device, stream, n, dtype: torch.zeros(
         n, dtype={4: torch.int32, 8: torch.int64}[np.dtype(dtype).itemsize]))
     fast_path.setattr(_workspace, "_WORKSPACE", {})
-    fast_path.setattr(_workspace, "_CAPTURED", [])
+    fast_path.setattr(_workspace, "_PROCESS", _workspace.GraphWorkspaces())
     capturing = lambda device, stream: CAPTURING[0]  # noqa: E731
     fast_path.setattr(_workspace, "capturing", capturing)
     fast_path.setattr(_replay, "capturing", capturing)
@@ -485,14 +485,34 @@ def test_a_private_workspace_is_fresh_and_zeroed_in_each_captured_call(workspace
     seen = set()
     for _ in range(3):
         _, launches = replayed(lambda: call(table="private", stream=1))
-        private = _workspace._CAPTURED[-1][1]
+        private = _workspace.captured_buffers()[-1][1]
         assert launches[0].pointers[-1] == private.data_ptr() not in seen
         assert private.shape[0] >= 12 and not private.any()
         seen.add(private.data_ptr())
-    assert len(_workspace._CAPTURED) == 3
+    assert len(_workspace.captured_buffers()) == 3
     CAPTURING[0] = False
     _, launches = replayed(lambda: call(table="private", stream=1))
     assert launches[0].pointers[-1] == _workspace_of(1).data_ptr()
+
+
+def test_workspaces_captured_inside_graph_owned_are_freed_with_their_owner(workspaces):
+    import gc
+    import weakref
+
+    call(table="private", stream=1)              # eager: records the call
+    CAPTURING[0] = True
+    with _workspace.graph_owned() as owned:
+        _, launches = replayed(lambda: call(table="private", stream=1))
+    private = owned.buffers[-1][1]
+    assert launches[0].pointers[-1] == private.data_ptr()
+    assert _workspace.captured_buffers() == []      # not the process's to keep
+    _, launches = replayed(lambda: call(table="private", stream=1))  # outside: the process's
+    assert len(_workspace.captured_buffers()) == 1
+    freed = weakref.ref(private)
+    del owned, private
+    gc.collect()
+    assert freed() is None
+    CAPTURING[0] = False
 
 
 class NumbaLike:

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from .._workspace import graph_owned
 from .llama import Step
 
 #: Each row's sampling parameters, in ``DecodeGraph.run``'s ``params`` order, and their dtypes.
@@ -138,6 +139,7 @@ class DecodeGraph:
                          last_rows=torch.arange(batch, dtype=torch.int64, device=device),
                          block_table=staged["table"], seq_lens=staged["seq_lens"])
         self.graph = None
+        self._workspaces = None    # the captured graph's own workspaces (freed with it)
         self.next_tokens = None    # the captured graph's output
         self.tokens = None         # the last launched step's sampled tokens (device)
         self._read_after_copies = 0
@@ -195,7 +197,7 @@ class DecodeGraph:
 
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool), graph_owned() as self._workspaces:
                 self.next_tokens = self._forward()
             self.graph, self.pool = graph, graph.pool()
 
