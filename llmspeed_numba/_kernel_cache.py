@@ -10,8 +10,10 @@ numba types it refers to, and a numba type pickles its ``__dict__``, which gains
 compile (looking the kernel up) and after it (saving it) differ, and every process compiled every
 kernel again. ``StableKeyCache`` keys on a description of the closure built from names, code
 bytes and values instead, which is the same before and after compiling and in every process, plus
-a digest of this package's source: the device functions a kernel calls through module globals are
-not in its closure, and an edited package must not load kernels compiled from the old one.
+a digest of this package's source (``kernel_source_digest``: all but the model, engine and
+tooling layers, which no kernel reaches): the device functions a kernel calls through module
+globals are not in its closure, and an edited package must not load kernels compiled from the old
+one.
 
 **Machine-code store.** Even when numba's cache hits, loading an entry goes through numba's
 dispatcher, which loads its typing and lowering registries first (about a second, once a
@@ -35,17 +37,39 @@ import types as pytypes
 import numpy as np
 
 
-@functools.cache
-def package_digest():
-    """sha256 of every ``.py`` file of the package (paths and contents)."""
-    root = pathlib.Path(__file__).resolve().parent
+#: Parts of the package that no kernel's code reaches (the model, engine and tooling layers on
+#: top of the ops; ``tests/test_kernel_cache.py`` checks that nothing else imports them): left
+#: out of ``kernel_source_digest``, so editing them keeps the cached kernels.
+HOST_ONLY = ("models/", "engine/", "distributed/", "demos/", "__main__.py", "_demo.py",
+             "_info.py", "_progress.py", "cli.py", "testing.py", "warm.py")
+
+
+def source_digest(root, skip=()):
+    """sha256 of the paths and contents of the ``.py`` files under ``root`` whose relative path
+    does not start with an entry of ``skip``."""
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode())
+        relative = path.relative_to(root).as_posix()
+        if relative.startswith(tuple(skip)):
+            continue
+        h.update(relative.encode())
         h.update(b"\0")
         h.update(path.read_bytes())
         h.update(b"\0")
     return h.hexdigest()
+
+
+@functools.cache
+def package_digest():
+    """sha256 of every ``.py`` file of the package (paths and contents)."""
+    return source_digest(pathlib.Path(__file__).resolve().parent)
+
+
+@functools.cache
+def kernel_source_digest():
+    """sha256 of the package's files that kernels may reach (all but ``HOST_ONLY``; the
+    version is in ``__init__.py``)."""
+    return source_digest(pathlib.Path(__file__).resolve().parent, HOST_ONLY)
 
 
 def _code_description(code, seen):
@@ -103,9 +127,9 @@ def _describe(value, seen):
 
 
 def function_digest(py_func):
-    """sha256 of a kernel's stable description and of the package source."""
+    """sha256 of a kernel's stable description and of the package source kernels may reach."""
     description = repr(_function_description(py_func, set()))
-    return hashlib.sha256((package_digest() + description).encode()).hexdigest()
+    return hashlib.sha256((kernel_source_digest() + description).encode()).hexdigest()
 
 
 def _stable_cache_class():

@@ -171,8 +171,8 @@ def test_every_registered_kernel_has_a_cache_key():
 
 def test_store_key_misses_on_any_changed_input(monkeypatch):
     """The store's key changes with the kernel's source, its signature, its options, the compute
-    capability, numba-cuda's version and the package's source (which holds its version): a
-    cached kernel is never loaded for another build."""
+    capability, numba-cuda's version and the package's source that kernels may reach (which
+    holds its version): a cached kernel is never loaded for another build."""
     import types as pytypes
 
     import numba_cuda
@@ -201,8 +201,78 @@ def test_store_key_misses_on_any_changed_input(monkeypatch):
     monkeypatch.setattr(numba_cuda, "__version__", numba_cuda.__version__ + ".other")
     changed["numba-cuda version"] = _kernel_cache.store_key(dispatcher(kernel_a), sig, (9, 0))
     monkeypatch.undo()
-    monkeypatch.setattr(_kernel_cache, "package_digest", lambda: "another package source")
+    monkeypatch.setattr(_kernel_cache, "kernel_source_digest", lambda: "another package source")
     changed["package source"] = _kernel_cache.store_key(dispatcher(kernel_a), sig, (9, 0))
     for what, key in changed.items():
         assert key != base, f"the key ignores a changed {what}"
     assert len(set(changed.values())) == len(changed)
+
+
+def test_kernel_source_digest_skips_only_the_host_only_parts(tmp_path):
+    """An edit under a ``HOST_ONLY`` part keeps the digest; an edit anywhere else changes it."""
+    from llmspeed_numba import _kernel_cache
+
+    for name in ("__init__.py", "ops/gemm.py", "models/llama.py", "warm.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    base = _kernel_cache.source_digest(tmp_path, _kernel_cache.HOST_ONLY)
+    for name in ("models/llama.py", "warm.py"):
+        (tmp_path / name).write_text("x = 2\n")
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "llm.py").write_text("y = 1\n")
+    assert _kernel_cache.source_digest(tmp_path, _kernel_cache.HOST_ONLY) == base
+    (tmp_path / "ops" / "gemm.py").write_text("x = 2\n")
+    assert _kernel_cache.source_digest(tmp_path, _kernel_cache.HOST_ONLY) != base
+    assert _kernel_cache.source_digest(tmp_path) != _kernel_cache.source_digest(
+        tmp_path, _kernel_cache.HOST_ONLY)
+
+
+def test_no_kernel_module_imports_a_host_only_part():
+    """What ``kernel_source_digest`` leaves out must stay out of every kernel's reach: no module
+    outside ``HOST_ONLY`` imports one inside it (a device function reached through such an
+    import would be compiled from a source the cache key does not see), except the package's
+    ``__init__.py``, whose imports name the public API (``LLM``...), no kernel's code."""
+    import ast
+    import pathlib
+
+    from llmspeed_numba import _kernel_cache
+
+    root = pathlib.Path(_kernel_cache.__file__).resolve().parent
+    host_only = _kernel_cache.HOST_ONLY
+
+    def part(relative):
+        return next((h for h in host_only if relative.startswith(h)), None)
+
+    def module_path(package, level, name):
+        """The package-relative path prefix an import resolves to ("" for the package)."""
+        parts = list(package)[:len(package) - level + 1] if level else []
+        parts += [p for p in (name or "").split(".") if p]
+        if not level and parts[:1] == ["llmspeed_numba"]:
+            parts = parts[1:]
+        elif not level:
+            return None   # not ours
+        return "/".join(parts)
+
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if part(relative) or relative == "__init__.py":
+            continue
+        package = relative.split("/")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = module_path(package, node.level, node.module)
+                targets = [base] if base is None else [
+                    f"{base}/{alias.name}" if base else alias.name for alias in node.names]
+                targets.append(base)
+            elif isinstance(node, ast.Import):
+                targets = [module_path(package, 0, alias.name) for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                if target is None:
+                    continue
+                for candidate in (target + "/", target + ".py"):
+                    if part(candidate):
+                        offenders.append(f"{relative} imports {target}")
+    assert not offenders, offenders

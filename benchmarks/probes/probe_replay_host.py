@@ -86,6 +86,9 @@ class FakeDeviceArray:
     def view(self, dtype):
         return FakeDeviceArray(self.host.view(dtype))
 
+    def reshape(self, *shape):
+        return FakeDeviceArray(self.host.reshape(*shape))
+
     def copy_to_host(self):
         return self.host.copy()
 

@@ -1,5 +1,7 @@
 # Sourced by the gpu_*.sh runners on the device machine: the carried wheels on PYTHONPATH,
-# numba's kernel cache from .gpu/numba_cache.tgz (returned by the last call), source files with
+# numba's kernel cache from .gpu/numba_cache.tgz and both caches from .gpu/llm_cache.tgz (returned
+# by the last call: ``save_caches`` below; kernels of an unchanged package load instead of
+# compiling, keyed by the package's source digest), source files with
 # content-derived mtimes (a cached kernel of changed source never matches), and the commit the
 # CSV rows name from .gpu/commit (the device copy's git metadata can be stale): write it here
 # first, `git rev-parse --short HEAD > .gpu/commit`.
@@ -11,6 +13,9 @@ export LLMSPEED_NUMBA_CACHE=${LLMSPEED_NUMBA_CACHE:-/tmp/llmspeed_cache}
 export LLMSPEED_TEST_GGUF=$PWD/.gpu/smollm2-8l.gguf
 [ -f .gpu/commit ] && export LLMSPEED_COMMIT=$(cat .gpu/commit)
 [ -f .gpu/numba_cache.tgz ] && tar xzf .gpu/numba_cache.tgz -C /tmp
+[ -f .gpu/llm_cache.tgz ] && tar xzf .gpu/llm_cache.tgz -C /tmp
+# both caches into $OUT/llm_cache.tgz (copy it to .gpu/ to carry it to the next call)
+save_caches() { tar czf "$OUT/llm_cache.tgz" -C /tmp llmspeed_cache numba_cache 2>/dev/null; }
 python3 - <<'PY'
 import hashlib, os, pathlib
 for p in pathlib.Path("llmspeed_numba").rglob("*.py"):
