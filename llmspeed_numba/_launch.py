@@ -526,7 +526,9 @@ def device_attribute(name):
     if name not in _DEVICE_ATTRS:
         if SIMULATOR:
             _DEVICE_ATTRS[name] = {"MULTIPROCESSOR_COUNT": 1,
-                                   "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 232448}.get(name, 0)
+                                   "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 232448,
+                                   "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR": 233472,
+                                   "RESERVED_SHARED_MEMORY_PER_BLOCK": 1024}.get(name, 0)
         else:
             _DEVICE_ATTRS[name] = getattr(cuda.get_current_device(), name)
     return _DEVICE_ATTRS[name]
@@ -539,3 +541,10 @@ def sm_count():
 
 def max_shared_per_block_optin():
     return device_attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
+
+
+def blocks_by_shared_memory(dynamic_bytes):
+    """Blocks of ``dynamic_bytes`` of shared memory each (plus the driver's reserve) that one SM
+    holds at once."""
+    per_block = dynamic_bytes + device_attribute("RESERVED_SHARED_MEMORY_PER_BLOCK")
+    return device_attribute("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR") // max(per_block, 1)

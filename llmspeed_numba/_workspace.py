@@ -25,6 +25,8 @@ seen by a graph, is dropped when it grows.
 """
 
 import contextlib
+import threading
+import weakref
 
 import numpy as np
 
@@ -48,7 +50,8 @@ class GraphWorkspaces:
 
 
 _PROCESS = GraphWorkspaces()  # captures outside graph_owned(): kept for the life of the process
-_OWNERS: list = []  # the graph_owned() scopes open, innermost last
+_ALL_OWNED = weakref.WeakSet()  # every graph_owned() owner still alive (captured_buffers)
+_SCOPES = threading.local()  # .owners: this thread's open graph_owned() scopes, innermost last
 _UNUSED: dict = {}
 #: Bumped whenever a shared workspace is made or replaced: a replayed call may keep the addresses
 #: it looked up while this stays the same (``_replay``).
@@ -138,22 +141,28 @@ def _make(kind, device, stream, n, dtype):
 def graph_owned():
     """Within it, captured calls' own-in-graph workspaces belong to the ``GraphWorkspaces`` it
     yields instead of the process: freed with it (with the graph that keeps it), so a program
-    capturing graph after graph does not keep every old graph's buffers."""
+    capturing graph after graph does not keep every old graph's buffers. Per thread: a capture
+    runs on the thread that started it."""
     owner = GraphWorkspaces()
-    _OWNERS.append(owner)
+    _ALL_OWNED.add(owner)
+    owners = _SCOPES.__dict__.setdefault("owners", [])
+    owners.append(owner)
     try:
         yield owner
     finally:
-        _OWNERS.remove(owner)
+        owners.remove(owner)
 
 
 def _owner():
-    return _OWNERS[-1] if _OWNERS else _PROCESS
+    """Whose a buffer made in a capture on this thread is: the innermost open scope's, else the
+    process's."""
+    owners = getattr(_SCOPES, "owners", None)
+    return owners[-1] if owners else _PROCESS
 
 
 def captured_buffers():
     """``(name, buffer)`` of every captured call's own workspace still kept (tests)."""
-    return [pair for owner in [_PROCESS, *_OWNERS] for pair in owner.buffers]
+    return [pair for owner in [_PROCESS, *_ALL_OWNED] for pair in owner.buffers]
 
 
 def _own(device, stream, name, size, dtype):

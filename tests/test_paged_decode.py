@@ -125,7 +125,8 @@ def test_matches_reference(case, window):
 def _tickets_zero():
     tickets = [buf for key, buf in _workspace._WORKSPACE.items()
                if key[2] == "paged_decode_tickets"]
-    tickets += [buf for name, buf in _workspace.captured_buffers() if name == "paged_decode_tickets"]
+    tickets += [buf for name, buf in _workspace.captured_buffers()
+                if name == "paged_decode_tickets"]
     return all(not np.asarray(to_host(t)).any() for t in tickets)
 
 

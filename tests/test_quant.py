@@ -622,9 +622,10 @@ def test_programmatic_variants_compute_the_same(M, rng):
 
 
 def test_stream_plan():
-    """The split of K: whole stages, enough blocks for the SMs, no partial second wave where a
-    longer span avoids it, x's staged bytes and the block's shared memory bounded, and only
+    """The split of K: whole stages, the most blocks that run at once (resident blocks counted
+    by shared memory too), x's staged bytes and the block's shared memory bounded, and only
     4-bit weights with N a multiple of 16 (others take the decode / Tensor Core kernels)."""
+    from llmspeed_numba._launch import blocks_by_shared_memory
     from llmspeed_numba.ops import _quant_stream as qs
     from llmspeed_numba.ops.quant_gemm import STREAM_X_BYTES
 
@@ -639,10 +640,18 @@ def test_stream_plan():
             assert m_block * kspan * 32 * 2 <= STREAM_X_BYTES * (2 if M > 8 else 1)
             assert qs.shared_bytes(8, 4, m_block, kspan, group_chunks, qw.mode,
                                    qw.scale_dtype) <= 232448 - 1024
+    wide = lsn.quantize_weight(np.ones((3584, 4096), np.float16), "int4")
     with overrides(device={"sm_count": 16}, quant_gemm=knobs):
         # 14 column blocks on 48 block slots: 3 splits (one wave of 6 stages), not 4 (a
         # second wave of 8 blocks, 4 stages each)
         assert stream_plan(tall, 1)[2:] == (3, 48)
+        # 28 column blocks: unsplit, a block's x and ring fit two an SM, so all 28 run at once;
+        # 2 or 3 splits would take two waves (as at 28672 x 4096 on the H200, where 1 split
+        # measured fastest)
+        m_block, group_chunks, splits, kspan = stream_plan(wide, 1)
+        assert splits == 1
+        assert blocks_by_shared_memory(qs.shared_bytes(8, 4, m_block, kspan, group_chunks,
+                                                       wide.mode, wide.scale_dtype) + 1024) == 2
     assert not on_stream_kernel(lsn.quantize_weight(np.ones((24, 128), np.float16), "int4"), 1)
     assert not on_stream_kernel(lsn.quantize_weight(np.ones((32, 128), np.float16), "int8"), 1)
     assert not on_stream_kernel(qw, 17)

@@ -503,16 +503,21 @@ def test_workspaces_captured_inside_graph_owned_are_freed_with_their_owner(works
     CAPTURING[0] = True
     with _workspace.graph_owned() as owned:
         _, launches = replayed(lambda: call(table="private", stream=1))
-    private = owned.buffers[-1][1]
+        # a graph's own buffer ("graph"): one a capture id, kept by the owner too
+        workspaces.setattr(_workspace, "capture_id", lambda stream: 77)
+        per_graph = _workspace.workspace(_tensor(vec()), 1, "fake_graph", 16, F32, "graph")
+    private = owned.buffers[0][1]
     assert launches[0].pointers[-1] == private.data_ptr()
-    assert _workspace.captured_buffers() == []      # not the process's to keep
+    assert owned.per_graph[(None, 1, "fake_graph", 77)] is per_graph.owner
+    assert {id(b) for _, b in _workspace.captured_buffers()} == {id(private), id(per_graph.owner)}
+    assert _workspace._PROCESS.buffers == []     # not the process's to keep
     _, launches = replayed(lambda: call(table="private", stream=1))  # outside: the process's
-    assert len(_workspace.captured_buffers()) == 1
-    freed = weakref.ref(private)
-    del owned, private
+    assert len(_workspace._PROCESS.buffers) == 1
+    freed = [weakref.ref(private), weakref.ref(per_graph.owner)]
+    del owned, private, per_graph
     gc.collect()
-    assert freed() is None
-    CAPTURING[0] = False
+    assert [ref() for ref in freed] == [None, None]
+    assert len(_workspace.captured_buffers()) == 1
 
 
 class NumbaLike:

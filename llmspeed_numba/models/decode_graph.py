@@ -197,7 +197,9 @@ class DecodeGraph:
 
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool), graph_owned() as self._workspaces:
+            # the capture's own workspaces live with this object, not the process:
+            # generate_greedy captures new graphs at every call
+            with graph_owned() as self._workspaces, torch.cuda.graph(graph, pool=self.pool):
                 self.next_tokens = self._forward()
             self.graph, self.pool = graph, graph.pool()
 

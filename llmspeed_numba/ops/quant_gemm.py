@@ -53,7 +53,8 @@ from .._checks import (bias_vector, choice, last_dim_contiguous, no_overlap,
                        non_negative_strides, one_of_dtypes, output, result_dtype, same_dtype,
                        shape, tensor)
 from .._env import SIMULATOR
-from .._launch import max_shared_per_block_optin, programmatic_launch, sm_count
+from .._launch import (blocks_by_shared_memory, max_shared_per_block_optin, programmatic_launch,
+                       sm_count)
 from .._overrides import Knobs
 from .._replay import MISS, OpCalls
 from .._typing import ArrayLike, DTypeLike, StreamLike
@@ -150,10 +151,12 @@ def on_stream_kernel(qw, M):
 
 def stream_plan(qw, M):
     """(m_block, group_chunks, splits, kspan) of the streaming kernel: K split by whole stages
-    into the fewest splits that minimise waves x a block's time (``stream_blocks_per_sm``
-    resident blocks an SM, ``STREAM_TWO_FRAGMENT_BLOCKS_PER_SM`` at M > 8; a partial wave
-    costs a whole one; a block costs its stages and ``STREAM_BLOCK_COST_STAGES``), x's staged
-    bytes, the block's shared memory and the partial sums' traffic bounded."""
+    into the most splits whose blocks all run at once (one wave: resident blocks by
+    ``stream_blocks_per_sm``, ``STREAM_TWO_FRAGMENT_BLOCKS_PER_SM`` at M > 8, and the shared
+    memory a block of that span takes), else (more column blocks than one wave holds) the
+    fewest that minimise waves x a block's time (a partial wave costs a whole one; a block costs
+    its stages and ``STREAM_BLOCK_COST_STAGES``); x's staged bytes, the block's shared memory
+    and the partial sums' traffic bounded."""
     m_block = _m_block(M)
     block_n = 16 * TUNING.stream_warps
     S = _quant_stream.STAGE_CHUNKS
@@ -166,25 +169,38 @@ def stream_plan(qw, M):
         column_blocks = _cdiv(qw.N, block_n)
         two_fragments = m_block > 8
         per_sm = STREAM_TWO_FRAGMENT_BLOCKS_PER_SM if two_fragments else TUNING.stream_blocks_per_sm
-        resident = per_sm * sm_count()
         # partial sums (8 bytes an output, written and read) at most a quarter of the codes'
         cap = max(1, qw.K_padded // (64 * M))
         x_bytes = STREAM_X_BYTES * (2 if two_fragments else 1)
         x_stages = x_bytes // (m_block * S * _quant_stream.CHUNK_K * 2)
         least = _cdiv(stages_total, max(1, x_stages))
-        limit = max_shared_per_block_optin() - 1024   # static shared memory: the barriers
-        while least < stages_total and _quant_stream.shared_bytes(
+
+        def shared(splits):
+            return _quant_stream.shared_bytes(
                 TUNING.stream_warps, TUNING.stream_stages, m_block,
-                _cdiv(stages_total, least) * S, group_chunks, qw.mode, qw.scale_dtype) > limit:
+                _cdiv(stages_total, splits) * S, group_chunks, qw.mode, qw.scale_dtype)
+
+        limit = max_shared_per_block_optin() - 1024   # static shared memory: the barriers
+        while least < stages_total and shared(least) > limit:
             least += 1
 
-        def cost(splits):
+        def blocks(splits):
+            return column_blocks * _cdiv(stages_total, _cdiv(stages_total, splits))
+
+        def resident(splits):
+            return min(per_sm, blocks_by_shared_memory(shared(splits) + 1024)) * sm_count()
+
+        def cost(splits):   # resident blocks as the register bound allows (measured so)
             span = _cdiv(stages_total, splits)
-            waves = _cdiv(column_blocks * _cdiv(stages_total, span), resident)
+            waves = _cdiv(blocks(splits), per_sm * sm_count())
             return waves * (span + STREAM_BLOCK_COST_STAGES)
 
         candidates = range(least, max(least, min(cap, stages_total)) + 1)
-        splits = min(candidates, key=lambda s: (cost(s), s))
+        one_wave = [s for s in candidates if blocks(s) <= resident(s)]
+        if one_wave:
+            splits = max(one_wave, key=lambda s: (blocks(s), -s))
+        else:
+            splits = min(candidates, key=lambda s: (cost(s), s))
     kspan = _cdiv(stages_total, splits) * S
     return m_block, group_chunks, _cdiv(chunks, kspan), kspan
 
