@@ -180,13 +180,17 @@ def _add_generate(subparsers):
                    help="print the text as it is generated (through the engine, LLM.stream)")
     p.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
                    help="the model's dtype (default: %(default)s)")
+    _add_quantization(p)
+    _add_tensor_parallel(p)
+    p.set_defaults(func=_generate)
+
+
+def _add_quantization(p):
     p.add_argument("--quantization", choices=("int4", "int8", "fp8", "gguf"), default=None,
                    help="quantized projections: int4 (groups of 128) or int8 (per channel) "
                         "weights, or fp8 (e4m3 weights and per-token activations, Hopper), "
                         "quantized at load, or gguf: a .gguf's own Q4_0 / Q4_1 / Q8_0 "
                         "blocks kept packed (default: none, every weight in --dtype)")
-    _add_tensor_parallel(p)
-    p.set_defaults(func=_generate)
 
 
 def _add_tensor_parallel(p):
@@ -268,7 +272,9 @@ def _add_bench_serve(subparsers):
         epilog="examples:\n"
                f"  {PROG} bench-serve                              the embedded SmolLM2-135M\n"
                f"  {PROG} bench-serve --load-format dummy --config llama-3-8b "
-               "--num-requests 64",
+               "--num-requests 64\n"
+               f"  {PROG} bench-serve --load-format dummy --config llama-3-8b "
+               "--num-requests 1 --quantization int4",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", metavar="PATH", default=None,
                    help="a Hugging Face directory or .gguf (default: the embedded model)")
@@ -283,6 +289,7 @@ def _add_bench_serve(subparsers):
     p.add_argument("--prompt-len", type=int, default=512, metavar="N")
     p.add_argument("--output-len", type=int, default=256, metavar="N")
     p.add_argument("--seed", type=int, default=0)
+    _add_quantization(p)
     _add_tensor_parallel(p)
     p.set_defaults(func=_bench_serve)
 
@@ -301,7 +308,7 @@ def _bench_serve(args):
 
     model = args.config if args.load_format == "dummy" and args.config else args.model
     llm = LLM(model, load_format=args.load_format, max_num_seqs=args.max_num_seqs,
-              tensor_parallel_size=args.tensor_parallel_size)
+              quantization=args.quantization, tensor_parallel_size=args.tensor_parallel_size)
     try:
         report(run(llm, num_requests=args.num_requests, prompt_len=args.prompt_len,
                    output_len=args.output_len, seed=args.seed))
