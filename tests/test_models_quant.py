@@ -118,6 +118,24 @@ def test_quantized_logits_match_float64_forward_of_dequantized_weights(quantizat
     scale = np.abs(got).max()
     assert np.abs(fused - got).max() <= 2e-2 * scale, (
         f"{quantization}: fused norms {np.abs(fused - got).max():.3g} from the two calls")
+    if quantization == "int4":
+        # the norms inside the projections (llama.PROLOGUE): every projection of the step on
+        # the streaming kernel, no rms_norm call before the final one
+        from llmspeed_numba.ops.quant_gemm import prologue_norm_fits
+
+        assert all(prologue_norm_fits(w, 2)
+                   for w in (layer.qkv_t, layer.o_t, layer.gate_up_t, layer.down_t))
+        ops, calls = model.llama.ops, []
+        rms_norm = ops.rms_norm
+        ops.rms_norm = lambda *args, **kwargs: calls.append(1) or rms_norm(*args, **kwargs)
+        try:
+            with overrides(llama={"norm": True}):
+                inside = model.llama.forward(step, cache).cpu().numpy()
+        finally:
+            ops.rms_norm = rms_norm
+        assert len(calls) == 1      # the final norm, before the LM head
+        assert np.abs(inside - got).max() <= 2e-2 * scale, (
+            f"norms inside the projections {np.abs(inside - got).max():.3g} from the calls")
 
 
 def test_int8_mlp_without_the_gated_epilogue():

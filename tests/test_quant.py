@@ -559,6 +559,66 @@ def test_quant_gemm_rms_norm_bad_inputs(rng):
 
 
 #: How each path is forced at small M (``quant_gemm.TUNING``).
+@pytest.mark.parametrize("M,K,splits,w_dtype,activation,pad", [
+    (1, 256, 1, "bfloat16", None, 0),
+    (3, 512, 2, "float32", "silu_and_mul", 8),      # rows 16-byte aligned, strided
+    (2, 524, 2, "bfloat16", None, 3),               # K % 8, rows not aligned: element-wise
+    (8, 128, 1, "bfloat16", "silu_and_mul", 0)])
+def test_stream_norm_gemm_equals_rms_norm_then_quant_gemm(M, K, splits, w_dtype, activation,
+                                                          pad, rng):
+    """``stream_norm_gemm`` (x's rows normed in every block of the streaming kernel) against
+    float64 ``rms_norm(x) @ W^T`` taken from ``rms_norm``'s own output (its rounding), split
+    and unsplit, gated with a bias, x by 16-byte runs or element by element; a second call
+    (nothing left behind); outside ``prologue_norm_fits`` a ValueError."""
+    from llmspeed_numba.ops.quant_gemm import prologue_norm_fits, stream_norm_gemm
+
+    dtype = "bfloat16"
+    N = 32
+    qw = lsn.quantize_weight(device(weight(rng, N, K, dtype)), "int4",
+                             group_size=-1 if K % 64 else 64)
+    x_h = random_array((M, K), dtype, rng, scale=3.0)
+    x = _padded(x_h, pad)
+    norm_w = device(random_array((K,), w_dtype, rng, scale=1.0))
+    with overrides(quant_gemm={"splits": splits, **PATHS["stream"]}):
+        assert prologue_norm_fits(qw, M) and stream_plan(qw, M)[2] == splits
+        normed = to_host(lsn.rms_norm(x, norm_w, 1e-5))
+        bias = random_array((N,), "float32", rng) if activation else None
+        for _ in range(2):
+            got = stream_norm_gemm(x, qw, norm_w, 1e-5, activation=activation,
+                                   bias=None if bias is None else device(bias))
+            check(to_host(got), normed, qw, out_dtype=dtype, bias=bias, activation=activation,
+                  mma=not SIMULATOR)
+    with overrides(quant_gemm={"stream_max_m": 0}):
+        with pytest.raises(ValueError, match="stream_norm_gemm"):
+            stream_norm_gemm(x, qw, norm_w)
+
+
+@pytest.mark.parametrize("M,K,splits,bias_dtype", [
+    (1, 256, 1, None), (3, 768, 3, "float32"), (5, 524, 2, "bfloat16")])
+def test_stream_add_gemm_equals_the_projection_then_the_add(M, K, splits, bias_dtype, rng):
+    """``stream_add_gemm``: ``residual`` afterwards holds, bit for bit, ``quant_gemm``'s result
+    (same kernel, same split) added to it in fp32 and rounded, split or not, with a bias."""
+    from llmspeed_numba.ops.quant_gemm import stream_add_gemm
+
+    dtype = "bfloat16"
+    N = 48
+    qw = lsn.quantize_weight(device(weight(rng, N, K, dtype)), "int4",
+                             group_size=-1 if K % 64 else 64)
+    x = device(random_array((M, K), dtype, rng))
+    bias = None if bias_dtype is None else device(random_array((N,), bias_dtype, rng))
+    residual_h = random_array((M, N), dtype, rng)
+    with overrides(quant_gemm={"splits": splits, **PATHS["stream"]}):
+        projection = np.asarray(to_host(lsn.quant_gemm(x, qw, bias=bias)))
+        expected = (projection.astype(np.float32) + residual_h.astype(np.float32)).astype(
+            residual_h.dtype)
+        residual = device(residual_h.copy())
+        assert stream_add_gemm(x, qw, residual, bias=bias) is residual
+    np.testing.assert_array_equal(np.asarray(to_host(residual)).view(np.uint16),
+                                  expected.view(np.uint16))
+    with pytest.raises(ValueError, match="residual"):
+        stream_add_gemm(x, qw, device(residual_h[:, :N - 1].copy()))
+
+
 PATHS = {"stream": {"stream_max_m": 16},
          "decode": {"stream_max_m": 0, "decode_max_m": 16},
          "tensor_core": {"stream_max_m": 0, "decode_max_m": 0, "dequant_min_m": 1 << 30},

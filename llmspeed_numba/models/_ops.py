@@ -18,7 +18,7 @@ from ..ops.gemm import gemm
 from ..ops.paged_decode import paged_decode_attention
 from ..ops.paged_kv_append import paged_kv_append
 from ..ops.paged_prefill import paged_prefill_attention
-from ..ops.quant_gemm import quant_gemm, quant_gemm_rms_norm
+from ..ops.quant_gemm import quant_gemm, quant_gemm_rms_norm, stream_add_gemm, stream_norm_gemm
 from ..ops.rms_norm import rms_norm
 from ..ops.rotary import rotary_embedding
 from ..ops.rotary_kv_append import rotary_kv_append
@@ -31,7 +31,8 @@ _OPS = {
     "paged_kv_append": paged_kv_append, "paged_prefill_attention": paged_prefill_attention,
     "quant_gemm": quant_gemm, "quant_gemm_rms_norm": quant_gemm_rms_norm, "rms_norm": rms_norm,
     "rotary_embedding": rotary_embedding, "rotary_kv_append": rotary_kv_append,
-    "sample": sample, "silu_and_mul": silu_and_mul,
+    "sample": sample, "silu_and_mul": silu_and_mul, "stream_add_gemm": stream_add_gemm,
+    "stream_norm_gemm": stream_norm_gemm,
 }
 
 

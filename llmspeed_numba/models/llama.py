@@ -41,6 +41,12 @@ embeddings, norms and the LM head stay in the model dtype.
   dequantized to the model dtype and runs as a plain GEMM.
 - None: every weight in the model dtype, plain ``gemm`` (the path without any of this).
 
+Norms inside the projections (``PROLOGUE.norm``, off by default until timed): at a decode step
+of a 4-bit model on the streaming kernel (``quant_gemm.prologue_norm_fits``) the output and down
+projections add themselves into the residual stream in their epilogue (``stream_add_gemm``) and
+the next projection norms its input rows in every block (``stream_norm_gemm``): no
+``rms_norm`` launch between layers. Elsewhere (and for the LM head) the norms run as calls.
+
 Tensor parallelism (``tp``, a ``distributed.TensorParallel``): the model is one rank's share,
 built from that rank's weights and config (``distributed.sharding``: its heads, KV heads,
 intermediate and vocabulary slices; the fusing above then gives each rank the fused weights of
@@ -53,8 +59,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._overrides import Knobs
 from ..ops._fp8_gemm import require_fp8_support
 from ..ops.gemm_gated import GATE_BLOCK, interleave_gate_up
+from ..ops.quant_gemm import prologue_norm_fits
 from ..ops.quant_weight import QuantizedWeight, quantize_weight
 from . import _ops
 from .rope import cos_sin_cache
@@ -66,6 +74,28 @@ BLOCK_SIZE = 16
 QUANTIZATIONS = (None, "int4", "int8", "fp8", "gguf")
 #: int4's group along K where K allows (``int4_group_size``).
 INT4_GROUP_SIZE = 128
+
+
+#: ``norm``: a quantized model's decode step runs its norms inside the projections (module
+#: docstring); off until timed against the calls (benchmarks/probes/probe_decode_variants.py).
+PROLOGUE = Knobs("llama", norm=False)
+
+
+class _Deferred:
+    """The residual stream whose next RMSNorm (``weight``) the projection that reads it applies
+    (``LlamaModel._normed_linear``); ``normed()`` runs it as a call."""
+
+    __slots__ = ("residual", "weight", "eps", "ops")
+
+    def __init__(self, residual, weight, eps, ops):
+        self.residual, self.weight, self.eps, self.ops = residual, weight, eps, ops
+
+    @property
+    def shape(self):
+        return self.residual.shape
+
+    def normed(self):
+        return self.ops.rms_norm(self.residual, self.weight, self.eps)
 
 
 def check_quantization(quantization):
@@ -308,12 +338,27 @@ class LlamaModel:
             return self.ops.quant_gemm(x, w, bias=bias, activation=activation)
         return self.ops.gemm(x, w, bias=bias, activation=activation)
 
+    def _normed_linear(self, h, w, bias=None, activation=None):
+        """``linear`` of ``h``, a tensor or a ``_Deferred`` norm: normed in the projection's
+        blocks where ``stream_norm_gemm`` takes it, else by a call first."""
+        if not isinstance(h, _Deferred):
+            return self.linear(h, w, bias=bias, activation=activation)
+        if prologue_norm_fits(w, h.shape[0]):
+            return self.ops.stream_norm_gemm(h.residual, w, h.weight, h.eps, bias=bias,
+                                             activation=activation)
+        return self.linear(h.normed(), w, bias=bias, activation=activation)
+
     def _linear_norm(self, x, w, bias, residual, norm_weight, fuse):
         """A projection whose result goes into the residual stream, then the next RMSNorm:
         ``residual += x @ W^T + bias``, returns its norm. ``fuse`` (a decode step of a quantized
-        model without tensor parallelism): one ``quant_gemm_rms_norm`` (one launch where its
-        ``FUSED_NORM_MAX_M`` allows); else the projection, the ranks' sum, then ``rms_norm``."""
+        model without tensor parallelism): with ``PROLOGUE.norm`` where it fits, the add in the
+        projection and the norm left to the next one (a ``_Deferred``); else one
+        ``quant_gemm_rms_norm`` (one launch where its ``FUSED_NORM_MAX_M`` allows); else the
+        projection, the ranks' sum, then ``rms_norm``."""
         eps = self.config.rms_norm_eps
+        if fuse and PROLOGUE.norm and prologue_norm_fits(w, x.shape[0]):
+            self.ops.stream_add_gemm(x, w, residual, bias=bias)
+            return _Deferred(residual, norm_weight, eps, self.ops)
         if fuse and isinstance(w, QuantizedWeight):
             return self.ops.quant_gemm_rms_norm(x, w, residual, norm_weight, eps, bias=bias)
         y = self.linear(x, w, bias=bias)
@@ -368,14 +413,17 @@ class LlamaModel:
         # a decode step of a quantized model runs each projection into the residual stream with
         # the next norm fused (``_linear_norm``); other steps norm only the last rows at the end
         fuse = step.is_decode and tp is None and self.quantization is not None
-        h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
+        if fuse and PROLOGUE.norm:
+            h = _Deferred(residual, self.layers[0].input_norm, eps, ops)
+        else:
+            h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
         for index, layer in enumerate(self.layers):
             attn = self._attention(index, layer, h, step, cache)
             h = self._linear_norm(attn, layer.o_t, layer.o_bias, residual, layer.post_norm, fuse)
             if self.gated_mlp:
-                a = self.linear(h, layer.gate_up_t, activation="silu_and_mul")
+                a = self._normed_linear(h, layer.gate_up_t, activation="silu_and_mul")
             else:
-                a = ops.silu_and_mul(self.linear(h, layer.gate_up_t))
+                a = ops.silu_and_mul(self._normed_linear(h, layer.gate_up_t))
             last = index == len(self.layers) - 1
             if last and not all_logits and not step.is_decode:
                 x = self.linear(a, layer.down_t)
@@ -387,6 +435,8 @@ class LlamaModel:
             else:
                 norm = self.norm if last else self.layers[index + 1].input_norm
                 h = self._linear_norm(a, layer.down_t, None, residual, norm, fuse)
+        if isinstance(h, _Deferred):
+            h = h.normed()
         return ops.gemm(h, self.lm_head_t, out_dtype="float32")
 
     def _attention(self, index, layer, h, step, cache):
@@ -394,7 +444,7 @@ class LlamaModel:
         ops, c = self.ops, self.config
         tokens, d = h.shape[0], c.head_dim
         nq, nk = c.num_attention_heads, c.num_key_value_heads
-        qkv = self.linear(h, layer.qkv_t, bias=layer.qkv_bias)
+        qkv = self._normed_linear(h, layer.qkv_t, bias=layer.qkv_bias)
         q = qkv[:, :self.q_size].view(tokens, nq, d)
         k = qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, nk, d)
         v = qkv[:, self.q_size + self.kv_size:].view(tokens, nk, d)

@@ -197,6 +197,43 @@ def vector_width(out_dtype):
     return 4 if out_dtype == "float32" else 8
 
 
+@cuda.jit(device=True, inline="always")
+def _round_f16(v):
+    return ptx.f16_to_f32(ptx.f32_to_f16(v))
+
+
+@cuda.jit(device=True, inline="always")
+def _round_bf16(v):
+    return ptx.bf16_to_f32(ptx.f32_to_bf16(v))
+
+
+@cuda.jit(device=True, inline="always")
+def _round_f32(v):
+    return v
+
+
+_ROUNDERS = {"float16": _round_f16, "bfloat16": _round_bf16, "float32": _round_f32}
+
+
+@functools.cache
+def accumulating_epilogue(out_dtype, bias_dtype):
+    """Device function ``(acc, n, out, out_index, c, c_index, bias, alpha, beta)`` (``epilogue``'s
+    parameters; ``c``, ``alpha``, ``beta`` unused) that adds ``acc + bias[n]``, rounded to
+    ``out_dtype``, into ``out[out_index]``, the sum rounded again: a projection stored, then added
+    into the residual stream (what ``rms_norm``'s ``residual`` does with it), in one store."""
+    value = epilogue_value(None, bias_dtype, None)
+    round_out = _ROUNDERS[out_dtype]
+    load = loader(out_dtype)
+    store = storer(out_dtype)
+
+    @cuda.jit(device=True, inline="always")
+    def apply(acc, n, out, out_index, c, c_index, bias, alpha, beta):
+        store(out, out_index, round_out(value(acc, n, c, c_index, bias, _ONE, _ZERO))
+              + load(out, out_index))
+
+    return apply
+
+
 @functools.cache
 def vector_epilogue(out_dtype, c_dtype, bias_dtype, act):
     """Device function ``(src, src_index, bias_values, out, out_index, c, c_index, sc_n,

@@ -47,6 +47,7 @@ scales, zero points and codes is then whole 16-byte units); other weights take
 """
 
 import functools
+import math
 
 import numpy as np
 from numba import types
@@ -56,7 +57,8 @@ from .._arrays import STORAGE
 from .._env import cuda
 from .._launch import Kernel, array1d, jit
 from ._activations_device import GATED_ACTIVATIONS
-from ._epilogue import GATE_BLOCK, epilogue, gate_column, gated_epilogue, storer
+from ._epilogue import (GATE_BLOCK, accumulating_epilogue, epilogue, gate_column,
+                        gated_epilogue, loader, storer)
 from ._index32 import udiv
 from ._last_block import last_block
 from ._quant_kernels import fused_norm_tail, norm_types, operand_types, sum_splits
@@ -147,7 +149,8 @@ def _half_loader(dtype):
 
 
 def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtype, x_dtype,
-              out_dtype, bias_dtype, act, partial, programmatic=False, norm_dtype=None):
+              out_dtype, bias_dtype, act, partial, programmatic=False, norm_dtype=None,
+              x_norm_dtype=None, accumulate=False):
     """Kernel ``(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m,
     so_n, x_vec)``, grid (column blocks, splits), ``32 * (warps + 1)`` threads, ``shared_bytes``
     of dynamic shared memory (module docstring). ``kspan``: chunks a split, a multiple of
@@ -163,8 +166,17 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     kernel takes seven more parameters (``_quant_kernels.norm_types``) and ends with vLLM's
     fused add + RMSNorm of its result (``_quant_kernels.add_rms_norm_rows``): once every column
     block has stored its outputs (a ticket on ``counters[gridDim.x]``, so ``counters`` holds
-    one more), the last block adds them into ``residual`` and writes ``normed``."""
+    one more), the last block adds them into ``residual`` and writes ``normed``.
+    ``x_norm_dtype`` (a norm weight's dtype): the kernel takes two more parameters, the norm
+    weight (K,) and eps, and multiplies ``rms_norm(x, norm weight, eps)`` instead of x: each
+    block sums the squares of x's rows over the whole K (as ``ops/rms_norm.py`` computes them,
+    summed in another order) and stages ``x * inv * w``, rounded to x's dtype.
+    ``accumulate`` (no activation, out x's dtype): each output is added into ``out`` (the
+    residual stream): ``out = round(round(acc + bias) + out)``, the projection rounded before the
+    add as when it is stored and then added (``rms_norm``'s ``residual``)."""
     assert norm_dtype is None or (out_dtype == x_dtype and act not in GATED_ACTIVATIONS)
+    assert not accumulate or (act is None and out_dtype == x_dtype and norm_dtype is None)
+    assert x_norm_dtype is None or norm_dtype is None
     block_n = 16 * warps
     m_frags = -(-m_block // 8)
     S = STAGE_CHUNKS
@@ -192,9 +204,17 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     # calls the gated ones or the plain one
     bias_pair, combine = gated_epilogue(bias_dtype, act if gated else "silu_and_mul", out_dtype)
     store_value = storer(out_dtype)
-    store_out = epilogue(out_dtype, None, bias_dtype, None if gated else act)
+    store_out = (accumulating_epilogue(out_dtype, bias_dtype) if accumulate
+                 else epilogue(out_dtype, None, bias_dtype, None if gated else act))
+    x_norm = x_norm_dtype is not None
+    load_norm_w = loader(x_norm_dtype or "float32")
+    unpack2 = ptx.unpack_bf16x2 if x_dtype == "bfloat16" else ptx.unpack_f16x2
+    pack2 = ptx.pack_bf16x2 if x_dtype == "bfloat16" else ptx.pack_f16x2
+    load_x1 = loader(x_dtype)
     n_acc = 4 * m_frags
     barriers = 2 * stages
+    warp_slots = warps + 1
+    norm_partials = warp_slots * m_block
 
     @cuda.jit(device=True, inline="always")
     def group_of(chunk):
@@ -225,27 +245,91 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
                         aux, row0, rows * aux_size, bars, s)
 
     @cuda.jit(device=True, inline="always")
-    def load_run(x, m, k, M, K, x_sm, x_vec):
-        """x[m, k .. k + 8] as bits, zeros past M and K, permuted to [0, 4, 1, 5, 2, 6, 3, 7]
-        (four words): one 16-byte load when x allows it (``x_vec``), else element by element."""
-        if m < M and x_vec and k < K:
-            w0, w1, w2, w3 = ptx.load_u32x4(x, m * x_sm + k)
-            return (ptx.prmt(w0, w2, _LOW_HALVES), ptx.prmt(w0, w2, _HIGH_HALVES),
-                    ptx.prmt(w1, w3, _LOW_HALVES), ptx.prmt(w1, w3, _HIGH_HALVES))
-        v = cuda.local.array(8, np.uint32)
-        for e in range(8):
-            bits = np.uint32(0)
-            if m < M and k + e < K:
-                bits = np.uint32(x[m * x_sm + k + e])
-            v[e] = bits
-        return (v[0] | (v[4] << _U16), v[1] | (v[5] << _U16), v[2] | (v[6] << _U16),
-                v[3] | (v[7] << _U16))
+    def normed_word(word, inv, norm_weight, k, K):
+        """x's elements k, k + 1 (a word of two halves) times ``inv`` and the norm weight,
+        rounded (``x_norm``); past K (zeros) the weight is not read."""
+        a, b = unpack2(word)
+        wa = load_norm_w(norm_weight, k) if k < K else _F0
+        wb = load_norm_w(norm_weight, k + 1) if k + 1 < K else _F0
+        return pack2(a * inv * wa, b * inv * wb)
 
     @cuda.jit(device=True, inline="always")
-    def stage_x(ring, x, tid, x_base, x_words, chunk_begin, kspan, M, K, x_sm, x_vec):
+    def load_run(x, m, k, M, K, x_sm, x_vec, inv, norm_weight):
+        """x[m, k .. k + 8] as bits, zeros past M and K, permuted to [0, 4, 1, 5, 2, 6, 3, 7]
+        (four words): one 16-byte load when x allows it (``x_vec``), else element by element;
+        ``x_norm``: each element times ``inv`` and the norm weight, rounded."""
+        if m < M and x_vec and k < K:
+            w0, w1, w2, w3 = ptx.load_u32x4(x, m * x_sm + k)
+        else:
+            v = cuda.local.array(8, np.uint32)
+            for e in range(8):
+                bits = np.uint32(0)
+                if m < M and k + e < K:
+                    bits = np.uint32(x[m * x_sm + k + e])
+                v[e] = bits
+            w0 = v[0] | (v[1] << _U16)
+            w1 = v[2] | (v[3] << _U16)
+            w2 = v[4] | (v[5] << _U16)
+            w3 = v[6] | (v[7] << _U16)
+        if x_norm:
+            w0 = normed_word(w0, inv, norm_weight, k, K)
+            w1 = normed_word(w1, inv, norm_weight, k + 2, K)
+            w2 = normed_word(w2, inv, norm_weight, k + 4, K)
+            w3 = normed_word(w3, inv, norm_weight, k + 6, K)
+        return (ptx.prmt(w0, w2, _LOW_HALVES), ptx.prmt(w0, w2, _HIGH_HALVES),
+                ptx.prmt(w1, w3, _LOW_HALVES), ptx.prmt(w1, w3, _HIGH_HALVES))
+
+    @cuda.jit(device=True, inline="always")
+    def row_inv_rms(x, M, K, x_sm, x_vec, eps, inv, partials, tid):
+        """``inv[m] = 1 / sqrt(mean(x[m]^2) + eps)`` for every row m < M (``x_norm``): every
+        thread sums a part of the row (16-byte runs when x allows), each warp its threads' sums
+        (shuffles), then thread m the warps' sums in warp order (one barrier for all rows)."""
+        lane = tid & 31
+        warp = tid >> 5
+        for m in range(M):
+            ss = _F0
+            if x_vec:
+                runs = K // 8
+                for r0 in range(tid, runs, threads * X_RUNS_IN_FLIGHT):
+                    got = cuda.local.array((X_RUNS_IN_FLIGHT, 4), np.uint32)
+                    for b in range(X_RUNS_IN_FLIGHT):    # loads first
+                        r = r0 + b * threads
+                        if r < runs:
+                            w0, w1, w2, w3 = ptx.load_u32x4(x, m * x_sm + 8 * r)
+                            got[b, 0] = w0
+                            got[b, 1] = w1
+                            got[b, 2] = w2
+                            got[b, 3] = w3
+                    for b in range(X_RUNS_IN_FLIGHT):
+                        if r0 + b * threads < runs:
+                            for w in range(4):
+                                lo, hi = unpack2(got[b, w])
+                                ss += lo * lo + hi * hi
+            else:
+                for k in range(tid, K, threads):
+                    v = load_x1(x, m * x_sm + k)
+                    ss += v * v
+            mask = 16
+            while mask > 0:
+                ss += ptx.shfl_xor_f32(ss, mask)
+                mask //= 2
+            if lane == 0:
+                partials[warp * m_block + m] = ss
+        cuda.syncthreads()
+        if tid < M:
+            total = partials[tid]
+            for w in range(1, warp_slots):
+                total += partials[w * m_block + tid]
+            inv[tid] = _F1 / math.sqrt(total / np.float32(K) + eps)
+        cuda.syncthreads()
+
+    @cuda.jit(device=True, inline="always")
+    def stage_x(ring, x, tid, x_base, x_words, chunk_begin, kspan, M, K, x_sm, x_vec, inv,
+                norm_weight):
         """x[0:m_block, the block's kspan chunks] in shared memory (zeros past M and K: the
         consumers run whole stages, and a code past K, finite, meets a zero), each run of 8 k
-        permuted; ``X_RUNS_IN_FLIGHT`` runs a thread loaded before any is stored."""
+        permuted; ``X_RUNS_IN_FLIGHT`` runs a thread loaded before any is stored; ``x_norm``:
+        row m normed by ``inv[m]`` and the norm weight."""
         runs = kspan * (CHUNK_K // 8)
         row_runs = x_words // 4     # padded row, in runs (the pad is never read)
         total = m_block * runs
@@ -256,8 +340,9 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
                 i = first + b * threads
                 m = udiv(i, runs)
                 r = i - m * runs
-                w0, w1, w2, w3 = load_run(x, m if i < total else M, k0 + 8 * r, M, K, x_sm,
-                                          x_vec)
+                mm = m if i < total else M
+                w0, w1, w2, w3 = load_run(x, mm, k0 + 8 * r, M, K, x_sm, x_vec,
+                                          inv[mm] if x_norm and mm < M else _F1, norm_weight)
                 got[b, 0] = w0
                 got[b, 1] = w1
                 got[b, 2] = w2
@@ -391,11 +476,14 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
 
     @cuda.jit(device=True, inline="always")
     def run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m, so_n,
-            x_vec):
+            x_vec, norm_weight, eps):
         """The kernel's work; True in a block that stored final outputs (every block without a
-        split, a column block's last one with)."""
+        split, a column block's last one with). ``norm_weight``, ``eps``: ``x_norm``'s (else
+        unused)."""
         ring = cuda.shared.array(0, np.uint32)
         bars = cuda.shared.array(barriers, np.uint64)  # full[s] = bars[s], empty: stages + s
+        inv = cuda.shared.array(m_block, np.float32)     # x_norm: each row's 1 / rms
+        partials = cuda.shared.array(norm_partials, np.float32)  # x_norm: warps' row sums
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
@@ -417,7 +505,10 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
                 issue_stage(ring, bars, qw, scales, aux, j, j, chunk_begin, chunk_end, n0, rows, N)
         if programmatic:
             ptx.griddep_wait()
-        stage_x(ring, x, tid, x_base, x_words, chunk_begin, kspan, M, K, x_sm, x_vec)
+        if x_norm:
+            row_inv_rms(x, M, K, x_sm, x_vec, eps, inv, partials, tid)
+        stage_x(ring, x, tid, x_base, x_words, chunk_begin, kspan, M, K, x_sm, x_vec, inv,
+                norm_weight)
         cuda.syncthreads()
         if affine:
             sum_x_units(ring, tid, x_base, x_words, xsum_base, split_units)
@@ -519,31 +610,43 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     def quant_stream_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan,
                             so_m, so_n, x_vec):
         run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m, so_n,
-            x_vec)
+            x_vec, x, _F0)
+
+    def quant_stream_x_norm_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm,
+                                   kspan, so_m, so_n, x_vec, norm_weight, eps):
+        run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m, so_n,
+            x_vec, norm_weight, eps)
 
     def quant_stream_norm_kernel(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm,
                                  kspan, so_m, so_n, x_vec, residual, norm_weight, normed, r_sm,
                                  n_sm, eps, vec):
         if run(x, qw, scales, aux, out, bias, work, counters, M, N, K, x_sm, kspan, so_m, so_n,
-               x_vec):
+               x_vec, x, _F0):
             norm_tail(counters, out, residual, norm_weight, normed, M, N, so_m, so_n, r_sm,
                       n_sm, eps, vec)
 
-    return quant_stream_kernel if norm_dtype is None else quant_stream_norm_kernel
+    if norm_dtype is not None:
+        return quant_stream_norm_kernel
+    return quant_stream_x_norm_kernel if x_norm else quant_stream_kernel
 
 
-def signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype, norm_dtype=None):
+def signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype, norm_dtype=None,
+              x_norm_dtype=None):
     i32, i64 = types.int32, types.int64
     sig = operand_types(mode, scale_dtype, x_dtype, out_dtype, bias_dtype) + (
         array1d(np.float32), array1d(np.int32), i32, i32, i32, i64, i32, i64, i64, types.boolean)
+    if x_norm_dtype is not None:
+        return sig + (array1d(STORAGE[x_norm_dtype]), types.float32)
     return sig if norm_dtype is None else sig + norm_types(x_dtype, norm_dtype)
 
 
 @functools.cache
 def stream_kernel(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtype, x_dtype,
-                  out_dtype, bias_dtype, act, partial, programmatic=False, norm_dtype=None):
+                  out_dtype, bias_dtype, act, partial, programmatic=False, norm_dtype=None,
+                  x_norm_dtype=None, accumulate=False):
     fn = kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtype, x_dtype,
-                   out_dtype, bias_dtype, act, partial, programmatic, norm_dtype)
+                   out_dtype, bias_dtype, act, partial, programmatic, norm_dtype, x_norm_dtype,
+                   accumulate)
     return Kernel(jit(fn), signature(mode, scale_dtype, x_dtype, out_dtype, bias_dtype,
-                                     norm_dtype),
+                                     norm_dtype, x_norm_dtype),
                   "quant_stream_kernel", programmatic=programmatic)

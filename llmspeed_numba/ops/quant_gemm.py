@@ -323,9 +323,12 @@ def tc_plan(qw, M):
     return tile, _cdiv(kp, k_split), k_split
 
 
-def _stream(tx, qw, tbias, to, out_dtype, activation, stream, norm=None):
+def _stream(tx, qw, tbias, to, out_dtype, activation, stream, norm=None, x_norm=None,
+            accumulate=False):
     """The streaming kernel; ``norm``: ``(residual, norm weight, normed, eps)`` tensors of
-    ``quant_gemm_rms_norm``, fused after the GEMM."""
+    ``quant_gemm_rms_norm``, fused after the GEMM; ``x_norm``: ``(norm weight, eps)``, x's rows
+    normed before it (``stream_norm_gemm``); ``accumulate``: the result added into ``to``
+    (``stream_add_gemm``)."""
     M, K = tx.shape
     N = qw.N
     m_block, group_chunks, splits, kspan = stream_plan(qw, M)
@@ -335,7 +338,9 @@ def _stream(tx, qw, tbias, to, out_dtype, activation, stream, norm=None):
                                          qw.zero_point, qw.scale_dtype, tx.dtype, out_dtype,
                                          tbias.dtype if tbias is not None else None,
                                          activation, partial, programmatic_launch(),
-                                         None if norm is None else norm[1].dtype)
+                                         None if norm is None else norm[1].dtype,
+                                         None if x_norm is None else x_norm[0].dtype,
+                                         accumulate)
     codes, scales, aux = _buffers(qw)
     out_buf = kernel_buffer(to)
     bias_buf = kernel_buffer(tbias) if tbias is not None else out_buf
@@ -348,6 +353,8 @@ def _stream(tx, qw, tbias, to, out_dtype, activation, stream, norm=None):
     so_m, so_n = to.strides
     args = (x_buf, codes, scales, aux, out_buf, bias_buf, work, counters, M, N, K, x_sm, kspan,
             so_m, so_n, x_vec)
+    if x_norm is not None:
+        args += (kernel_buffer(x_norm[0]), np.float32(x_norm[1]))
     kernel((col_blocks, splits), 32 * (warps + 1), args + _norm_args(norm, to), stream,
            _quant_stream.shared_bytes(warps, stages, m_block, kspan, group_chunks, qw.mode,
                                       qw.scale_dtype))
@@ -641,6 +648,81 @@ def _quant_gemm_rms_norm_checked(x, qw, residual, norm_weight, eps, bias, out, n
     return normed
 
 
+# ---- a decoder layer's norms in its projections (the model's decode step) ------------------
+
+#: Largest M whose rows ``stream_norm_gemm`` norms in every block (each block sums the squares
+#: of all M rows of x over the whole K: M row reductions before x is staged).
+PROLOGUE_NORM_MAX_M = 8
+
+
+def prologue_norm_fits(qw, M):
+    """Whether ``stream_norm_gemm`` and ``stream_add_gemm`` take M rows against ``qw``: the
+    streaming kernel runs it (4-bit weights on Hopper, N a multiple of 16), x's columns are
+    not gathered (act-order GPTQ), M is at most ``PROLOGUE_NORM_MAX_M``."""
+    return (isinstance(qw, QuantizedWeight) and qw.k_perm is None and qw.format != "fp8_e4m3"
+            and 0 < M <= PROLOGUE_NORM_MAX_M and on_stream_kernel(qw, M))
+
+
+def _fitting_x(x, qw, name):
+    tx = _checked_x(x, qw)
+    if not prologue_norm_fits(qw, tx.shape[0]):
+        raise ValueError(f"{name}: the streaming kernel does not take this call (M = "
+                         f"{tx.shape[0]}, qw {qw.format} {qw.shape}); check prologue_norm_fits")
+    return tx
+
+
+def stream_norm_gemm(x: ArrayLike, qw: QuantizedWeight, norm_weight: ArrayLike,
+                     eps: float = 1e-6, *, bias: ArrayLike | None = None,
+                     activation: str | None = None, stream: StreamLike = None) -> ArrayLike:
+    """``quant_gemm(rms_norm(x, norm_weight, eps), qw, bias=bias, activation=activation)`` in one
+    launch of
+    the streaming kernel: every block sums the squares of x's rows over the whole K and stages
+    ``x * inv * w`` rounded to x's dtype, as ``rms_norm`` rounds it (its mean square summed in
+    another order: a normed element may differ in the last bit). Returns a new (M, N) array
+    (N / 2 gated) of x's dtype. Only where ``prologue_norm_fits(qw, M)`` (a ``ValueError``
+    elsewhere): a decoder layer's norm and the projection after it, at decode."""
+    from .rms_norm import check_eps
+
+    tx = _fitting_x(x, qw, "stream_norm_gemm")
+    eps = check_eps(eps)
+    M, K = tx.shape
+    tw = tensor(norm_weight, "norm_weight", ndim=1)
+    shape("norm_weight", tw, (K,), "to match x's K")
+    one_of_dtypes("norm_weight", tw, (tx.dtype, "float32"), "x's")
+    if K > 1 and tw.strides[0] != 1:
+        raise ValueError(f"norm_weight: expected a contiguous vector, got strides {tw.strides}")
+    tbias = bias_vector(bias, qw.N, OUT_DTYPES, "(qw's N,)")
+    choice("activation", activation, QUANT_ACTIVATIONS)
+    gated = activation in GATED_ACTIVATIONS
+    if gated and qw.N % (2 * GATE_BLOCK):
+        raise ValueError(f"activation: {activation!r} needs qw's N a multiple of "
+                         f"{2 * GATE_BLOCK}, got N = {qw.N}")
+    out = empty(tx, (M, qw.N // 2 if gated else qw.N), tx.dtype)
+    _stream(tx, qw, tbias, tensor(out, "out"), tx.dtype, activation,
+            stream_handle(stream, (tx,)), x_norm=(tw, eps))
+    return out
+
+
+def stream_add_gemm(x: ArrayLike, qw: QuantizedWeight, residual: ArrayLike, *,
+                    bias: ArrayLike | None = None, stream: StreamLike = None) -> ArrayLike:
+    """``residual += quant_gemm(x, qw, bias=bias)`` in one launch of the streaming kernel: the
+    projection rounded to x's dtype, added, the sum rounded again (the same bits as storing the
+    projection, then ``rms_norm``'s ``residual`` add). Returns ``residual``, (M, N) of x's
+    dtype, last dimension contiguous, not overlapping x. Only where ``prologue_norm_fits(qw,
+    M)`` (a ``ValueError`` elsewhere): a decoder layer's output and down projections."""
+    tx = _fitting_x(x, qw, "stream_add_gemm")
+    M, N = tx.shape[0], qw.N
+    tbias = bias_vector(bias, N, OUT_DTYPES, "(qw's N,)")
+    tr = tensor(residual, "residual", ndim=2)
+    shape("residual", tr, (M, N), "to be (x's M, qw's N)")
+    same_dtype("x", tx, residual=tr)
+    last_dim_contiguous("residual", tr)
+    non_negative_strides("residual", tr)
+    no_overlap("residual", tr, "x", tx)
+    _stream(tx, qw, tbias, tr, tx.dtype, None, stream_handle(stream, (tx,)), accumulate=True)
+    return residual
+
+
 # ---- compile-only checks (sm_90a SASS): the decode kernels of the issue's shapes ------------
 
 def _register():
@@ -711,6 +793,18 @@ def _register():
                                + ("griddepcontrol.wait",) * programmatic,
                                sass_must_have=("HMMA", "UBLKCP", "LDS.128")
                                + ("ACQBULK",) * programmatic)
+
+    def build_norms_inside():
+        """x normed in the prologue and the result added into the residual stream (one kernel
+        with both of the model's ``PROLOGUE`` forms' code), K split."""
+        return (_quant_stream.kernel_fn(STREAM_WARPS, STREAM_STAGES, 1, 4, "const", 8, "bfloat16",
+                                        "bfloat16", "bfloat16", None, None, True,
+                                        x_norm_dtype="bfloat16", accumulate=True),
+                _quant_stream.signature("const", "bfloat16", "bfloat16", "bfloat16", None,
+                                        x_norm_dtype="bfloat16"))
+
+    compile_check.register("quant_stream_int4_g128_bf16_m1_splitk_xnorm_accumulate",
+                           build_norms_inside, sass_must_have=("HMMA", "UBLKCP", "LDS.128"))
     tc_variants = {
         # name: (bits, tile, mode, zero point, scale dtype, x dtype, out dtype, bias, act,
         #        one group)
