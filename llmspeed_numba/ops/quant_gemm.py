@@ -504,6 +504,27 @@ def _checked_x(x, qw):
     return tx
 
 
+def _checked_norm_weight(norm_weight, tx, length, what):
+    """``norm_weight`` as a ``Tensor``: (``length``,), x's dtype or float32, contiguous."""
+    tw = tensor(norm_weight, "norm_weight", ndim=1)
+    shape("norm_weight", tw, (length,), "to match " + what)
+    one_of_dtypes("norm_weight", tw, (tx.dtype, "float32"), "x's")
+    if length > 1 and tw.strides[0] != 1:
+        raise ValueError(f"norm_weight: expected a contiguous vector, got strides {tw.strides}")
+    return tw
+
+
+def _checked_residual(residual, tx, N):
+    """``residual`` as a ``Tensor``: (x's M, N), x's dtype, last dimension contiguous,
+    non-negative strides."""
+    tr = tensor(residual, "residual", ndim=2)
+    shape("residual", tr, (tx.shape[0], N), "to be (x's M, qw's N)")
+    same_dtype("x", tx, residual=tr)
+    last_dim_contiguous("residual", tr)
+    non_negative_strides("residual", tr)
+    return tr
+
+
 def _quant_gemm_checked(x, qw, bias, activation, out, out_dtype, stream):
     """The checked path of ``quant_gemm`` (validation, planning, launch)."""
     tx = _checked_x(x, qw)
@@ -605,16 +626,8 @@ def _quant_gemm_rms_norm_checked(x, qw, residual, norm_weight, eps, bias, out, n
     tx = _checked_x(x, qw)
     M, N = tx.shape[0], qw.N
     tbias = bias_vector(bias, N, OUT_DTYPES, "(qw's N,)")
-    tr = tensor(residual, "residual", ndim=2)
-    shape("residual", tr, (M, N), "to be (x's M, qw's N)")
-    same_dtype("x", tx, residual=tr)
-    last_dim_contiguous("residual", tr)
-    tw = tensor(norm_weight, "norm_weight", ndim=1)
-    shape("norm_weight", tw, (N,), "to match qw's N")
-    one_of_dtypes("norm_weight", tw, (tx.dtype, "float32"), "x's")
-    if N > 1 and tw.strides[0] != 1:
-        raise ValueError(f"norm_weight: expected a contiguous vector, got strides {tw.strides}")
-    non_negative_strides("residual", tr)
+    tr = _checked_residual(residual, tx, N)
+    tw = _checked_norm_weight(norm_weight, tx, N, "qw's N")
     to = output("out", out, (M, N), tx.dtype, tx)
     if to is None:
         out = empty(tx, (M, N), tx.dtype)
@@ -686,11 +699,7 @@ def stream_norm_gemm(x: ArrayLike, qw: QuantizedWeight, norm_weight: ArrayLike,
     tx = _fitting_x(x, qw, "stream_norm_gemm")
     eps = check_eps(eps)
     M, K = tx.shape
-    tw = tensor(norm_weight, "norm_weight", ndim=1)
-    shape("norm_weight", tw, (K,), "to match x's K")
-    one_of_dtypes("norm_weight", tw, (tx.dtype, "float32"), "x's")
-    if K > 1 and tw.strides[0] != 1:
-        raise ValueError(f"norm_weight: expected a contiguous vector, got strides {tw.strides}")
+    tw = _checked_norm_weight(norm_weight, tx, K, "x's K")
     tbias = bias_vector(bias, qw.N, OUT_DTYPES, "(qw's N,)")
     choice("activation", activation, QUANT_ACTIVATIONS)
     gated = activation in GATED_ACTIVATIONS
@@ -711,13 +720,9 @@ def stream_add_gemm(x: ArrayLike, qw: QuantizedWeight, residual: ArrayLike, *,
     dtype, last dimension contiguous, not overlapping x. Only where ``prologue_norm_fits(qw,
     M)`` (a ``ValueError`` elsewhere): a decoder layer's output and down projections."""
     tx = _fitting_x(x, qw, "stream_add_gemm")
-    M, N = tx.shape[0], qw.N
+    N = qw.N
     tbias = bias_vector(bias, N, OUT_DTYPES, "(qw's N,)")
-    tr = tensor(residual, "residual", ndim=2)
-    shape("residual", tr, (M, N), "to be (x's M, qw's N)")
-    same_dtype("x", tx, residual=tr)
-    last_dim_contiguous("residual", tr)
-    non_negative_strides("residual", tr)
+    tr = _checked_residual(residual, tx, N)
     no_overlap("residual", tr, "x", tx)
     _stream(tx, qw, tbias, tr, tx.dtype, None, stream_handle(stream, (tx,)), accumulate=True)
     return residual
