@@ -42,6 +42,8 @@ class KernelCheck:
     #: ``(start, inside, end)`` SASS text: after some ``start``, an ``inside`` before the next
     #: ``end`` (e.g. the softmax's exponentials between S's wgmma wait and P V's)
     sass_between: tuple = ()
+    #: most registers a thread may use (0: any): the resident blocks an SM a planner counts on
+    max_registers: int = 0
 
 
 @dataclasses.dataclass
@@ -61,15 +63,15 @@ _REGISTRY = {}
 
 
 def register(name, build, ptx_must_have=(), sass_must_have=(), allowed_local_bytes=0, why="",
-             sass_between=()):
+             sass_between=(), max_registers=0):
     """Add a kernel to the compile-only check (called at import by each op module).
     ``allowed_local_bytes`` > 0 tolerates that much spill / stack (each figure) and needs ``why``:
-    the measurement that shows the spilling variant is still the faster one. ``sass_between``:
-    see ``KernelCheck``."""
+    the measurement that shows the spilling variant is still the faster one. ``sass_between``,
+    ``max_registers``: see ``KernelCheck``."""
     if allowed_local_bytes and not why:
         raise ValueError(f"{name}: allowed_local_bytes needs a reason (why=)")
     _REGISTRY[name] = KernelCheck(name, build, tuple(ptx_must_have), tuple(sass_must_have),
-                                  allowed_local_bytes, why, tuple(sass_between))
+                                  allowed_local_bytes, why, tuple(sass_between), max_registers)
 
 
 def sass_between(sass, start, inside, end):
@@ -209,6 +211,9 @@ def compile_kernel(check: KernelCheck) -> CompileReport:
         if ("warning" in line.lower() or "'setmaxnreg' ignored" in line
                 or "instructions are serialized" in line):
             report.problems.append(f"ptxas: {line.strip()}")
+    if check.max_registers and report.registers > check.max_registers:
+        report.problems.append(f"{report.registers} registers, more than {check.max_registers}: "
+                               f"fewer blocks an SM than its planner counts on")
     worst = max(report.spill_store_bytes, report.spill_load_bytes, report.stack_frame_bytes)
     tolerated = 0 < check.allowed_local_bytes and worst <= check.allowed_local_bytes
     if (local or worst) and not tolerated:

@@ -559,24 +559,30 @@ def test_quant_gemm_rms_norm_bad_inputs(rng):
 
 
 #: How each path is forced at small M (``quant_gemm.TUNING``).
-@pytest.mark.parametrize("M,K,splits,w_dtype,activation,pad", [
-    (1, 256, 1, "bfloat16", None, 0),
-    (3, 512, 2, "float32", "silu_and_mul", 8),      # rows 16-byte aligned, strided
-    (2, 524, 2, "bfloat16", None, 3),               # K % 8, rows not aligned: element-wise
-    (8, 128, 1, "bfloat16", "silu_and_mul", 0)])
-def test_stream_norm_gemm_equals_rms_norm_then_quant_gemm(M, K, splits, w_dtype, activation,
-                                                          pad, rng):
+PATHS = {"stream": {"stream_max_m": 16},
+         "decode": {"stream_max_m": 0, "decode_max_m": 16},
+         "tensor_core": {"stream_max_m": 0, "decode_max_m": 0, "dequant_min_m": 1 << 30},
+         "dequant": {"stream_max_m": 0, "decode_max_m": 0, "dequant_min_m": 1}}
+
+
+@pytest.mark.parametrize("M,K,splits,dtype,w_dtype,activation,pad,scale", [
+    (1, 512, 2, "bfloat16", "bfloat16", None, 0, 3.0),     # the model's qkv: M = 1, K split
+    (3, 512, 2, "float16", "float32", "silu_and_mul", 8, 3.0),   # 16-byte rows, strided
+    (2, 524, 2, "bfloat16", "bfloat16", None, 3, 3.0),     # K % 8, rows unaligned: element-wise
+    (8, 128, 1, "float16", "float16", "silu_and_mul", 0, 3.0),
+    (2, 256, 1, "bfloat16", "bfloat16", None, 0, 0.03)])   # mean square ~ eps: eps counts
+def test_stream_norm_gemm_equals_rms_norm_then_quant_gemm(M, K, splits, dtype, w_dtype,
+                                                          activation, pad, scale, rng):
     """``stream_norm_gemm`` (x's rows normed in every block of the streaming kernel) against
     float64 ``rms_norm(x) @ W^T`` taken from ``rms_norm``'s own output (its rounding), split
     and unsplit, gated with a bias, x by 16-byte runs or element by element; a second call
     (nothing left behind); outside ``prologue_norm_fits`` a ValueError."""
     from llmspeed_numba.ops.quant_gemm import prologue_norm_fits, stream_norm_gemm
 
-    dtype = "bfloat16"
     N = 32
     qw = lsn.quantize_weight(device(weight(rng, N, K, dtype)), "int4",
                              group_size=-1 if K % 64 else 64)
-    x_h = random_array((M, K), dtype, rng, scale=3.0)
+    x_h = random_array((M, K), dtype, rng, scale=scale)
     x = _padded(x_h, pad)
     norm_w = device(random_array((K,), w_dtype, rng, scale=1.0))
     with overrides(quant_gemm={"splits": splits, **PATHS["stream"]}):
@@ -591,16 +597,22 @@ def test_stream_norm_gemm_equals_rms_norm_then_quant_gemm(M, K, splits, w_dtype,
     with overrides(quant_gemm={"stream_max_m": 0}):
         with pytest.raises(ValueError, match="stream_norm_gemm"):
             stream_norm_gemm(x, qw, norm_w)
+    nine = device(random_array((9, K), dtype, rng))       # past PROLOGUE_NORM_MAX_M
+    assert not prologue_norm_fits(qw, 9)
+    with pytest.raises(ValueError, match="stream_norm_gemm"):
+        stream_norm_gemm(nine, qw, norm_w)
 
 
-@pytest.mark.parametrize("M,K,splits,bias_dtype", [
-    (1, 256, 1, None), (3, 768, 3, "float32"), (5, 524, 2, "bfloat16")])
-def test_stream_add_gemm_equals_the_projection_then_the_add(M, K, splits, bias_dtype, rng):
+@pytest.mark.parametrize("M,K,splits,dtype,bias_dtype,pad", [
+    (1, 256, 1, "bfloat16", None, 0), (3, 768, 3, "float16", "float32", 8),
+    (5, 524, 2, "bfloat16", "bfloat16", 0)])
+def test_stream_add_gemm_equals_the_projection_then_the_add(M, K, splits, dtype, bias_dtype,
+                                                           pad, rng):
     """``stream_add_gemm``: ``residual`` afterwards holds, bit for bit, ``quant_gemm``'s result
-    (same kernel, same split) added to it in fp32 and rounded, split or not, with a bias."""
+    (same kernel, same split) added to it in fp32 and rounded, split or not, with a bias, into
+    a residual of its own row stride; rows that overlap are refused."""
     from llmspeed_numba.ops.quant_gemm import stream_add_gemm
 
-    dtype = "bfloat16"
     N = 48
     qw = lsn.quantize_weight(device(weight(rng, N, K, dtype)), "int4",
                              group_size=-1 if K % 64 else 64)
@@ -611,18 +623,17 @@ def test_stream_add_gemm_equals_the_projection_then_the_add(M, K, splits, bias_d
         projection = np.asarray(to_host(lsn.quant_gemm(x, qw, bias=bias)))
         expected = (projection.astype(np.float32) + residual_h.astype(np.float32)).astype(
             residual_h.dtype)
-        residual = device(residual_h.copy())
+        residual = _padded(residual_h, pad)
         assert stream_add_gemm(x, qw, residual, bias=bias) is residual
     np.testing.assert_array_equal(np.asarray(to_host(residual)).view(np.uint16),
                                   expected.view(np.uint16))
     with pytest.raises(ValueError, match="residual"):
         stream_add_gemm(x, qw, device(residual_h[:, :N - 1].copy()))
-
-
-PATHS = {"stream": {"stream_max_m": 16},
-         "decode": {"stream_max_m": 0, "decode_max_m": 16},
-         "tensor_core": {"stream_max_m": 0, "decode_max_m": 0, "dequant_min_m": 1 << 30},
-         "dequant": {"stream_max_m": 0, "decode_max_m": 0, "dequant_min_m": 1}}
+    if M > 1:
+        row = device(residual_h[:1].copy())
+        broadcast = row.expand(M, N) if hasattr(row, "expand") else np.broadcast_to(row, (M, N))
+        with pytest.raises(ValueError, match="overlap"):
+            stream_add_gemm(x, qw, broadcast)
 
 
 @pytest.mark.parametrize("path,fmt,M,K,splits,bias_dtype,out_dtype,activation", [

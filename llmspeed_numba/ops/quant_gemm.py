@@ -107,6 +107,16 @@ STREAM_G32_M = (4, 8)
 STREAM_WARPS = 8
 STREAM_STAGES = 4
 STREAM_BLOCKS_PER_SM = 3
+#: Blocks an SM the split plan counts on for affine weights (GGUF Q4_1: minimums and x's sums
+#: a scale unit): their kernel takes ~93 registers (sm_90a, M = 1), too many for three.
+STREAM_AFFINE_BLOCKS_PER_SM = 2
+
+
+def stream_register_budget(blocks_per_sm):
+    """Registers a thread of a streaming block may use for ``blocks_per_sm`` blocks an SM
+    (65536 an SM, allocated 8 a thread at a time): the compile checks hold the registered
+    one-fragment variants to the split plan's count."""
+    return 65536 // (blocks_per_sm * 32 * (STREAM_WARPS + 1)) // 8 * 8
 #: A block's fixed cost (barriers, x staged, the first copies' latency, its partial sums) in
 #: stages, for the split plan: one more split is worth it only if it saves a wave.
 STREAM_BLOCK_COST_STAGES = 1
@@ -169,6 +179,8 @@ def stream_plan(qw, M):
         column_blocks = _cdiv(qw.N, block_n)
         two_fragments = m_block > 8
         per_sm = STREAM_TWO_FRAGMENT_BLOCKS_PER_SM if two_fragments else TUNING.stream_blocks_per_sm
+        if qw.mode == "affine":
+            per_sm = min(per_sm, STREAM_AFFINE_BLOCKS_PER_SM)
         # partial sums (8 bytes an output, written and read) at most a quarter of the codes'
         cap = max(1, qw.K_padded // (64 * M))
         x_bytes = STREAM_X_BYTES * (2 if two_fragments else 1)
@@ -190,7 +202,10 @@ def stream_plan(qw, M):
         def resident(splits):
             return min(per_sm, blocks_by_shared_memory(shared(splits) + 1024)) * sm_count()
 
-        def cost(splits):   # resident blocks as the register bound allows (measured so)
+        # more column blocks than one wave holds (the LM head's shape): resident blocks by the
+        # register bound alone, as session 26 planned them (128256 x 4096 M = 1 unsplit, 2.9x
+        # cuBLAS); counting shared memory there too would split it, untimed
+        def cost(splits):
             span = _cdiv(stages_total, splits)
             waves = _cdiv(blocks(splits), per_sm * sm_count())
             return waves * (span + STREAM_BLOCK_COST_STAGES)
@@ -522,6 +537,9 @@ def _checked_residual(residual, tx, N):
     same_dtype("x", tx, residual=tr)
     last_dim_contiguous("residual", tr)
     non_negative_strides("residual", tr)
+    if tx.shape[0] > 1 and tr.strides[0] < N:
+        raise ValueError(f"residual: its rows overlap (row stride {tr.strides[0]} < {N} "
+                         f"elements): updated in place, each element must be its own")
     return tr
 
 
@@ -677,6 +695,8 @@ def prologue_norm_fits(qw, M):
 
 
 def _fitting_x(x, qw, name):
+    """x as ``_checked_x`` gives it, for ``name`` (a ``stream_*`` form): ValueError unless
+    ``prologue_norm_fits``."""
     tx = _checked_x(x, qw)
     if not prologue_norm_fits(qw, tx.shape[0]):
         raise ValueError(f"{name}: the streaming kernel does not take this call (M = "
@@ -688,12 +708,12 @@ def stream_norm_gemm(x: ArrayLike, qw: QuantizedWeight, norm_weight: ArrayLike,
                      eps: float = 1e-6, *, bias: ArrayLike | None = None,
                      activation: str | None = None, stream: StreamLike = None) -> ArrayLike:
     """``quant_gemm(rms_norm(x, norm_weight, eps), qw, bias=bias, activation=activation)`` in one
-    launch of
-    the streaming kernel: every block sums the squares of x's rows over the whole K and stages
-    ``x * inv * w`` rounded to x's dtype, as ``rms_norm`` rounds it (its mean square summed in
-    another order: a normed element may differ in the last bit). Returns a new (M, N) array
-    (N / 2 gated) of x's dtype. Only where ``prologue_norm_fits(qw, M)`` (a ``ValueError``
-    elsewhere): a decoder layer's norm and the projection after it, at decode."""
+    launch of the streaming kernel: every block sums the squares of x's rows over the whole K
+    (M x K elements from L2 a block, however few of them it stages) and stages ``x * inv * w``
+    rounded to x's dtype, as ``rms_norm`` rounds it (its mean square summed in another order: a
+    normed element may differ in the last bit). Returns a new (M, N) array (N / 2 gated) of x's
+    dtype. Only where ``prologue_norm_fits(qw, M)`` (a ``ValueError`` elsewhere): a decoder
+    layer's norm and the projection after it, at decode."""
     from .rms_norm import check_eps
 
     tx = _fitting_x(x, qw, "stream_norm_gemm")
@@ -797,19 +817,29 @@ def _register():
                                               "cp.async.bulk.shared::cluster.global")
                                + ("griddepcontrol.wait",) * programmatic,
                                sass_must_have=("HMMA", "UBLKCP", "LDS.128")
-                               + ("ACQBULK",) * programmatic)
+                               + ("ACQBULK",) * programmatic,
+                               max_registers=0 if mb > 8 else stream_register_budget(
+                                   STREAM_AFFINE_BLOCKS_PER_SM if mode == "affine"
+                                   else STREAM_BLOCKS_PER_SM))
+    # the model's norms inside the projections (``llama.PROLOGUE``) at M = 1: qkv / o / down's
+    # code (x normed, the result added into the residual stream: both in one kernel, K split)
+    # and gate / up's (x normed, gated, unsplit)
+    norms_inside = {
+        "quant_stream_int4_g128_bf16_m1_splitk_xnorm_accumulate": (None, True, True),
+        "quant_stream_int4_g128_bf16_m1_gated_xnorm": ("silu_and_mul", False, False),
+    }
+    for name, (act, partial, accumulate) in norms_inside.items():
+        def build_norms_inside(act=act, partial=partial, accumulate=accumulate):
+            return (_quant_stream.kernel_fn(STREAM_WARPS, STREAM_STAGES, 1, 4, "const", 8,
+                                            "bfloat16", "bfloat16", "bfloat16", None, act,
+                                            partial, x_norm_dtype="bfloat16",
+                                            accumulate=accumulate),
+                    _quant_stream.signature("const", "bfloat16", "bfloat16", "bfloat16", None,
+                                            x_norm_dtype="bfloat16"))
 
-    def build_norms_inside():
-        """x normed in the prologue and the result added into the residual stream (one kernel
-        with both of the model's ``PROLOGUE`` forms' code), K split."""
-        return (_quant_stream.kernel_fn(STREAM_WARPS, STREAM_STAGES, 1, 4, "const", 8, "bfloat16",
-                                        "bfloat16", "bfloat16", None, None, True,
-                                        x_norm_dtype="bfloat16", accumulate=True),
-                _quant_stream.signature("const", "bfloat16", "bfloat16", "bfloat16", None,
-                                        x_norm_dtype="bfloat16"))
-
-    compile_check.register("quant_stream_int4_g128_bf16_m1_splitk_xnorm_accumulate",
-                           build_norms_inside, sass_must_have=("HMMA", "UBLKCP", "LDS.128"))
+        compile_check.register(name, build_norms_inside,
+                               sass_must_have=("HMMA", "UBLKCP", "LDS.128"),
+                               max_registers=stream_register_budget(STREAM_BLOCKS_PER_SM))
     tc_variants = {
         # name: (bits, tile, mode, zero point, scale dtype, x dtype, out dtype, bias, act,
         #        one group)
