@@ -72,6 +72,11 @@ COVERED_BY_SIBLING = {
     "gemm_wgmma_bf16_nt_64x256_split": "gemm_wgmma_bf16_nt_64x256_silu_and_mul_split",
     "flash_attn_wgmma_d64_varlen_bf16_persistent": "flash_attn_wgmma_d64_bf16_persistent",
     "quant_stream_int4_g128_bf16_m16_norm": "quant_stream_int4_g128_bf16_m1_splitk_norm",
+    # the opt-in forms: the programmatic launch's two instructions, the gated epilogue with x
+    # normed (its sibling: x normed with the accumulating epilogue)
+    "quant_stream_int4_g128_bf16_m1_programmatic": "quant_stream_int4_g128_bf16_m1",
+    "quant_stream_int4_g128_bf16_m1_gated_xnorm":
+        "quant_stream_int4_g128_bf16_m1_splitk_xnorm_accumulate",
     # head dim 256's varlen form: d256's tiles, with the varlen indexing of the d64 / d128 forms
     "flash_attn_wgmma_d256_bf16_varlen": "flash_attn_wgmma_d256_bf16",
 }
