@@ -723,6 +723,14 @@ def test_stream_plan():
         assert splits == 1
         assert blocks_by_shared_memory(qs.shared_bytes(8, 4, m_block, kspan, group_chunks,
                                                        wide.mode, wide.scale_dtype) + 1024) == 2
+    # affine weights (GGUF Q4_1) take too many registers for 3 blocks an SM: with a ring short
+    # enough for 3 by shared memory, one wave is still 2 an SM, 32 blocks here (4 splits of 8
+    # column blocks, where 3 an SM would take 6)
+    q4_1 = lsn.QuantizedWeight.from_gguf(gguf_blocks(np.random.default_rng(0), 1024, 4096,
+                                                     GT.Q4_1), GT.Q4_1, (1024, 4096))
+    with overrides(device={"sm_count": 16}, quant_gemm={**knobs, "stream_stages": 2}):
+        assert q4_1.mode == "affine" and on_stream_kernel(q4_1, 4)
+        assert stream_plan(q4_1, 4)[2] == 4
     assert not on_stream_kernel(lsn.quantize_weight(np.ones((24, 128), np.float16), "int4"), 1)
     assert not on_stream_kernel(lsn.quantize_weight(np.ones((32, 128), np.float16), "int8"), 1)
     assert not on_stream_kernel(qw, 17)
