@@ -210,7 +210,7 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
     load_norm_w = loader(x_norm_dtype or "float32")
     unpack2 = ptx.unpack_bf16x2 if x_dtype == "bfloat16" else ptx.unpack_f16x2
     pack2 = ptx.pack_bf16x2 if x_dtype == "bfloat16" else ptx.pack_f16x2
-    load_x1 = loader(x_dtype)
+    load_x_element = loader(x_dtype)
     n_acc = 4 * m_frags
     barriers = 2 * stages
     warp_slots = warps + 1
@@ -307,7 +307,7 @@ def kernel_fn(warps, stages, m_block, group_chunks, mode, zero_point, scale_dtyp
                                 ss += lo * lo + hi * hi
             else:
                 for k in range(tid, K, threads):
-                    v = load_x1(x, m * x_sm + k)
+                    v = load_x_element(x, m * x_sm + k)
                     ss += v * v
             mask = 16
             while mask > 0:
